@@ -1,0 +1,21 @@
+"""Default locations of the embedded offline setup, shared by every stage.
+
+Everything large (base model, indices, the triple store, training runs) lives outside the
+repository under GRISP_HOME (default ~/.cache/grisp); set the environment variable to move it.
+"""
+import os
+from pathlib import Path
+
+REPO_DIR = Path(__file__).resolve().parent
+GRISP_HOME = Path(os.environ.get("GRISP_HOME", "~/.cache/grisp")).expanduser()
+
+MODEL_DIR = GRISP_HOME / "models" / "qwen2.5-coder-0.5b-instruct"  # written by get_model.py
+DATA_DIR = GRISP_HOME / "data"  # benchmark and item caches (filled from ../shared/data or downloads)
+SHARED_DATA_DIR = REPO_DIR.parent / "shared" / "data"  # a local cache of the downloads, if present
+RUNS_DIR = GRISP_HOME / "runs"  # training runs: checkpoints and logs
+
+DEMO_DIR = REPO_DIR / "data" / "demo"  # the committed demo knowledge graph and questions
+DEMO_INDEX_DIR = GRISP_HOME / "indices" / "demo"
+DEMO_STORE_DIR = GRISP_HOME / "stores" / "demo"
+ENDPOINT_URL = "http://127.0.0.1:7878/query"  # the local oxigraph server started by endpoint.py
+ADAPTER_DIR = REPO_DIR / "adapters" / "grisp-wwq-0.5b"  # the shipped LoRA adapter (PEFT layout)
