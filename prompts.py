@@ -1,0 +1,85 @@
+"""The two prompts GRISP trains and runs one model on (paper section 3, METHOD.md sections 2-3).
+
+1. Skeleton generation: question -> SPARQL skeleton with `<iri>label</iri>` placeholders.
+2. List-wise re-ranking: question + partially resolved query with the current placeholder marked
+   `<rep>label</rep>` + lettered alternatives (plus "None of the above") -> one identifier letter.
+
+Training (gen_data.py / train.py) and inference (resolve.py) both build their prompts here, so the
+model always sees exactly the text it was trained on. Prompts are chat messages; model.py's
+tokenizer turns them into Qwen's chat format.
+"""
+from dataclasses import dataclass, field
+
+SKELETON_SYSTEM = (
+    "You translate questions into SPARQL queries over the Wikidata knowledge graph. "
+    "Write every knowledge graph IRI as a placeholder <iri>name</iri> holding its label; "
+    "end property placeholders with their variant in brackets, e.g. <iri>place of birth (wdt)</iri>. "
+    "Do not write PREFIX lines."
+)
+
+RERANK_SYSTEM = (
+    "You select the knowledge graph item that replaces the placeholder marked <rep>...</rep> "
+    "in a SPARQL query for a question. Answer with the letter of the best alternative, "
+    "or the letter of \"None of the above\" if no alternative fits."
+)
+
+# Single-token identifiers for the alternatives: each capital letter is one Qwen token.
+IDENTIFIERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+NONE_TEXT = "None of the above"
+MAX_ALIASES = 3  # aliases shown per alternative
+
+
+@dataclass
+class Alternative:
+    """One search result as the re-ranker sees it (ids are shown compact, e.g. wd:Q104123)."""
+
+    iri: str
+    shown_id: str
+    label: str
+    aliases: list[str] = field(default_factory=list)
+    description: str = ""
+
+
+def skeleton_messages(question: str) -> list[dict]:
+    """Chat messages asking for the skeleton of `question`; the answer is the skeleton text."""
+    return [
+        {"role": "system", "content": SKELETON_SYSTEM},
+        {"role": "user", "content": question.strip()},
+    ]
+
+
+def format_alternative(identifier: str, alt: Alternative, show_infos: bool) -> str:
+    """One line of the alternatives list, e.g. `A. Pulp Fiction (wd:Q104123): 1994 film ...`."""
+    line = f"{identifier}. {alt.label} ({alt.shown_id})"
+    if show_infos:
+        infos = []
+        if alt.description:
+            infos.append(alt.description)
+        if alt.aliases:
+            infos.append("also known as " + ", ".join(alt.aliases[:MAX_ALIASES]))
+        if infos:
+            line += ": " + "; ".join(infos)
+    return line
+
+
+def rerank_messages(
+    question: str, marked_query: str, alternatives: list[Alternative], show_infos: bool = True
+) -> tuple[list[dict], list[str]]:
+    """Chat messages for re-ranking `alternatives` plus a final None alternative.
+
+    `marked_query` is the query with earlier placeholders resolved, the current one written
+    `<rep>label</rep>` and later ones still `<iri>label</iri>`. Returns the messages and the
+    identifiers in order; the last identifier stands for "None of the above".
+    """
+    if len(alternatives) + 1 > len(IDENTIFIERS):
+        raise ValueError(f"at most {len(IDENTIFIERS) - 1} alternatives, got {len(alternatives)}")
+    identifiers = list(IDENTIFIERS[: len(alternatives) + 1])
+    lines = [format_alternative(i, alt, show_infos) for i, alt in zip(identifiers, alternatives)]
+    lines.append(f"{identifiers[-1]}. {NONE_TEXT}")
+    user = (
+        f"Question: {question.strip()}\n"
+        f"SPARQL: {marked_query}\n"
+        f"Alternatives:\n" + "\n".join(lines)
+    )
+    messages = [{"role": "system", "content": RERANK_SYSTEM}, {"role": "user", "content": user}]
+    return messages, identifiers
