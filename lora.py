@@ -53,6 +53,7 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(w.shape[0], r, dtype=w.dtype, device=w.device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # PEFT's default init of A
         self.merged = False
+        self.train(base_layer.training)  # a new module defaults to training mode; keep the model's
 
     def delta_weight(self) -> torch.Tensor:
         """The update to the base weight, (alpha / r) * B @ A: [out, in]."""
