@@ -142,14 +142,15 @@ def inject_lora(model: nn.Module, r: int = 32, alpha: float = 32, dropout: float
         found = {_layer_index(n, layers_pattern) for n in names}
         if missing := sorted(set(layers) - found):
             raise ValueError(f"layers {missing} do not exist or have no {list(target_modules)} modules")
-    for name in names:
+    for name in names:  # check all before changing anything
         module = model.get_submodule(name)
         if isinstance(module, LoRALinear):
             raise ValueError(f"{name} already has LoRA; inject into a model without adapters")
         if type(module) is not nn.Linear:  # a subclass may have its own forward that would skip LoRA
             raise ValueError(f"{name} is a {type(module).__name__}, LoRA wraps plain nn.Linear only")
+    for name in names:
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, LoRALinear(module, r, alpha, dropout))
+        setattr(model.get_submodule(parent), child, LoRALinear(model.get_submodule(name), r, alpha, dropout))
     return names
 
 
@@ -167,11 +168,16 @@ def mark_only_lora_trainable(model: nn.Module) -> int:
 
 def merge_lora(model: nn.Module) -> None:
     """Merge every LoRA layer into its base weight (inference speed; undo with unmerge_lora)."""
+    params = [p for _, p in model.named_parameters(remove_duplicate=False)]
+    for name, layer in lora_layers(model).items():
+        if sum(p is layer.base_layer.weight for p in params) > 1:  # e.g. lm_head tied to embed_tokens
+            raise ValueError(f"{name} shares its weight with another module; merging would change both")
     for layer in lora_layers(model).values():
         layer.merge()
 
 
 def unmerge_lora(model: nn.Module) -> None:
+    """Take the merged updates out of the base weights again."""
     for layer in lora_layers(model).values():
         layer.unmerge()
 

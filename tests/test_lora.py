@@ -103,6 +103,15 @@ def test_merge_is_explicit_and_train_mode_refuses_merged_weights(base_state):
         model(IDS)
 
 
+def test_merge_refuses_a_tied_lm_head(base_state):
+    model = host_model(base_state)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    lora.inject_lora(model, target_modules=["lm_head"])
+    with pytest.raises(ValueError, match="lm_head shares its weight"):
+        lora.merge_lora(model)
+    assert not any(layer.merged for layer in lora.lora_layers(model).values())
+
+
 def test_unload_after_merge_gives_plain_linear_layers(base_state):
     model = host_model(base_state)
     lora.inject_lora(model, r=4, alpha=8)
@@ -160,6 +169,13 @@ def test_layer_restriction_and_target_names(base_state):
 def test_inject_rejects_bad_requests(base_state, kwargs, message):
     with pytest.raises(ValueError, match=message):
         lora.inject_lora(host_model(base_state), **kwargs)
+
+
+def test_failed_inject_changes_nothing(base_state):
+    model = host_model(base_state)
+    with pytest.raises(ValueError, match="plain nn.Linear"):
+        lora.inject_lora(model, target_modules=["q_proj", "mlp"])
+    assert not lora.lora_layers(model)
 
 
 def test_inject_twice_and_last_layers_out_of_range_fail(base_state):
