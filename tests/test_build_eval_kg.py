@@ -1,0 +1,126 @@
+"""Tests for build_eval_kg.py on a tiny fake dev file and item cache."""
+import argparse
+import json
+import subprocess
+import sys
+
+import pyoxigraph as ox
+import pytest
+
+import build_eval_kg
+import defaults
+import metrics
+
+PREFIXES = ("PREFIX wdt: <http://www.wikidata.org/prop/direct/> "
+            "PREFIX wd: <http://www.wikidata.org/entity/> ")
+WD, WDT = build_eval_kg.WD, build_eval_kg.WDT
+
+
+def uri(qid: str) -> dict:
+    return {"type": "uri", "value": WD + qid}
+
+
+def question(qid: str, body: str, answers: list[dict], var: str = "x") -> dict:
+    return {"id": qid, "question": f"question {qid}?", "paraphrases": [],
+            "sparql": f"{PREFIXES}SELECT DISTINCT ?{var} WHERE {{ {body} }}",
+            "info": {"results": [{var: a} for a in answers]}}
+
+
+DEV = [
+    question("object", "wd:Q1 wdt:P19 ?x .", [uri("Q2")]),
+    question("subject", "?x wdt:P26 wd:Q3 .", [uri("Q4"), uri("Q5")]),
+    question("two-hops", "wd:Q1 wdt:P19 ?p . ?p wdt:P17 ?x .", [uri("Q9")]),
+    question("literal", "wd:Q1 wdt:P569 ?x .", [{
+        "type": "literal", "value": "1961-08-04T00:00:00Z",
+        "datatype": "http://www.w3.org/2001/XMLSchema#dateTime"}]),
+    # q6's pattern also matches q5's triple (Q6 P40 Q7): q6 gets an extra answer and is dropped
+    question("kept", "wd:Q6 wdt:P40 ?x .", [uri("Q7")]),
+    question("conflict", "?x wdt:P40 wd:Q7 .", [uri("Q8")]),
+    question("no-label", "wd:Q99 wdt:P19 ?x .", [uri("Q2")]),
+    question("full-iris", f"<{WD}Q1> <{WDT}P27> ?y", [uri("Q30")], var="y"),
+]
+ITEMS = [{"id": i, "label": f"label {i}", "aliases": [f"alias {i}"] if i == "Q1" else [],
+          "description": "a person" if i == "Q1" else None, "count": 1}
+         for i in ["Q1", "Q2", "Q3", "Q4", "Q6", "Q7", "Q30", "P19", "P26", "P27", "P40", "P569"]]
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+@pytest.fixture
+def built(tmp_path):
+    write_jsonl(tmp_path / "dev.jsonl", DEV)
+    write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    out = tmp_path / "kg"
+    build_eval_kg.main(argparse.Namespace(benchmark=str(tmp_path / "dev.jsonl"),
+                                          items=str(tmp_path / "items.jsonl"), out=str(out)))
+    return out
+
+
+def test_single_pattern_recognises_only_one_wdt_triple():
+    assert build_eval_kg.single_pattern(DEV[0]["sparql"]) == ("?x", WD + "Q1", WDT + "P19", "?x")
+    assert build_eval_kg.single_pattern(DEV[1]["sparql"]) == ("?x", "?x", WDT + "P26", WD + "Q3")
+    assert build_eval_kg.single_pattern(DEV[-1]["sparql"]) == ("?y", WD + "Q1", WDT + "P27", "?y")
+    assert build_eval_kg.single_pattern(PREFIXES + "SELECT ?x WHERE { wd:Q1 wdt:P19 ?x } LIMIT 4")
+    rejected = [
+        "SELECT DISTINCT ?x WHERE { wd:Q1 wdt:P19 ?p . ?p wdt:P17 ?x . }",  # two patterns
+        "SELECT DISTINCT ?x WHERE { ?x wdt:P19 ?y . }",  # two variables
+        "SELECT DISTINCT ?x WHERE { wd:Q1 p:P19 ?x . }",  # not a wdt: property (undeclared here)
+        "SELECT DISTINCT ?y WHERE { wd:Q1 wdt:P19 ?x . }",  # selects another variable
+        "SELECT DISTINCT ?x WHERE { wd:Q1 wdt:P19 ?x . FILTER(?x != wd:Q2) }",
+        "ASK { wd:Q1 wdt:P19 wd:Q2 . }",
+    ]
+    for query in rejected:
+        assert build_eval_kg.single_pattern(PREFIXES + query) is None, query
+
+
+def test_covered_questions_and_stats(built):
+    covered = [json.loads(line)["id"] for line in (built / "questions.jsonl").read_text().splitlines()]
+    assert covered == ["object", "subject", "literal", "kept", "full-iris"]
+    stats = json.loads((built / "stats.json").read_text())
+    assert (stats["questions"], stats["single_pattern"], stats["covered"]) == (8, 7, 5)
+    assert (stats["conflicting"], stats["unlabelled_topic"]) == (1, 1)
+    assert stats["answer_triples"] == 8  # q1: 1, q2: 2, literal 1, kept 1, conflict 1, no-label 1, full 1
+    assert stats["unlabelled"] == ["Q5", "Q8", "Q99"]
+
+
+def test_kg_answers_every_covered_gold_query_exactly(built):
+    store = ox.Store()
+    store.load(path=str(built / "kg.nt"), format=ox.RdfFormat.N_TRIPLES)
+    for line in (built / "questions.jsonl").read_text().splitlines():
+        sample = json.loads(line)
+        document = store.query(sample["sparql"]).serialize(format=ox.QueryResultsFormat.JSON)
+        answers = metrics.from_json(json.loads(document)).rows
+        assert sorted(answers) == sorted(metrics.from_bindings(sample["info"]["results"]).rows)
+    # labels, aliases, descriptions and the property link are in the graph
+    q1 = ox.NamedNode(WD + "Q1")
+    assert ox.Literal("label Q1", language="en") in {q.object for q in store.quads_for_pattern(
+        q1, ox.NamedNode(build_eval_kg.RDFS_LABEL), None)}
+    assert len(list(store.quads_for_pattern(q1, ox.NamedNode(build_eval_kg.SKOS_ALT_LABEL), None))) == 1
+    assert len(list(store.quads_for_pattern(q1, ox.NamedNode(build_eval_kg.SCHEMA_DESCRIPTION), None))) == 1
+    assert len(list(store.quads_for_pattern(ox.NamedNode(WD + "P19"), ox.NamedNode(
+        build_eval_kg.WIKIBASE_DIRECT_CLAIM), ox.NamedNode(WDT + "P19")))) == 1
+    # the dropped questions' triples stay in the KG
+    assert len(list(store.quads_for_pattern(ox.NamedNode(WD + "Q99"), None, None))) == 1
+
+
+def test_items_file_lists_the_labelled_items(built):
+    ids = [json.loads(line)["id"] for line in (built / "items.jsonl").read_text().splitlines()]
+    assert sorted(ids) == sorted(i["id"] for i in ITEMS)
+
+
+def run_script(*args):
+    return subprocess.run([sys.executable, "build_eval_kg.py", *args], cwd=defaults.REPO_DIR,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_help_exits_zero():
+    result = run_script("--help")
+    assert result.returncode == 0 and "--items" in result.stdout
+
+
+def test_missing_benchmark_exits_with_a_message(tmp_path):
+    result = run_script("--benchmark", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"))
+    assert result.returncode != 0
+    assert "nope.jsonl" in result.stderr and "Traceback" not in result.stderr
