@@ -1,0 +1,100 @@
+"""endpoint.py: a real oxigraph server loads a tiny KG, answers, reuses or reloads its store, and
+reports bad input (missing or invalid RDF, busy port) clearly."""
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+import endpoint
+from conftest import free_port
+from sparql import SparqlClient
+
+REPO = Path(__file__).resolve().parents[1]
+KG = """@prefix wd: <http://www.wikidata.org/entity/> .
+@prefix wdt: <http://www.wikidata.org/prop/direct/> .
+wd:Q104123 wdt:P57 wd:Q3772 .
+wd:Q3772 wdt:P19 wd:Q185582 .
+"""
+
+
+def ask(url: str, query: str) -> bool:
+    client = SparqlClient(url, retries=0)
+    try:
+        return client.query(query).boolean
+    finally:
+        client.close()
+
+
+def test_fixture_server_loads_and_answers(oxigraph_server, tmp_path_factory):
+    kg = tmp_path_factory.mktemp("kg") / "kg.ttl"
+    kg.write_text(KG)
+    url = oxigraph_server(kg)
+    client = SparqlClient(url)
+    result = client.query("SELECT ?place WHERE { wd:Q104123 wdt:P57 ?d . ?d wdt:P19 ?place }")
+    assert result.iris() == ["http://www.wikidata.org/entity/Q185582"]
+    assert oxigraph_server(kg) == url, "the same file must reuse the running server"
+
+
+def test_reuse_unchanged_store_and_reload_changed_file(tmp_path):
+    kg, store = tmp_path / "kg.ttl", tmp_path / "store"
+    kg.write_text(KG)
+    try:
+        url = endpoint.start([kg], store, port=free_port())
+        pid = endpoint.status(store)["pid"]
+        assert endpoint.status(store)["triples"] == 2
+        # unchanged data and settings: the running server is reused as is
+        assert endpoint.start([kg], store, port=urlparse(url).port) == url
+        assert endpoint.status(store)["pid"] == pid
+        assert endpoint.load_store([kg], store) is False, "an unchanged file must not be reloaded"
+        # a changed file: the server is restarted over a reloaded store
+        kg.write_text(KG + "wd:Q3772 wdt:P106 wd:Q2526255 .\n")
+        url = endpoint.start([kg], store, port=free_port())
+        assert endpoint.status(store)["triples"] == 3
+        assert ask(url, "ASK { wd:Q3772 wdt:P106 wd:Q2526255 }")
+    finally:
+        endpoint.stop(store)
+    assert endpoint.status(store) is None
+    assert endpoint.stop(store) is False, "stopping twice reports that nothing ran"
+
+
+def test_bad_rdf_is_reported_and_leaves_no_store(tmp_path):
+    bad = tmp_path / "bad.ttl"
+    bad.write_text("<http://e/a> <http://e/b> .\n")  # a triple without object
+    with pytest.raises(endpoint.EndpointError, match=r"(?s)could not load .*bad\.ttl.*line 1"):
+        endpoint.start([bad], tmp_path / "store", port=free_port())
+    assert not (tmp_path / "store" / "db").exists()
+    with pytest.raises(endpoint.EndpointError, match="does not exist"):
+        endpoint.start([tmp_path / "missing.ttl"], tmp_path / "store", port=free_port())
+    odd = tmp_path / "kg.data"
+    odd.write_text(KG)
+    with pytest.raises(endpoint.EndpointError, match="extension"):
+        endpoint.start([odd], tmp_path / "store", port=free_port())
+
+
+def test_busy_port_is_reported(tmp_path):
+    kg = tmp_path / "kg.ttl"
+    kg.write_text(KG)
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        with pytest.raises(endpoint.EndpointError, match=f"port {port} .* in use"):
+            endpoint.start([kg], tmp_path / "store", port=port)
+    assert endpoint.status(tmp_path / "store") is None
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "endpoint.py"), *args],
+                          capture_output=True, text=True, cwd=REPO)
+
+
+def test_cli_help_and_clear_errors(tmp_path):
+    assert run_script("--help").returncode == 0
+    done = run_script("start", "--data", str(tmp_path / "nope.ttl"), "--store", str(tmp_path / "s"))
+    assert done.returncode != 0
+    assert "nope.ttl does not exist" in done.stderr and "Traceback" not in done.stderr
+    done = run_script("status", "--store", str(tmp_path / "s"))
+    assert done.returncode != 0 and "no endpoint is running" in done.stdout
