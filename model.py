@@ -1,0 +1,446 @@
+"""Qwen2.5 in plain PyTorch: the language model that every GRISP stage runs on.
+
+GRISP (paper Sec. 3) fine-tunes a small Qwen2.5 model to write SPARQL skeletons and to re-rank search
+results. This file is that model and reads bottom-up: ModelArgs -> RMSNorm -> rotary embeddings ->
+KVCache -> Attention -> MLP -> Block -> Transformer -> Tokenizer and the Qwen chat prompt -> a tiny CLI.
+Submodule names equal the Hugging Face Qwen2ForCausalLM checkpoint keys, so loading is one strict
+`load_state_dict` with no rename table. Check it with:
+
+    python model.py --chat "What is the capital of France?"
+    python model.py --chat "Write a SPARQL query for the capital of France" --max-new-tokens 200
+"""
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import tokenizers
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+import defaults
+
+
+@dataclass
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False  # lm_head shares the embedding matrix
+
+    @classmethod
+    def from_config(cls, path: str | Path) -> "ModelArgs":
+        """Read a Hugging Face Qwen2 `config.json` (transformers 4.x or 5.x layout)."""
+        cfg = json.loads(Path(path).read_text())
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default" or cfg.get("use_sliding_window") or cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{path}: only plain Qwen2 is supported (rope {rope_type!r}, silu, no sliding window)")
+        heads = cfg["num_attention_heads"]
+        return cls(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+                   intermediate_size=cfg["intermediate_size"], num_hidden_layers=cfg["num_hidden_layers"],
+                   num_attention_heads=heads, num_key_value_heads=cfg.get("num_key_value_heads", heads),
+                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+                   rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                   rope_theta=cfg.get("rope_theta", rope.get("rope_theta", 10000.0)),
+                   tie_word_embeddings=cfg.get("tie_word_embeddings", False))
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in float32 whatever the model dtype, scale after casting back (as Hugging Face does)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------- rotary embeddings
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos and sin of the rotation angles, each [B, 1, T, head_dim], for integer positions [B, T].
+
+    Split-halves layout: frequency i rotates the pair (dim i, dim i + head_dim/2), so the checkpoint's
+    q/k weights need no permutation."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim)
+    angles = positions[..., None].float() * inv_freq  # [B, T, D/2]
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # [B, 1, T, D]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, H, T, D]: x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1] (HF's sign)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+# ---------------------------------------------------------------------------- KV cache
+class KVCache:
+    """Keys and values of every token seen so far, for a batch of B sequences of equal length.
+
+    Rows are left-padded: `mask[b, s]` is False where row b holds padding at position s. The buffers are
+    preallocated for `max_len` positions and grow (doubling) if a forward needs more. Only inference
+    uses a cache; `Transformer.forward(cache=None)` (training, re-ranking) never touches one."""
+
+    def __init__(self, args: ModelArgs, batch_size: int, max_len: int = 256,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        shape = (args.num_hidden_layers, batch_size, args.num_key_value_heads, max_len, args.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H_kv, S_max, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H_kv, S_max, D]
+        self.mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)  # [B, S_max]
+        self.length = 0  # positions filled so far (padding included), the same for every row
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def seen(self) -> torch.Tensor:
+        """[B] real (non-pad) tokens per row so far = the rotary position of each row's next token."""
+        return self.mask[:, :self.length].sum(-1)
+
+    def append(self, mask: torch.Tensor) -> int:
+        """Reserve T new positions with padding mask [B, T]; return where they start."""
+        assert mask.shape[0] == self.batch_size, f"cache has {self.batch_size} rows, input {mask.shape[0]}"
+        start, end = self.length, self.length + mask.shape[1]
+        if end > self.k.shape[3]:  # grow: twice as long, or just long enough
+            self._rebuild(slice(None), max(end, 2 * self.k.shape[3]))
+        self.mask[:, start:end] = mask
+        self.length = end
+        return start
+
+    def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """Write one layer's new k, v [B, H_kv, T, D] at `start`; return all of them, [B, H_kv, S, D]."""
+        end = start + k.shape[2]
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Keep rows `rows` (LongTensor [B_new]) in this order; rows may repeat (1 prompt -> 8 beams)."""
+        self._rebuild(rows, self.k.shape[3])
+
+    def _rebuild(self, rows: torch.Tensor | slice, size: int) -> None:
+        """Replace the buffers by ones holding `rows` of the filled part, with room for `size` positions."""
+        n, (L, B, H, _, D) = self.length, self.k.shape
+        B = B if isinstance(rows, slice) else len(rows)
+        k, v = self.k.new_zeros(L, B, H, size, D), self.v.new_zeros(L, B, H, size, D)
+        mask = self.mask.new_zeros(B, size)
+        k[:, :, :, :n], v[:, :, :, :n] = self.k[:, rows, :, :n], self.v[:, rows, :, :n]
+        mask[:, :n] = self.mask[rows, :n]
+        self.k, self.v, self.mask = k, v, mask
+
+
+# ---------------------------------------------------------------------------- the transformer
+class Attention(nn.Module):
+    """Grouped-query attention: H query heads share H_kv key/value heads; q, k, v have biases."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.q_proj = nn.Linear(args.hidden_size, self.n_heads * self.head_dim, bias=True)
+        self.k_proj = nn.Linear(args.hidden_size, self.n_kv_heads * self.head_dim, bias=True)
+        self.v_proj = nn.Linear(args.hidden_size, self.n_kv_heads * self.head_dim, bias=True)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, args.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, attn_mask, cache: KVCache | None, layer: int, start: int) -> torch.Tensor:
+        B, T, C = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # [B, H, T, D]
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # [B, H_kv, T, D]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.store(layer, start, k, v)  # [B, H_kv, S, D], S = start + T
+        # attn_mask None means "plain causal" (or, for one new token, "see everything")
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True,
+                                           is_causal=attn_mask is None and T > 1)  # [B, H, T, D]
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attention(norm(x)), then + mlp(norm(x))."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x, cos, sin, attn_mask, cache: KVCache | None, layer: int, start: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn_mask, cache, layer, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class SplitLinear(nn.Module):
+    """Inference-only stand-in for a plain nn.Linear, made by `Transformer.prepare_for_inference()`.
+
+    Same math as F.linear, but the weight is stored transposed and split in two halves of the output
+    features, [2, in, out/2], and applied with one torch.bmm: on CPU, few-row matmuls (decoding) then keep
+    both cores busy (bench/bench_model.py measures it)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        out_features, in_features = linear.weight.shape
+        assert out_features % 2 == 0, f"SplitLinear needs an even number of outputs, got {out_features}"
+        w = linear.weight.detach().t().reshape(in_features, 2, out_features // 2)  # [in, 2, out/2]
+        self.register_buffer("weight_t", w.permute(1, 0, 2).contiguous())  # [2, in, out/2]
+        bias = None if linear.bias is None else linear.bias.detach().view(2, 1, out_features // 2)
+        self.register_buffer("bias", bias)  # [2, 1, out/2] or None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        *lead, C = x.shape
+        x2 = x.reshape(1, -1, C).expand(2, -1, C)  # [2, M, in], M = all leading dims
+        y = torch.bmm(x2, self.weight_t) if self.bias is None else torch.baddbmm(self.bias, x2, self.weight_t)
+        return y.transpose(0, 1).reshape(*lead, -1)  # [2, M, out/2] -> [..., out]
+
+
+class Transformer(nn.Module):
+    """Qwen2ForCausalLM: embed_tokens -> blocks -> norm -> lm_head, with HF's parameter names."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(args.vocab_size, args.hidden_size),
+            layers=nn.ModuleList(Block(args) for _ in range(args.num_hidden_layers)),
+            norm=RMSNorm(args.hidden_size, args.rms_norm_eps)))
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None,
+                logits_at: int | torch.Tensor | None = None) -> torch.Tensor:
+        """Logits for the new tokens `tokens` (LongTensor [B, T]).
+
+        mask: [B, T] bool or 0/1, 1 = real token, 0 = padding (default: all real). Rotary positions count
+            real tokens only, so a left-padded row gives the same logits as the row run alone. Right
+            padding is fine without a cache (training); generation pads on the left.
+        cache: KVCache with B rows holding the earlier tokens, or None (the tokens are the whole
+            sequence). The new keys/values are appended to it.
+        logits_at: which positions get logits (the lm_head is the most expensive matmul):
+            None                 -> [B, T, V] every position
+            int i (e.g. -1)      -> [B, V]    position i of every row (decoding)
+            LongTensor [B]       -> [B, V]    position logits_at[b] of row b (re-ranking)
+            LongTensor [B, K]    -> [B, K, V] K positions per row
+            BoolTensor [B, T]    -> [N, V]    the N True positions, row-major (training: answer tokens)
+            Each equals the same selection from the full [B, T, V] logits.
+        Returns logits in the model's dtype."""
+        B, T = tokens.shape
+        mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool()
+        assert mask.shape == (B, T), f"mask {tuple(mask.shape)} does not match tokens {(B, T)}"
+        past = torch.zeros(B, dtype=torch.long, device=tokens.device) if cache is None else cache.seen()
+        start = 0 if cache is None else cache.append(mask)
+        key_mask = mask if cache is None else cache.mask[:, :start + T]  # [B, S]
+        positions = (past[:, None] + mask.cumsum(-1) - 1).clamp(min=0)  # [B, T], pads get a dummy
+        attn_mask = None if bool(key_mask.all()) and (start == 0 or T == 1) else attention_mask(key_mask, start, T)
+        x = self.model.embed_tokens(tokens)  # [B, T, C]
+        cos, sin = rotary_cos_sin(positions, self.args.head_dim, self.args.rope_theta, x.dtype)
+        for layer, block in enumerate(self.model.layers):
+            x = block(x, cos, sin, attn_mask, cache, layer, start)
+        # the final norm is per position, so select first and pay the lm_head only where asked
+        if logits_at is None:
+            pass  # [B, T, C]
+        elif isinstance(logits_at, int):
+            x = x[:, logits_at]  # [B, C]
+        elif logits_at.dtype == torch.bool:
+            assert logits_at.shape == (B, T), f"logits_at mask {tuple(logits_at.shape)} != tokens {(B, T)}"
+            x = x[logits_at]  # [N, C]
+        else:
+            index = logits_at if logits_at.dim() == 2 else logits_at[:, None]  # [B, K]
+            x = x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, C]
+            x = x if logits_at.dim() == 2 else x[:, 0]  # [B, C] for a 1-D logits_at
+        return self.lm_head(self.model.norm(x))
+
+    def new_cache(self, batch_size: int, max_len: int = 256) -> KVCache:
+        """An empty KVCache for this model (its dtype and device), room for `max_len` positions."""
+        w = self.model.norm.weight
+        return KVCache(self.args, batch_size, max_len, w.dtype, w.device)
+
+    def prepare_for_inference(self) -> "Transformer":
+        """Faster CPU decoding, exact up to float rounding: swap each plain nn.Linear of the blocks (and
+        an untied lm_head) for a SplitLinear. Layers that are not plain nn.Linear (e.g. wrapped by
+        lora.py) stay as they are, so merge LoRA first. Afterwards the model is for inference only: no
+        training, no state_dict in the Hugging Face layout. Returns self."""
+        slots = [(block.self_attn, name) for block in self.model.layers for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        slots += [(block.mlp, name) for block in self.model.layers for name in ("gate_proj", "up_proj", "down_proj")]
+        if not self.args.tie_word_embeddings:  # a tied lm_head would need a second copy of the embedding
+            slots.append((self, "lm_head"))
+        for parent, name in slots:
+            if type(getattr(parent, name)) is nn.Linear:
+                setattr(parent, name, SplitLinear(getattr(parent, name)))
+        return self.eval().requires_grad_(False)
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu") -> "Transformer":
+        """Load a Hugging Face Qwen2 directory: config.json + model.safetensors (or a sharded
+        model.safetensors.index.json). Strict: a missing or unexpected weight raises."""
+        model_dir = Path(model_dir)
+        args = ModelArgs.from_config(model_dir / "config.json")
+        with torch.device("meta"):  # no memory, no random init: every tensor comes from the checkpoint
+            model = cls(args)
+        state = load_safetensors(model_dir, dtype, device)
+        if args.tie_word_embeddings and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]  # HF saves the tied matrix once
+        model.load_state_dict(state, strict=True, assign=True)
+        if args.tie_word_embeddings:  # assign=True made two Parameters; tie them again
+            model.lm_head.weight = model.model.embed_tokens.weight
+        return model.eval()
+
+
+def attention_mask(key_mask: torch.Tensor, start: int, T: int) -> torch.Tensor:
+    """[B, 1, T, S] bool, True = may attend: query t (at position start + t) sees the real keys up to
+    itself. Every query also sees itself, so padding queries get finite (ignored) outputs, not NaN."""
+    S = key_mask.shape[1]
+    q_idx = torch.arange(start, start + T, device=key_mask.device)[:, None]  # [T, 1]
+    k_idx = torch.arange(S, device=key_mask.device)[None, :]  # [1, S]
+    allowed = ((k_idx <= q_idx) & key_mask[:, None, :]) | (k_idx == q_idx)  # [B, T, S]
+    return allowed[:, None]  # [B, 1, T, S]
+
+
+def load_safetensors(model_dir: Path, dtype: torch.dtype, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """All tensors of model.safetensors, or of the shards listed in model.safetensors.index.json."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (model_dir / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{model_dir}: no model.safetensors or model.safetensors.index.json "
+                                f"(run `python get_model.py` to create the base model directory)")
+    state = {}
+    for name in files:
+        with safe_open(model_dir / name, framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                state[key] = f.get_tensor(key).to(dtype)  # one tensor at a time: low peak memory
+    return state
+
+
+# ---------------------------------------------------------------------------- tokenizer and chat
+DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def chat_prompt(messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                default_system: str = DEFAULT_SYSTEM) -> str:
+    """Qwen's chat format, by hand: each turn is `<|im_start|>{role}\\n{content}<|im_end|>\\n`; a system
+    turn with `default_system` comes first unless the messages start with one; the generation prompt
+    `<|im_start|>assistant\\n` asks the model to answer."""
+    if not messages or messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": default_system}, *messages]
+    for m in messages:
+        if m["role"] not in ("system", "user", "assistant"):
+            raise ValueError(f"unknown chat role {m['role']!r}; use system, user or assistant")
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+class Tokenizer:
+    """The model directory's tokenizer.json (byte-level BPE) plus Qwen's special token ids.
+
+    im_start_id, im_end_id, endoftext_id: the chat and document markers.
+    eos_ids: ids that end an answer (generation_config.json / config.json eos_token_id, plus im_end).
+    pad_id: the padding id (pad_token_id from the same files, else <|endoftext|>)."""
+
+    def __init__(self, model_dir: str | Path):
+        model_dir = Path(model_dir)
+        if not (model_dir / "tokenizer.json").exists():
+            raise FileNotFoundError(f"{model_dir / 'tokenizer.json'} is missing (run `python get_model.py`)")
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.im_start_id, self.im_end_id, self.endoftext_id = (
+            self.special_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+        config = {}  # generation_config.json overrides config.json, as in transformers
+        for name in ("config.json", "generation_config.json"):
+            if (model_dir / name).exists():
+                config.update({k: v for k, v in json.loads((model_dir / name).read_text()).items() if v is not None})
+        eos = config.get("eos_token_id", [])
+        self.eos_ids = sorted({*(eos if isinstance(eos, list) else [eos]), self.im_end_id})
+        self.pad_id = config.get("pad_token_id", self.endoftext_id)
+
+    def special_id(self, token: str) -> int:
+        token_id = self.tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"tokenizer.json has no {token} token: not a Qwen2 tokenizer")
+        return token_id
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; special tokens written in the text (e.g. <|im_start|>) map to their ids."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+# ---------------------------------------------------------------------------- command line
+@torch.inference_mode()
+def greedy(model: Transformer, prompt: list[int], max_new_tokens: int, stop_ids: list[int]) -> list[int]:
+    """Greedy decoding of one prompt with a KV cache; returns the new ids without the stop id."""
+    device = model.model.norm.weight.device
+    cache, tokens, out = model.new_cache(1, len(prompt) + max_new_tokens), torch.tensor([prompt], device=device), []
+    for _ in range(max_new_tokens):
+        next_id = int(model(tokens, cache=cache, logits_at=-1).argmax(-1))  # logits [1, V]
+        if next_id in stop_ids:
+            break
+        out.append(next_id)
+        tokens = torch.tensor([[next_id]], device=device)
+    return out
+
+
+def main(args: argparse.Namespace) -> None:
+    model_dir = Path(args.model_dir)
+    if not (model_dir / "config.json").exists():
+        sys.exit(f"error: no model at {model_dir} (config.json missing). "
+                 f"Run `python get_model.py` to create it, or pass --model-dir.")
+    if not args.chat.strip():
+        sys.exit('error: --chat is empty; ask something, e.g. --chat "What is the capital of France?"')
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device if args.device != "auto" else \
+        "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else torch.float32 if device == "cpu" else torch.bfloat16
+    print(f"model {model_dir} on {device} in {dtype}", file=sys.stderr)
+    tokenizer = Tokenizer(model_dir)
+    model = Transformer.from_pretrained(model_dir, dtype, device).prepare_for_inference()
+    prompt = tokenizer.encode(chat_prompt([{"role": "user", "content": args.chat}], default_system=args.system))
+    print(tokenizer.decode(greedy(model, prompt, args.max_new_tokens, tokenizer.eos_ids)))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Answer one chat message with the base model (greedy).",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--chat", required=True, help="the user message to answer")
+    parser.add_argument("--system", default=DEFAULT_SYSTEM, help="the system prompt")
+    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="Hugging Face Qwen2 model directory")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens")
+    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps ...")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="weight dtype; auto = float32 on cpu, bfloat16 otherwise")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    main(parser.parse_args())
