@@ -279,6 +279,8 @@ class SparqlClient:
             raise ValueError(f"method must be 'post' or 'get', not {method!r}")
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"endpoint URL must start with http:// or https://, got {url!r}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, not {retries}")
         self.url, self.method, self.prefixes = url, method, prefixes
         self.timeout = (connect_timeout_s, read_timeout_s)
         self.retries, self.backoff_s = retries, backoff_s

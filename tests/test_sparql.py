@@ -1,0 +1,206 @@
+"""sparql.py: the client against a real oxigraph server, and every fault against a fake one."""
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+import pytest
+
+import sparql
+from conftest import free_port
+from sparql import (BadQuery, EndpointUnreachable, ForbiddenQuery, InvalidResponse, QueryTimeout,
+                    ServerError, SparqlClient)
+
+KG = """@prefix wd: <http://www.wikidata.org/entity/> .
+@prefix wdt: <http://www.wikidata.org/prop/direct/> .
+@prefix rdfs: <http://www.w3.org/2000/01/rdf-schema#> .
+@prefix xsd: <http://www.w3.org/2001/XMLSchema#> .
+wd:Q104123 wdt:P57 wd:Q3772 ; rdfs:label "Pulp Fiction"@en ; wdt:P577 "1994-10-14"^^xsd:date .
+wd:Q3772 wdt:P19 wd:Q185582 .
+""" + "".join(f"<http://e/{i}> <http://e/next> <http://e/{i + 1}> .\n" for i in range(200))
+
+
+@pytest.fixture(scope="module")
+def kg_url(oxigraph_server, tmp_path_factory):
+    path = tmp_path_factory.mktemp("kg") / "kg.ttl"
+    path.write_text(KG)
+    return oxigraph_server(path, timeout_s=1)  # a tiny server-side timeout for the timeout test
+
+
+# ---------------------------------------------------------------------------- real server
+
+
+def test_select_ask_and_terms_against_oxigraph(kg_url):
+    for method in ("post", "get"):
+        client = SparqlClient(kg_url, method=method)
+        # no PREFIX lines: the client adds wd/wdt/rdfs, which oxigraph does not predefine
+        result = client.query("SELECT ?d ?place WHERE { wd:Q104123 wdt:P57 ?d . ?d wdt:P19 ?place }")
+        assert result.variables == ["d", "place"]
+        assert result.rows == [{"d": {"type": "uri", "value": "http://www.wikidata.org/entity/Q3772"},
+                                "place": {"type": "uri", "value": "http://www.wikidata.org/entity/Q185582"}}]
+        assert client.query("ASK { wd:Q3772 wdt:P19 wd:Q185582 }").boolean is True
+        assert client.query("ASK { wd:Q3772 wdt:P19 wd:Q1 }").boolean is False
+    terms = client.query("SELECT ?l ?t WHERE { wd:Q104123 rdfs:label ?l ; wdt:P577 ?t }").rows[0]
+    assert terms["l"] == {"type": "literal", "value": "Pulp Fiction", "xml:lang": "en"}
+    assert terms["t"] == {"type": "literal", "value": "1994-10-14",
+                          "datatype": "http://www.w3.org/2001/XMLSchema#date"}
+    empty = client.query("SELECT ?x WHERE { wd:Q1 wdt:P1 ?x }")
+    assert empty.is_empty and not client.query("ASK { wd:Q1 wdt:P1 ?x }").is_empty
+
+
+def test_bad_query_carries_server_message(kg_url):
+    with pytest.raises(BadQuery, match=r"HTTP 400 .*error at"):
+        SparqlClient(kg_url).query("SELECT ?x WHERE { ?x wdt:P31 }")
+
+
+def test_server_timeout_is_query_timeout(kg_url):
+    # oxigraph cancels after 1 s and reports it inside an HTTP 200 answer with truncated JSON
+    heavy = "SELECT (COUNT(*) AS ?n) WHERE { ?a ?b ?c . ?d ?e ?f . ?g ?h ?i . ?j ?k ?l }"
+    with pytest.raises(QueryTimeout, match="cancelled"):
+        SparqlClient(kg_url, retries=0).query(heavy)
+
+
+# ---------------------------------------------------------------------------- fake server
+
+
+class FakeEndpoint:
+    """A local HTTP server answering from a list of (status, body, delay_s); records requests."""
+
+    def __init__(self, answers: list[tuple[int, str, float]]):
+        self.answers, self.requests = answers, []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+                fake.requests.append(parse_qs(body)["query"][0])
+                status, text, delay = fake.answers[min(len(fake.requests), len(fake.answers)) - 1]
+                time.sleep(delay)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/sparql-results+json")
+                self.send_header("Content-Length", str(len(text.encode())))
+                self.end_headers()
+                self.wfile.write(text.encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/query"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def make(*answers):
+        servers.append(FakeEndpoint(list(answers)))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+ROW = json.dumps({"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri", "value": "http://e/1"}}]}})
+
+
+def test_endpoint_down_is_unreachable():
+    client = SparqlClient(f"http://127.0.0.1:{free_port()}/query", retries=1, backoff_s=0.01)
+    with pytest.raises(EndpointUnreachable, match="after 2 attempts"):
+        client.query("SELECT * WHERE { ?s ?p ?o }")
+
+
+def test_500_is_retried_then_raised(fake):
+    server = fake((500, "internal error", 0.0))
+    with pytest.raises(ServerError, match="HTTP 500.*internal error.*after 3 attempts"):
+        SparqlClient(server.url, retries=2, backoff_s=0.01).query("SELECT * WHERE { ?s ?p ?o }")
+    assert len(server.requests) == 3
+    # a transient 503 then a good answer: the retry succeeds
+    server = fake((503, "busy", 0.0), (200, ROW, 0.0))
+    result = SparqlClient(server.url, retries=2, backoff_s=0.01).query("SELECT * WHERE { ?s ?p ?o }")
+    assert result.iris() == ["http://e/1"] and len(server.requests) == 2
+
+
+def test_client_read_timeout(fake):
+    server = fake((200, ROW, 1.0))
+    with pytest.raises(QueryTimeout, match="within 0.2 s"):
+        SparqlClient(server.url, read_timeout_s=0.2).query("SELECT * WHERE { ?s ?p ?o }")
+    assert len(server.requests) == 1, "a timed-out query must not be retried"
+
+
+def test_server_side_timeout_message(fake):
+    server = fake((500, "java.util.concurrent.TimeoutException", 0.0))
+    with pytest.raises(QueryTimeout):
+        SparqlClient(server.url, backoff_s=0.01).query("SELECT * WHERE { ?s ?p ?o }")
+    assert len(server.requests) == 1
+
+
+def test_truncated_or_invalid_json(fake):
+    for body in (ROW[:40], "<html>not json</html>", '{"head": {"vars": ["x"]}}', '{"head": {}, "boolean": "yes"}',
+                 '{"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri"}}]}}'):
+        with pytest.raises(InvalidResponse):
+            SparqlClient(fake((200, body, 0.0)).url).query("SELECT * WHERE { ?s ?p ?o }")
+
+
+def test_forbidden_queries_are_never_sent(fake):
+    server = fake((200, ROW, 0.0))
+    client = SparqlClient(server.url)
+    for query in ("SELECT * WHERE { SERVICE <http://example.org/sparql> { ?s ?p ?o } }",
+                  "SELECT * WHERE { ?s ?p ?o . service wikibase:label { bd:serviceParam wikibase:language 'en' } }",
+                  "INSERT DATA { <http://e/a> <http://e/b> <http://e/c> }",
+                  "DELETE WHERE { ?s ?p ?o }", "DROP ALL"):
+        with pytest.raises(ForbiddenQuery, match="refusing"):
+            client.query(query)
+    assert server.requests == [], "a forbidden query must be refused before anything is sent"
+    # the words inside strings, IRIs, comments or variable names are not keywords
+    client.query('SELECT ?service WHERE { ?service <http://e/SERVICE> "DELETE" } # INSERT')
+    assert len(server.requests) == 1
+
+
+def test_prefixes_added_only_when_used_and_undeclared(fake):
+    server = fake((200, ROW, 0.0))
+    query = ('PREFIX wd: <http://example.org/my-wd/>\nSELECT ?x WHERE { wd:Q1 wdt:P31 ?x ; '
+             'rdfs:label "wd:Q2 p:P1" . ?x <http://e/#schema:x> ?y }')
+    SparqlClient(server.url).query(query)
+    sent = server.requests[0]
+    assert sent.startswith("PREFIX wdt: <http://www.wikidata.org/prop/direct/>\n"
+                           "PREFIX rdfs: <http://www.w3.org/2000/01/rdf-schema#>\nPREFIX wd: <http://example.org/my-wd/>")
+    assert sent.endswith(query) and "PREFIX p:" not in sent and "PREFIX schema:" not in sent
+
+
+def test_compact_expand_and_tokenizer():
+    assert sparql.compact("http://www.wikidata.org/prop/direct/P19") == "wdt:P19"
+    assert sparql.compact("http://www.wikidata.org/prop/statement/P161") == "ps:P161"
+    assert sparql.compact("http://www.wikidata.org/entity/Q42") == "wd:Q42"
+    assert sparql.compact("http://example.org/a/b") == "<http://example.org/a/b>"
+    for iri in ("http://www.wikidata.org/prop/qualifier/P453", "http://www.w3.org/2000/01/rdf-schema#label"):
+        assert sparql.expand(sparql.compact(iri)) == iri
+    with pytest.raises(ValueError, match="unknown prefix 'foo'"):
+        sparql.expand("foo:bar")
+    tokens = sparql.tokenize('?x <http://e/a#b> "a { # }"@en . # comment }\nwd:Q1. 5.')
+    assert [(t.kind, t.text) for t in tokens] == [
+        ("var", "?x"), ("iri", "<http://e/a#b>"), ("string", '"a { # }"'), ("lang", "@en"),
+        ("punct", "."), ("pname", "wd:Q1"), ("punct", "."), ("number", "5"), ("punct", ".")]
+    assert [t.kind for t in sparql.tokenize("?a<?b && ?c<=3")] == ["var", "punct", "var", "punct", "var", "punct", "number"]
+
+
+def test_parse_results_normalises_typed_literal():
+    doc = {"head": {"vars": ["n"]}, "results": {"bindings": [
+        {"n": {"type": "typed-literal", "value": "3", "datatype": "http://www.w3.org/2001/XMLSchema#integer"}}]}}
+    assert sparql.parse_results(json.dumps(doc)).rows == [
+        {"n": {"type": "literal", "value": "3", "datatype": "http://www.w3.org/2001/XMLSchema#integer"}}]
+    assert sparql.parse_results('{"head": {}, "boolean": false}').boolean is False
+
+
+def test_bad_client_arguments():
+    with pytest.raises(ValueError, match="http"):
+        SparqlClient("localhost:7878/query")
+    with pytest.raises(ValueError, match="method"):
+        SparqlClient("http://localhost:7878/query", method="put")
