@@ -259,13 +259,15 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     assert all(len(m) == 2 for m in merges), "a GGUF merge is not 'left right'"
     normal, control, user = gguf.TokenType.NORMAL, gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED
     vocab = {tok: i for i, (tok, ty) in enumerate(zip(tokens, types)) if ty == normal}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, continuing_subword_prefix="",
+                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
+    # Split text with the Qwen2 regex, then map each piece's bytes to printable characters (byte-level).
+    byte_level = {"add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"), pre_tokenizers.ByteLevel(**byte_level)])
+    tok.decoder = decoders.ByteLevel()  # maps the printable characters back to bytes
+    tok.post_processor = processors.ByteLevel(**byte_level)
     # Control tokens (<|im_start|>, <|endoftext|> ...) are special; user-defined ones (<tool_call>) are
     # matched whole but kept when decoding. Unused padding rows of the embedding get no token at all.
     for i, (text, ty) in enumerate(zip(tokens, types)):
