@@ -17,8 +17,8 @@ predicted query and comparing their results row by row (METHOD.md section 5):
 - The benchmark score is the mean F1 over samples whose gold query executes and returns something;
   exact match (EM) is 1 iff F1 is 1.
 
-Results come in as SPARQL 1.1 JSON results (`from_json`) or as the bare binding list that benchmark
-files keep in `info.results` (`from_bindings`). Usage:
+Results come in as SPARQL 1.1 JSON results (`from_json`), as a `sparql.Result` (`from_result`) or
+as the bare binding list that benchmark files keep in `info.results` (`from_bindings`). Usage:
 
     gold, pred = metrics.from_json(gold_doc), metrics.from_json(pred_doc)
     f1 = metrics.f1_score(pred, gold); em = metrics.exact_match(f1)
@@ -96,6 +96,13 @@ def from_json(document: dict) -> ResultSet:
         raise ValueError(f"not a SPARQL JSON results document (no results.bindings): "
                          f"{str(document)[:200]}")
     return from_bindings(bindings)
+
+
+def from_result(result) -> ResultSet:
+    """Build a result from a `sparql.Result` (`boolean` for ASK, else `rows` of JSON terms)."""
+    if result.boolean is not None:
+        return ResultSet(ask=bool(result.boolean))
+    return from_bindings(result.rows)
 
 
 def multiset_f1(pred: list[Row], gold: list[Row]) -> float:

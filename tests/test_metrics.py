@@ -237,6 +237,14 @@ def test_identical_results_are_an_exact_match(rows):
     assert metrics.exact_match(metrics.f1_score(result, result))
 
 
+def test_from_result_reads_a_sparql_client_result():
+    class Result:  # the shape of sparql.Result: variables, rows of JSON terms, boolean for ASK
+        def __init__(self, rows=(), boolean=None):
+            self.variables, self.rows, self.boolean = ["x"], list(rows), boolean
+    assert metrics.from_result(Result(boolean=False)) == ASK_FALSE
+    assert metrics.from_result(Result([{"x": uri("Q1")}, {"x": uri("Q2")}])) == column("Q1", "Q2")
+
+
 # --- per-sample score
 
 

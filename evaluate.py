@@ -1,0 +1,293 @@
+"""Evaluate GRISP on a benchmark with the GRASP protocol (paper section 4, METHOD.md section 5).
+
+For every question, run the pipeline (`grisp.Grisp`: skeletons by beam search, then placeholder
+resolution with re-ranking, KG guidance and backtracking), execute the predicted and the gold query
+on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Writes to `--out`:
+
+    config.json        the resolved configuration of the run
+    predictions.jsonl  one record per question: id, question, predicted sparql, answers, skeletons,
+                       trace summary, timings, seconds, backtracks, error, failure kind, f1, em
+    summary.json       F1, EM, scored/skipped samples, seconds per question, backtracks per sample,
+                       and where failures arise (no skeleton, resolution dead end, wrong answer)
+
+Runs resume: ids already in predictions.jsonl are skipped; each record is appended and flushed as
+soon as it is scored. `--oracle-skeleton` feeds the gold query's skeleton to the resolver (the
+paper's skeleton-vs-resolution error split); `--score-only` re-scores a predictions file without
+loading the model (the endpoint is still needed: gold and predicted queries are executed again).
+
+    python evaluate.py                                  # demo questions on the demo KG
+    python evaluate.py --ablation no-rerank --limit 50  # one row of the ablation table
+    python evaluate.py --score-only ~/.cache/grisp/eval/demo-full/predictions.jsonl
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable
+
+from tqdm import tqdm
+
+import benchmarks
+import defaults
+import metrics
+import sparql
+
+# paper table 5: ablation name -> grisp.Options fields it switches off (w/o KG guidance also drops
+# constrained search; "all disabled" leaves plain index search, "re-ranking only" adds re-ranking)
+_ALL_OFF = {"beam_search": False, "rerank": False, "constrained": False, "kg_guidance": False,
+            "backtracking": False}
+ABLATIONS = {
+    "none": {}, "no-beam-search": {"beam_search": False}, "no-rerank": {"rerank": False},
+    "no-constrained": {"constrained": False},
+    "no-kg-guidance": {"kg_guidance": False, "constrained": False},
+    "no-backtracking": {"backtracking": False},
+    "all-disabled": _ALL_OFF, "rerank-only": {**_ALL_OFF, "rerank": True},
+}
+KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed")  # passed through if set
+PIPELINE_FAILURES = ("no_skeleton", "dead_end", "error")  # grisp.Answer.failure values
+FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
+RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
+            "endpoint")  # a resumed run must agree with the saved config on these
+
+
+def pipeline_options(args: argparse.Namespace) -> dict:
+    """grisp.Options fields for this run: the ablation preset plus the knobs given on the CLI."""
+    return {**ABLATIONS[args.ablation],
+            **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob) is not None}}
+
+
+def load_pipeline(args: argparse.Namespace, options: dict):
+    import grisp  # the model stack is only imported when questions are really answered
+    return grisp.Grisp(args.model_dir, args.adapter, args.index, args.endpoint, grisp.Options(**options))
+
+
+def load_skeletonizer(index_dir: Path) -> Callable[[str], str]:
+    """gold SPARQL -> gold skeleton, with the index's labels as placeholder texts (oracle mode)."""
+    import search
+    import skeleton
+    indices = search.load_indices(index_dir)
+    return lambda query: skeleton.skeletonize(query, indices)
+
+
+def to_json(result: sparql.Result) -> dict:
+    """A sparql.Result as a SPARQL 1.1 JSON results document (what predictions.jsonl stores)."""
+    if result.boolean is not None:
+        return {"head": {}, "boolean": result.boolean}
+    return {"head": {"vars": result.variables}, "results": {"bindings": result.rows}}
+
+
+def summarize_trace(trace: list[dict], max_chars: int = 200) -> list[dict]:
+    """Each trace step with only its scalar fields (long candidate lists dropped, text cut)."""
+    return [{key: value[:max_chars] if isinstance(value, str) else value
+             for key, value in step.items() if value is None or isinstance(value, (str, int, float, bool))}
+            for step in trace]
+
+
+def execute(client: sparql.SparqlClient, query: str) -> tuple[sparql.Result | None, str | None]:
+    """(result, None) or (None, error text): a failing query is data here, not a crash."""
+    try:
+        return client.query(query), None
+    except sparql.SparqlError as error:
+        return None, f"{type(error).__name__}: {error}"
+
+
+def answer_record(sample: dict, answer, seconds: float) -> dict:
+    """The prediction part of a record, from a grisp.Answer."""
+    return {"id": sample["id"], "question": sample["question"], "sparql": answer.sparql,
+            "skeletons": [list(s) for s in answer.skeletons], "trace": summarize_trace(answer.trace),
+            "timings": answer.timings, "seconds": seconds, "backtracks": answer.backtracks,
+            "error": answer.error, "failure": answer.failure}
+
+
+def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) -> dict:
+    """Execute gold and predicted query, then set answers, gold status, f1, em and failure kind."""
+    gold, gold_error = execute(client, gold_sparql)
+    record["gold_status"] = "failed" if gold is None else "empty" if gold.is_empty else "ok"
+    record["gold_error"] = gold_error
+    pred, record["pred_error"] = execute(client, record["sparql"]) if record["sparql"] else (None, None)
+    record["answers"] = to_json(pred) if pred is not None else None
+    f1 = metrics.sample_score(metrics.from_result(pred) if pred is not None else None,
+                              metrics.from_result(gold) if gold is not None else None)
+    record["f1"], record["em"] = f1, None if f1 is None else metrics.exact_match(f1)
+    # where it failed: the pipeline's own verdict first, else a wrong (or unexecutable) answer
+    if record["failure"] not in PIPELINE_FAILURES:
+        record["failure"] = "error" if not record["sparql"] else (
+            "wrong_answer" if f1 is not None and not record["em"] else None)
+    return record
+
+
+def summarize(records: list[dict]) -> dict:
+    """Benchmark numbers over the records (F1/EM over scored samples only)."""
+    scored = [r for r in records if r["f1"] is not None]
+    seconds = [r["seconds"] for r in records if r.get("seconds") is not None]
+    backtracks = [r["backtracks"] for r in records if r.get("backtracks") is not None]
+    failures = Counter(r["failure"] or "correct" for r in scored)
+    timing_keys = sorted({key for r in records for key in (r.get("timings") or {})})
+    return {
+        "samples": len(records), "scored": len(scored),
+        "skipped": {"gold_empty": sum(r["gold_status"] == "empty" for r in records),
+                    "gold_failed": sum(r["gold_status"] == "failed" for r in records)},
+        "f1": statistics.fmean(r["f1"] for r in scored) if scored else None,
+        "em": statistics.fmean(bool(r["em"]) for r in scored) if scored else None,
+        "seconds": {"median": statistics.median(seconds) if seconds else None,
+                    "mean": statistics.fmean(seconds) if seconds else None},
+        "backtracks_per_sample": statistics.fmean(backtracks) if backtracks else None,
+        "samples_with_backtracks": sum(b > 0 for b in backtracks),
+        "failures": {kind: failures[kind] for kind in (*FAILURES, "correct")},
+        # seconds per question in each pipeline stage (a stage a question never reached counts 0)
+        "timings_mean": {key: statistics.fmean(r["timings"].get(key, 0.0) for r in records
+                                               if r.get("timings") is not None) for key in timing_keys},
+    }
+
+
+def print_summary(summary: dict, name: str) -> None:
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}"
+
+    def sec(x):
+        return "-" if x is None else f"{x:.2f}"
+    skipped, failures = summary["skipped"], summary["failures"]
+    backtracks = summary["backtracks_per_sample"]
+    print(f"\n{name}: {summary['samples']} questions")
+    print(f"  F1 / EM            {pct(summary['f1'])} / {pct(summary['em'])}   ({summary['scored']} scored; "
+          f"skipped {skipped['gold_empty']} gold empty, {skipped['gold_failed']} gold failed)")
+    print(f"  seconds/question   median {sec(summary['seconds']['median'])}, mean {sec(summary['seconds']['mean'])}")
+    print(f"  backtracks/sample  {sec(backtracks)} ({summary['samples_with_backtracks']} samples backtracked)")
+    print("  failures           " + ", ".join(f"{kind.replace('_', ' ')} {failures[kind]}" for kind in failures))
+
+
+def read_predictions(path: Path) -> list[dict]:
+    """Records of a predictions file; a cut-off last line (killed mid-write) is dropped from disk."""
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        print(f"dropping an unfinished last line of {path}")
+        lines = lines[:-1]
+        path.write_text("".join(lines), encoding="utf-8")
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    partial = path.with_suffix(".part")
+    partial.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    partial.replace(path)  # atomic: a crash leaves the old file intact
+
+
+def main(args: argparse.Namespace, pipeline=None) -> dict:
+    """Run (or only score) an evaluation; returns the summary. `pipeline` replaces grisp.Grisp
+    (anything with `answer(question)` and `answer_from_skeletons(question, skeletons)`)."""
+    # --- setup
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be positive, not {args.limit}")
+    samples = benchmarks.load_benchmark(args.benchmark)[: args.limit]
+    gold_by_id = {sample["id"]: sample["sparql"] for sample in samples}
+    client = sparql.SparqlClient(args.endpoint, read_timeout_s=args.query_timeout)
+    if execute(sparql.SparqlClient(args.endpoint, retries=0), "ASK {}")[0] is None:
+        raise FileNotFoundError(f"the SPARQL endpoint {args.endpoint} does not answer; start it "
+                                f"(python endpoint.py start) or pass --endpoint")
+    name = Path(args.benchmark).stem if args.benchmark.endswith(".jsonl") else args.benchmark
+
+    # --- score an existing predictions file only
+    if args.score_only:
+        path = Path(args.score_only).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"predictions file {path} does not exist; pass the "
+                                    f"predictions.jsonl of an earlier run to --score-only")
+        records = [r for r in read_predictions(path) if r["id"] in gold_by_id]
+        for record in tqdm(records, desc="scoring", unit="q"):
+            score_record(record, gold_by_id[record["id"]], client)
+        write_jsonl(path, records)
+        summary = {**summarize(records), "config": {"score_only": str(path), "benchmark": args.benchmark}}
+        (path.parent / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        print_summary(summary, name)
+        return summary
+
+    # --- run configuration (saved next to the predictions; a resumed run must match it)
+    options = pipeline_options(args)
+    suffix = args.ablation + ("-oracle" if args.oracle_skeleton else "")
+    out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
+    config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
+              "oracle_skeleton": args.oracle_skeleton, "model_dir": str(args.model_dir),
+              "adapter": str(args.adapter), "index": str(args.index), "endpoint": args.endpoint,
+              "limit": args.limit, "out": str(out)}
+    print(f"config: {json.dumps(config)}")
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "config.json").exists():
+        saved = json.loads((out / "config.json").read_text())
+        changed = [key for key in RUN_KEYS if saved.get(key) != config[key]]
+        if changed:
+            raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
+                             f"pass another --out or delete {out}")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    # --- answer the questions not answered yet
+    predictions_path = out / "predictions.jsonl"
+    done = {record["id"] for record in read_predictions(predictions_path)}
+    todo = [sample for sample in samples if sample["id"] not in done]
+    print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
+    if todo:
+        pipeline = pipeline or load_pipeline(args, options)
+        skeletonize = load_skeletonizer(args.index) if args.oracle_skeleton else None
+        with open(predictions_path, "a", encoding="utf-8") as file:
+            for sample in tqdm(todo, desc="evaluating", unit="q"):
+                start = time.perf_counter()
+                if skeletonize is not None:
+                    answer = pipeline.answer_from_skeletons(sample["question"], [skeletonize(sample["sparql"])])
+                else:
+                    answer = pipeline.answer(sample["question"])
+                record = answer_record(sample, answer, time.perf_counter() - start)
+                score_record(record, sample["sparql"], client)
+                file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                file.flush()
+
+    # --- summary over this benchmark selection
+    records = [r for r in read_predictions(predictions_path) if r["id"] in gold_by_id]
+    summary = {**summarize(records), "config": config}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print_summary(summary, f"{name} ({suffix})")
+    print(f"wrote {predictions_path} and {out / 'summary.json'}")
+    return summary
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description="Run GRISP over a benchmark, execute gold and predicted queries and score them "
+                    "with the GRASP protocol (row F1 with assignment, EM); resumable.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # data
+    parser.add_argument("--benchmark", default="demo",
+                        help="benchmark name (demo, wwq-dev, wwq-train) or a JSONL file "
+                             "({id, question, sparql, paraphrases, info} per line)")
+    parser.add_argument("--out", default=None,
+                        help="run directory; default ~/.cache/grisp/eval/<benchmark>-<ablation>")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--score-only", default=None, metavar="PREDICTIONS",
+                        help="re-score this predictions.jsonl (gold and predicted queries are "
+                             "executed again) without loading the model")
+    # knowledge graph
+    parser.add_argument("--endpoint", default=defaults.ENDPOINT_URL, help="SPARQL endpoint URL")
+    parser.add_argument("--index", type=Path, default=defaults.DEMO_INDEX_DIR,
+                        help="search index directory (build_index.py)")
+    parser.add_argument("--query-timeout", type=float, default=60.0,
+                        help="seconds to wait for a gold or predicted query when scoring")
+    # model
+    parser.add_argument("--model-dir", type=Path, default=defaults.MODEL_DIR, help="base model directory")
+    parser.add_argument("--adapter", type=Path, default=defaults.ADAPTER_DIR, help="LoRA adapter directory (PEFT layout)")
+    # pipeline: ablations (paper table 5) and knobs; unset knobs keep grisp.Options' defaults
+    parser.add_argument("--ablation", default="none", choices=list(ABLATIONS),
+                        help="switch off GRISP mechanisms as in the paper's ablation table")
+    parser.add_argument("--oracle-skeleton", action="store_true",
+                        help="resolve the gold query's skeleton instead of generating skeletons")
+    parser.add_argument("--num-beams", type=int, default=None, help="beam width of skeleton generation")
+    parser.add_argument("--num-skeletons", type=int, default=None, help="skeletons kept for resolution")
+    parser.add_argument("--top-k", type=int, default=None, help="search results re-ranked per placeholder")
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds per question")
+    parser.add_argument("--seed", type=int, default=None, help="random seed of the sampling")
+    try:
+        main(parser.parse_args())
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")

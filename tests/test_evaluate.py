@@ -1,0 +1,198 @@
+"""Tests for evaluate.py: a fake pipeline against a real oxigraph server over a tiny KG."""
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+import defaults
+import evaluate
+
+KG = """@prefix wd: <http://www.wikidata.org/entity/> .
+@prefix wdt: <http://www.wikidata.org/prop/direct/> .
+wd:Q1 wdt:P19 wd:Q2 .
+wd:Q4 wdt:P26 wd:Q3 .
+wd:Q5 wdt:P26 wd:Q3 .
+"""
+BORN = "SELECT ?x WHERE { wd:Q1 wdt:P19 ?x }"
+SPOUSES = "PREFIX wd: <http://www.wikidata.org/entity/> SELECT ?x WHERE { ?x wdt:P26 wd:Q3 }"
+
+
+@dataclass
+class Answer:  # the fields of grisp.Answer that evaluate.py reads
+    sparql: str | None
+    failure: str | None = None
+    backtracks: int = 0
+    skeletons: list = field(default_factory=list)
+    trace: list = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+    error: str | None = None
+
+
+# id -> (gold query, what the fake pipeline answers)
+CASES = {
+    "exact": (BORN, Answer(BORN, timings={"search": 0.5}, trace=[
+        {"step": "pick", "iri": "wd:Q1", "alternatives": ["wd:Q1", "wd:Q9"]}])),
+    # predicts only one of two gold rows: TP = 1, FN = 1, FP = 0 -> F1 = 2/3
+    "partial": (SPOUSES, Answer(SPOUSES.replace("}", "FILTER(?x = wd:Q4) }"), backtracks=2)),
+    "no-skeleton": (BORN, Answer(None, failure="no_skeleton")),
+    "dead-end": (SPOUSES, Answer(None, failure="dead_end", backtracks=3)),
+    "gold-empty": ("SELECT ?x WHERE { wd:Q1 wdt:P999 ?x }", Answer(BORN)),
+    "gold-fails": ("SELECT ?x WHERE {", Answer(BORN)),
+    "ask": ("ASK { wd:Q1 wdt:P19 wd:Q2 }", Answer("ASK { ?s wdt:P19 wd:Q2 }", backtracks=1)),
+}
+
+
+class FakePipeline:
+    def __init__(self):
+        self.asked = []
+        self.answers = {f"question {qid}?": answer for qid, (_, answer) in CASES.items()}
+
+    def answer(self, question):
+        self.asked.append(question)
+        return self.answers[question]
+
+    def answer_from_skeletons(self, question, skeletons):
+        raise AssertionError("not in oracle mode")
+
+
+@pytest.fixture(scope="module")
+def endpoint_url(oxigraph_server, tmp_path_factory):
+    kg = tmp_path_factory.mktemp("kg") / "kg.ttl"
+    kg.write_text(KG)
+    return oxigraph_server(kg)
+
+
+@pytest.fixture
+def bench(tmp_path):
+    path = tmp_path / "bench.jsonl"
+    path.write_text("".join(json.dumps({"id": qid, "question": f"question {qid}?", "sparql": gold,
+                                        "paraphrases": [], "info": {}}) + "\n"
+                            for qid, (gold, _) in CASES.items()))
+    return path
+
+
+def make_args(bench, out, endpoint_url, **changes):
+    args = dict(benchmark=str(bench), out=str(out), limit=None, score_only=None, endpoint=endpoint_url,
+                index=defaults.DEMO_INDEX_DIR, query_timeout=10.0, model_dir=defaults.MODEL_DIR,
+                adapter=defaults.ADAPTER_DIR, ablation="none", oracle_skeleton=False,
+                num_beams=None, num_skeletons=None, top_k=None, time_budget=None, seed=None)
+    return argparse.Namespace(**{**args, **changes})
+
+
+def check_handcrafted_summary(summary):
+    # scored: exact 1, partial 2/3, no-skeleton 0, dead-end 0, ask 1
+    assert summary["samples"] == 7 and summary["scored"] == 5
+    assert summary["skipped"] == {"gold_empty": 1, "gold_failed": 1}
+    assert summary["f1"] == pytest.approx((1 + 2 / 3 + 0 + 0 + 1) / 5)
+    assert summary["em"] == pytest.approx(2 / 5)
+    assert summary["failures"] == {"no_skeleton": 1, "dead_end": 1, "error": 0, "wrong_answer": 1,
+                                   "correct": 2}
+    assert summary["backtracks_per_sample"] == pytest.approx(6 / 7)
+    assert summary["samples_with_backtracks"] == 3
+
+
+def test_run_scores_a_handcrafted_benchmark(bench, tmp_path, endpoint_url):
+    summary = evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=FakePipeline())
+    check_handcrafted_summary(summary)
+    assert summary["seconds"]["median"] >= 0 and summary["seconds"]["mean"] >= 0
+    assert summary["timings_mean"] == {"search": pytest.approx(0.5 / 7)}
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "run" / "predictions.jsonl").open())}
+    assert records["exact"]["answers"]["results"]["bindings"] == [
+        {"x": {"type": "uri", "value": "http://www.wikidata.org/entity/Q2"}}]
+    assert records["exact"]["trace"] == [{"step": "pick", "iri": "wd:Q1"}]  # lists dropped
+    assert records["ask"]["answers"] == {"head": {}, "boolean": True}
+    assert records["gold-fails"]["gold_status"] == "failed" and "BadQuery" in records["gold-fails"]["gold_error"]
+    assert records["partial"]["failure"] == "wrong_answer" and records["exact"]["failure"] is None
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["f1"] == summary["f1"] and saved["config"]["ablation"] == "none"
+
+
+def test_resume_skips_finished_ids(bench, tmp_path, endpoint_url):
+    first = FakePipeline()
+    summary = evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=3), pipeline=first)
+    assert len(first.asked) == 3 and summary["samples"] == 3
+    # a run killed mid-write leaves a cut-off last line: it is dropped and that question redone
+    predictions = tmp_path / "run" / "predictions.jsonl"
+    predictions.write_text(predictions.read_text() + '{"id": "dead-end", "quest')
+    second = FakePipeline()
+    summary = evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=second)
+    assert second.asked == [f"question {qid}?" for qid in list(CASES)[3:]]
+    check_handcrafted_summary(summary)
+    assert len(predictions.read_text().splitlines()) == 7
+    third = FakePipeline()  # nothing left to do
+    evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=third)
+    assert third.asked == []
+
+
+def test_resume_refuses_other_settings(bench, tmp_path, endpoint_url):
+    evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=1), pipeline=FakePipeline())
+    with pytest.raises(ValueError, match="other settings \\(ablation, options\\)"):
+        evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, ablation="no-rerank"),
+                      pipeline=FakePipeline())
+
+
+def test_score_only_rescores_without_a_pipeline(bench, tmp_path, endpoint_url):
+    evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=FakePipeline())
+    predictions = tmp_path / "run" / "predictions.jsonl"
+    # fix the partial answer by hand and wipe the stored scores: re-scoring must recompute them
+    records = [json.loads(line) for line in predictions.open()]
+    for record in records:
+        if record["id"] == "partial":
+            record["sparql"] = SPOUSES
+        record["f1"] = record["em"] = record["answers"] = None
+    predictions.write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = subprocess.run([sys.executable, "evaluate.py", "--score-only", str(predictions),
+                             "--benchmark", str(bench), "--endpoint", endpoint_url],
+                            cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "F1 / EM            60.0 / 60.0" in result.stdout  # (1 + 1 + 0 + 0 + 1) / 5
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["f1"] == pytest.approx(3 / 5) and summary["failures"]["wrong_answer"] == 0
+    rescored = {r["id"]: r for r in map(json.loads, predictions.open())}
+    assert rescored["partial"]["em"] is True and rescored["exact"]["answers"] is not None
+
+
+def test_summary_of_handmade_records():
+    def record(f1, seconds, backtracks, failure=None, status="ok"):
+        return {"f1": f1, "em": None if f1 is None else f1 == 1.0, "seconds": seconds,
+                "backtracks": backtracks, "failure": failure, "gold_status": status,
+                "timings": {"search": seconds / 2}}
+    summary = evaluate.summarize([record(1.0, 1.0, 0), record(0.5, 2.0, 1, "wrong_answer"),
+                                  record(0.0, 6.0, 5, "dead_end"), record(None, 3.0, 0, status="empty")])
+    assert summary["f1"] == pytest.approx(0.5) and summary["em"] == pytest.approx(1 / 3)
+    assert summary["seconds"] == {"median": 2.5, "mean": 3.0}
+    assert summary["backtracks_per_sample"] == 1.5 and summary["samples_with_backtracks"] == 2
+    assert summary["timings_mean"] == {"search": 1.5}
+
+
+def test_ablation_presets_map_to_pipeline_options(tmp_path):
+    args = make_args(tmp_path, tmp_path, "http://x", ablation="rerank-only", top_k=5)
+    options = evaluate.pipeline_options(args)
+    assert options["rerank"] and not options["beam_search"] and not options["backtracking"]
+    assert options["top_k"] == 5 and "num_beams" not in options
+    assert evaluate.pipeline_options(make_args(tmp_path, tmp_path, "http://x")) == {}
+
+
+def run_script(*args):
+    return subprocess.run([sys.executable, "evaluate.py", *args], cwd=defaults.REPO_DIR,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_help_exits_zero():
+    result = run_script("--help")
+    assert result.returncode == 0 and "--oracle-skeleton" in result.stdout
+
+
+def test_bad_input_exits_with_a_message(bench, tmp_path, endpoint_url):
+    result = run_script("--benchmark", str(tmp_path / "missing.jsonl"), "--endpoint", endpoint_url)
+    assert result.returncode != 0 and "missing.jsonl" in result.stderr and "Traceback" not in result.stderr
+    # main() raises the errors that the script turns into a message and exit status 1
+    with pytest.raises(FileNotFoundError, match="nothing.jsonl does not exist"):
+        evaluate.main(make_args(bench, tmp_path, endpoint_url, score_only=str(tmp_path / "nothing.jsonl")))
+    with pytest.raises(FileNotFoundError, match="127.0.0.1:9/query does not answer"):
+        evaluate.main(make_args(bench, tmp_path, "http://127.0.0.1:9/query"))
+    with pytest.raises(ValueError, match="--limit must be positive"):
+        evaluate.main(make_args(bench, tmp_path, endpoint_url, limit=0))
