@@ -147,7 +147,7 @@ class Indices:
         )
         self.stores, self.methods = {}, {}
         for kind, sub in KINDS.items():
-            self.stores[kind] = ItemStore(directory / sub)
+            self.stores[kind] = ItemStore(directory / sub / "items")
             self.methods[kind] = {"prefix": PrefixIndex.load(directory / sub / "prefix")}
             if (directory / sub / "embedding" / "config.json").exists():
                 self.methods[kind]["embedding"] = EmbeddingIndex.load(
