@@ -147,7 +147,8 @@ def inject_lora(model: nn.Module, r: int = 32, alpha: float = 32, dropout: float
         if isinstance(module, LoRALinear):
             raise ValueError(f"{name} already has LoRA; inject into a model without adapters")
         if type(module) is not nn.Linear:  # a subclass may have its own forward that would skip LoRA
-            raise ValueError(f"{name} is a {type(module).__name__}, LoRA wraps plain nn.Linear only")
+            raise ValueError(f"{name} is a {type(module).__name__}, LoRA wraps plain nn.Linear only; "
+                             f"inject before converting the model for inference (prepare_for_inference)")
     for name in names:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, LoRALinear(model.get_submodule(name), r, alpha, dropout))

@@ -5,13 +5,16 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import lora
+from model import Transformer
+from tests.tiny import make_model_dir
 
 peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
 
 LAYERS = 3
+IDS = torch.randint(3, 300, (2, 7), generator=torch.Generator().manual_seed(1))  # tiny vocabulary: 300
 
 
 @pytest.fixture(autouse=True)
@@ -22,36 +25,26 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def tiny_config(hidden: int = 32) -> Qwen2Config:
-    return Qwen2Config(vocab_size=64, hidden_size=hidden, intermediate_size=48, num_hidden_layers=LAYERS,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                       tie_word_embeddings=True)
-
-
 @pytest.fixture(scope="module")
-def base_state() -> dict[str, torch.Tensor]:
-    """Random base weights shared by every model in a test."""
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(tiny_config()).state_dict()
+def model_dir(tmp_path_factory):
+    """A tiny random Qwen2 with a tied lm_head (like Qwen2.5-0.5B), shared by every model in a test."""
+    return make_model_dir(tmp_path_factory.mktemp("tiny"), tie_word_embeddings=True, num_hidden_layers=LAYERS)
 
 
-def hf_model(state: dict[str, torch.Tensor], hidden: int = 32) -> Qwen2ForCausalLM:
-    model = Qwen2ForCausalLM(tiny_config(hidden))
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+def host_model(model_dir) -> Transformer:
+    """The model lora.py adapts in the project: our model.py."""
+    return Transformer.from_pretrained(model_dir)
 
 
-def host_model(state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    """The model lora.py adapts in the project."""
-    return hf_model(state)
+def hf_model(model_dir) -> torch.nn.Module:
+    """The reference: transformers' Qwen2ForCausalLM with the same weights, for PEFT."""
+    return transformers.Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 @torch.no_grad()
 def logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    return model(ids).logits
-
-
-IDS = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+    out = model(ids)
+    return out if isinstance(out, torch.Tensor) else out.logits  # ours: a tensor; HF / PEFT: an output object
 
 
 def randomize_b(model: torch.nn.Module, seed: int = 2) -> None:
@@ -65,8 +58,8 @@ def randomize_b(model: torch.nn.Module, seed: int = 2) -> None:
 # --- the LoRA layer
 
 
-def test_zero_b_equals_base_exactly(base_state):
-    model = host_model(base_state)
+def test_zero_b_equals_base_exactly(model_dir):
+    model = host_model(model_dir)
     base = logits(model, IDS)
     names = lora.inject_lora(model, r=4, alpha=8)
     assert len(names) == 7 * LAYERS
@@ -74,23 +67,24 @@ def test_zero_b_equals_base_exactly(base_state):
     assert torch.equal(logits(model, IDS), base)
 
 
-def test_merged_equals_unmerged_and_unmerge_restores_base(base_state):
-    model = host_model(base_state)
+def test_merged_equals_unmerged_and_unmerge_restores_base(model_dir):
+    model = host_model(model_dir)
     base = logits(model, IDS)
     lora.inject_lora(model, r=4, alpha=8)
     randomize_b(model)
     adapted = logits(model, IDS)
     assert (adapted - base).abs().max() > 1e-2, "random B should change the output"
     lora.merge_lora(model)
-    torch.testing.assert_close(logits(model, IDS), adapted, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits(model, IDS), adapted, atol=1e-5, rtol=1e-5)  # float32 rounding of W + BA
     lora.unmerge_lora(model)
+    torch.testing.assert_close(logits(model, IDS), adapted, atol=1e-5, rtol=1e-5)
+    base_weights = host_model(model_dir).state_dict()
     for name, layer in lora.lora_layers(model).items():
-        torch.testing.assert_close(layer.base_layer.weight, base_state[name + ".weight"], atol=1e-6, rtol=0)
-    torch.testing.assert_close(logits(model, IDS), adapted, atol=1e-5, rtol=0)
+        torch.testing.assert_close(layer.base_layer.weight, base_weights[name + ".weight"], atol=1e-6, rtol=0)
 
 
-def test_merge_is_explicit_and_train_mode_refuses_merged_weights(base_state):
-    model = host_model(base_state)
+def test_merge_is_explicit_and_train_mode_refuses_merged_weights(model_dir):
+    model = host_model(model_dir)
     lora.inject_lora(model, r=4, alpha=8)
     weight = model.model.layers[0].self_attn.q_proj.base_layer.weight.clone()
     randomize_b(model)
@@ -103,8 +97,8 @@ def test_merge_is_explicit_and_train_mode_refuses_merged_weights(base_state):
         model(IDS)
 
 
-def test_merge_refuses_a_tied_lm_head(base_state):
-    model = host_model(base_state)
+def test_merge_refuses_a_tied_lm_head(model_dir):
+    model = host_model(model_dir)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     lora.inject_lora(model, target_modules=["lm_head"])
     with pytest.raises(ValueError, match="lm_head shares its weight"):
@@ -112,8 +106,8 @@ def test_merge_refuses_a_tied_lm_head(base_state):
     assert not any(layer.merged for layer in lora.lora_layers(model).values())
 
 
-def test_unload_after_merge_gives_plain_linear_layers(base_state):
-    model = host_model(base_state)
+def test_unload_after_merge_gives_plain_linear_layers(model_dir):
+    model = host_model(model_dir)
     lora.inject_lora(model, r=4, alpha=8)
     randomize_b(model)
     adapted = logits(model, IDS)
@@ -121,11 +115,56 @@ def test_unload_after_merge_gives_plain_linear_layers(base_state):
     lora.unload_lora(model)
     assert not lora.lora_layers(model)
     assert type(model.model.layers[0].mlp.down_proj) is torch.nn.Linear
-    torch.testing.assert_close(logits(model, IDS), adapted, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits(model, IDS), adapted, atol=1e-5, rtol=1e-5)
 
 
-def test_dropout_acts_on_the_lora_path_in_training_only(base_state):
-    model = host_model(base_state)
+# --- with model.py's inference paths
+
+
+def test_cached_decoding_with_lora_equals_the_full_forward(model_dir):
+    model = host_model(model_dir)
+    lora.inject_lora(model, r=4, alpha=8)
+    randomize_b(model)
+    full = logits(model, IDS)  # [B, T, V]
+    cache = model.new_cache(IDS.shape[0])
+    with torch.no_grad():
+        steps = [model(IDS[:, :4], cache=cache, logits_at=-1)]
+        steps += [model(IDS[:, t:t + 1], cache=cache, logits_at=-1) for t in range(4, IDS.shape[1])]
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 3:], atol=1e-5, rtol=1e-5)
+
+
+def test_fast_inference_path_keeps_unmerged_lora(model_dir):
+    """prepare_for_inference swaps plain nn.Linear layers only, so LoRA layers keep working."""
+    model = host_model(model_dir)
+    lora.inject_lora(model, r=4, alpha=8, layers=[1, 2])
+    randomize_b(model)
+    adapted = logits(model, IDS)
+    model.prepare_for_inference()
+    assert len(lora.lora_layers(model)) == 7 * 2
+    assert type(model.model.layers[0].self_attn.q_proj).__name__ == "SplitLinear"
+    torch.testing.assert_close(logits(model, IDS), adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_merged_and_unloaded_adapter_runs_on_the_fast_inference_path(model_dir):
+    model = host_model(model_dir)
+    lora.inject_lora(model, r=4, alpha=8)
+    randomize_b(model)
+    adapted = logits(model, IDS)
+    lora.merge_lora(model)
+    lora.unload_lora(model)
+    model.prepare_for_inference()
+    assert type(model.model.layers[2].mlp.down_proj).__name__ == "SplitLinear"
+    torch.testing.assert_close(logits(model, IDS), adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_inject_after_the_fast_inference_conversion_fails_loudly(model_dir):
+    model = host_model(model_dir).prepare_for_inference()
+    with pytest.raises(ValueError, match="SplitLinear, LoRA wraps plain nn.Linear only"):
+        lora.inject_lora(model)
+
+
+def test_dropout_acts_on_the_lora_path_in_training_only(model_dir):
+    model = host_model(model_dir)
     lora.inject_lora(model, r=4, alpha=8, dropout=0.5)
     assert not any(m.training for m in lora.lora_layers(model).values()), "inherit the model's eval mode"
     randomize_b(model)
@@ -136,15 +175,15 @@ def test_dropout_acts_on_the_lora_path_in_training_only(base_state):
     assert torch.equal(logits(model, IDS), adapted)
 
 
-def test_only_lora_parameters_train(base_state):
-    model = host_model(base_state)
+def test_only_lora_parameters_train(model_dir):
+    model = host_model(model_dir)
     lora.inject_lora(model, r=4, alpha=8, layers=[2])
     n_trainable = lora.mark_only_lora_trainable(model)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == set(lora.lora_state_dict(model))
     assert len(trainable) == 2 * 7
     assert n_trainable == sum(p.numel() for n, p in model.named_parameters() if n in trainable)
-    model(IDS).logits.sum().backward()
+    model(IDS).sum().backward()
     assert all(p.grad is None for n, p in model.named_parameters() if n not in trainable)
     assert all(model.get_parameter(n).grad.abs().sum() > 0 for n in trainable if n.endswith("lora_B"))
 
@@ -152,8 +191,8 @@ def test_only_lora_parameters_train(base_state):
 # --- injection by name and layer
 
 
-def test_layer_restriction_and_target_names(base_state):
-    model = host_model(base_state)
+def test_layer_restriction_and_target_names(model_dir):
+    model = host_model(model_dir)
     assert lora.last_layers(model, 2) == [1, 2]
     names = lora.inject_lora(model, r=2, alpha=2, target_modules=["q_proj", "down_proj"], layers=[0, 2])
     assert names == ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj",
@@ -166,20 +205,20 @@ def test_layer_restriction_and_target_names(base_state):
     ({"target_modules": ["mlp"]}, "plain nn.Linear only"),
     ({"r": 0}, "rank must be positive"),
 ])
-def test_inject_rejects_bad_requests(base_state, kwargs, message):
+def test_inject_rejects_bad_requests(model_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        lora.inject_lora(host_model(base_state), **kwargs)
+        lora.inject_lora(host_model(model_dir), **kwargs)
 
 
-def test_failed_inject_changes_nothing(base_state):
-    model = host_model(base_state)
+def test_failed_inject_changes_nothing(model_dir):
+    model = host_model(model_dir)
     with pytest.raises(ValueError, match="plain nn.Linear"):
         lora.inject_lora(model, target_modules=["q_proj", "mlp"])
     assert not lora.lora_layers(model)
 
 
-def test_inject_twice_and_last_layers_out_of_range_fail(base_state):
-    model = host_model(base_state)
+def test_inject_twice_and_last_layers_out_of_range_fail(model_dir):
+    model = host_model(model_dir)
     with pytest.raises(ValueError, match="last 4 layers"):
         lora.last_layers(model, 4)
     lora.inject_lora(model, target_modules=["q_proj"])
@@ -191,8 +230,8 @@ def test_inject_twice_and_last_layers_out_of_range_fail(base_state):
 
 
 @pytest.mark.parametrize("layers", [None, [1, 2]])
-def test_our_adapter_loads_in_peft_with_the_same_logits(base_state, tmp_path, layers):
-    model = host_model(base_state)
+def test_our_adapter_loads_in_peft_with_the_same_logits(model_dir, tmp_path, layers):
+    model = host_model(model_dir)
     lora.inject_lora(model, r=4, alpha=8, dropout=0.1, layers=layers)
     randomize_b(model)
     ours = logits(model, IDS)
@@ -200,7 +239,7 @@ def test_our_adapter_loads_in_peft_with_the_same_logits(base_state, tmp_path, la
     config = json.loads((tmp_path / lora.CONFIG_NAME).read_text())
     assert config["layers_to_transform"] == layers and config["lora_dropout"] == 0.1
 
-    peft_model = peft.PeftModel.from_pretrained(hf_model(base_state), tmp_path).eval()
+    peft_model = peft.PeftModel.from_pretrained(hf_model(model_dir), tmp_path).eval()
     assert peft_model.peft_config["default"].r == 4
     assert peft_model.peft_config["default"].layers_to_transform == layers
     n_lora = sum(1 for n, _ in peft_model.named_parameters() if ".lora_" in n)
@@ -209,15 +248,15 @@ def test_our_adapter_loads_in_peft_with_the_same_logits(base_state, tmp_path, la
 
 
 @pytest.mark.parametrize("layers", [None, [0, 2]])
-def test_peft_adapter_loads_here_with_the_same_logits(base_state, tmp_path, layers):
+def test_peft_adapter_loads_here_with_the_same_logits(model_dir, tmp_path, layers):
     config = peft.LoraConfig(r=4, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
                              target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
                              layers_to_transform=layers, init_lora_weights=False)  # random A and B
-    peft_model = peft.get_peft_model(hf_model(base_state), config).eval()
+    peft_model = peft.get_peft_model(hf_model(model_dir), config).eval()
     expected = logits(peft_model, IDS)
     peft_model.save_pretrained(tmp_path)
 
-    model = host_model(base_state)
+    model = host_model(model_dir)
     assert not torch.allclose(logits(model, IDS), expected, atol=1e-3)
     loaded = lora.load_adapter(model, tmp_path)
     assert loaded["lora_alpha"] == 16
@@ -225,8 +264,8 @@ def test_peft_adapter_loads_here_with_the_same_logits(base_state, tmp_path, laye
     torch.testing.assert_close(logits(model, IDS), expected, atol=1e-5, rtol=0)
 
 
-def test_bf16_save_round_trips(base_state, tmp_path):
-    model = host_model(base_state)
+def test_bf16_save_round_trips(model_dir, tmp_path):
+    model = host_model(model_dir)
     lora.inject_lora(model, r=4, alpha=8)
     randomize_b(model)
     lora.save_adapter(model, tmp_path, dtype=torch.bfloat16)
@@ -234,12 +273,12 @@ def test_bf16_save_round_trips(base_state, tmp_path):
     assert {t.dtype for t in saved.values()} == {torch.bfloat16}
     assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in saved
 
-    fresh = host_model(base_state)
+    fresh = host_model(model_dir)
     lora.load_adapter(fresh, tmp_path)
     for name, p in lora.lora_state_dict(fresh).items():
         assert p.dtype == torch.float32
         assert torch.equal(p, lora.lora_state_dict(model)[name].to(torch.bfloat16).float())
-    peft_model = peft.PeftModel.from_pretrained(hf_model(base_state), tmp_path).eval()
+    peft_model = peft.PeftModel.from_pretrained(hf_model(model_dir), tmp_path).eval()
     torch.testing.assert_close(logits(peft_model, IDS), logits(fresh, IDS), atol=1e-5, rtol=0)
 
 
@@ -247,8 +286,8 @@ def test_bf16_save_round_trips(base_state, tmp_path):
 
 
 @pytest.fixture
-def adapter_dir(base_state, tmp_path):
-    model = host_model(base_state)
+def adapter_dir(model_dir, tmp_path):
+    model = host_model(model_dir)
     lora.inject_lora(model, r=4, alpha=8, target_modules=["q_proj", "v_proj"])
     randomize_b(model)
     return lora.save_adapter(model, tmp_path / "adapter")
@@ -261,59 +300,59 @@ def edit_weights(adapter_dir, edit) -> None:
     save_file(tensors, path)
 
 
-def test_missing_key_fails_and_leaves_the_model_unchanged(base_state, adapter_dir):
+def test_missing_key_fails_and_leaves_the_model_unchanged(model_dir, adapter_dir):
     edit_weights(adapter_dir, lambda t: t.pop("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"))
-    model = host_model(base_state)
+    model = host_model(model_dir)
     with pytest.raises(ValueError, match=r"1 missing \['model.layers.1.self_attn.v_proj.lora_B'\]"):
         lora.load_adapter(model, adapter_dir)
     assert not lora.lora_layers(model)
-    assert torch.equal(logits(model, IDS), logits(host_model(base_state), IDS))
+    assert torch.equal(logits(model, IDS), logits(host_model(model_dir), IDS))
 
 
-def test_unexpected_key_fails(base_state, adapter_dir):
+def test_unexpected_key_fails(model_dir, adapter_dir):
     def add(tensors):
         tensors["base_model.model.model.layers.0.mlp.up_proj.lora_A.weight"] = torch.zeros(4, 32)
     edit_weights(adapter_dir, add)
     with pytest.raises(ValueError, match="1 unexpected"):
-        lora.load_adapter(host_model(base_state), adapter_dir)
+        lora.load_adapter(host_model(model_dir), adapter_dir)
 
 
-def test_adapter_for_another_shape_fails(adapter_dir):
-    torch.manual_seed(0)
-    wider = Qwen2ForCausalLM(tiny_config(hidden=64)).eval()
+def test_adapter_for_another_shape_fails(adapter_dir, tmp_path):
+    wider = Transformer.from_pretrained(make_model_dir(tmp_path / "wide", num_hidden_layers=LAYERS, hidden_size=128))
     with pytest.raises(ValueError, match="different base model"):
         lora.load_adapter(wider, adapter_dir)
+    assert not lora.lora_layers(wider)
 
 
-def test_adapter_for_another_architecture_fails(adapter_dir):
+def test_adapter_for_another_architecture_fails(model_dir, adapter_dir):
     config = json.loads((adapter_dir / lora.CONFIG_NAME).read_text())
     config["target_modules"] = ["c_attn"]  # GPT-2's names
     (adapter_dir / lora.CONFIG_NAME).write_text(json.dumps(config))
     with pytest.raises(ValueError, match="matched no module"):
-        lora.load_adapter(Qwen2ForCausalLM(tiny_config()), adapter_dir)
+        lora.load_adapter(host_model(model_dir), adapter_dir)
 
 
 @pytest.mark.parametrize("field, value", [("use_dora", True), ("peft_type", "IA3"), ("bias", "all"),
                                           ("modules_to_save", ["lm_head"]), ("rank_pattern", {"q_proj": 8})])
-def test_unsupported_peft_features_fail(base_state, adapter_dir, field, value):
+def test_unsupported_peft_features_fail(model_dir, adapter_dir, field, value):
     config = json.loads((adapter_dir / lora.CONFIG_NAME).read_text())
     config[field] = value
     (adapter_dir / lora.CONFIG_NAME).write_text(json.dumps(config))
     with pytest.raises(ValueError, match=field):
-        lora.load_adapter(host_model(base_state), adapter_dir)
+        lora.load_adapter(host_model(model_dir), adapter_dir)
 
 
-def test_not_an_adapter_dir_and_double_load_fail(base_state, adapter_dir, tmp_path):
+def test_not_an_adapter_dir_and_double_load_fail(model_dir, adapter_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="adapter_config.json"):
-        lora.load_adapter(host_model(base_state), tmp_path / "nowhere")
-    model = host_model(base_state)
+        lora.load_adapter(host_model(model_dir), tmp_path / "nowhere")
+    model = host_model(model_dir)
     lora.load_adapter(model, adapter_dir)
     with pytest.raises(ValueError, match="already has LoRA"):
         lora.load_adapter(model, adapter_dir)
 
 
-def test_save_refuses_what_a_peft_config_cannot_describe(base_state, tmp_path):
-    model = host_model(base_state)
+def test_save_refuses_what_a_peft_config_cannot_describe(model_dir, tmp_path):
+    model = host_model(model_dir)
     with pytest.raises(ValueError, match="no LoRA layers"):
         lora.save_adapter(model, tmp_path)
     lora.inject_lora(model, r=4, target_modules=["q_proj"], layers=[0])
