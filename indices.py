@@ -167,11 +167,13 @@ class PrefixIndex:
 
     def _word_range(self, keyword: str) -> tuple[int, int, int]:
         """(lo, hi, exact): words [lo, hi) start with `keyword`; exact is its own word id or -1."""
-        key = keyword.encode()[: self.width]
+        key = keyword.encode()[:MAX_WORD_BYTES]  # as the vocabulary was cut
         lo = int(np.searchsorted(self.vocab, key, "left"))
+        if len(key) > self.width:  # longer than every vocabulary word
+            return lo, lo, -1
         if len(key) < self.width:  # 0xff never occurs in UTF-8, so key + 0xff bounds all extensions
             hi = int(np.searchsorted(self.vocab, key + b"\xff", "left"))
-        else:
+        else:  # no word is longer than the key: only the key itself can start with it
             hi = int(np.searchsorted(self.vocab, key, "right"))
         return lo, hi, (lo if lo < hi and self.vocab[lo] == key else -1)
 

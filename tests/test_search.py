@@ -1,0 +1,309 @@
+"""Tests of the search indices (indices.py), the item store and load_indices API (search.py) and the
+MiniLM encoder (encoder.py): hand-computed METHOD.md scores, a brute-force reference, round trips.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from indices import EmbeddingIndex, PrefixIndex, normalize
+from search import Hit, ItemStore, load_indices
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+# item rows: 0 Albert Einstein, 1 Albert Camus, 2 Einstein Tower, 3 Al Gore, 4 Albertina, ...
+NAMES = [
+    ["Albert Einstein", "Einstein", "A. Einstein"],
+    ["Albert Camus"],
+    ["Einstein Tower"],
+    ["Al Gore", "Albert Gore"],
+    ["Albertina"],
+    ["New York City", "NYC", "New York"],
+    ["York"],
+    ["New Zealand"],
+    ["Newark"],
+    ["Big Tree"],
+    ["Big Trees"],
+]
+POPULARITY = np.array([275, 100, 5, 50, 10, 500, 40, 400, 3, 7, 7], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def index():
+    return PrefixIndex.build(NAMES, POPULARITY)
+
+
+def test_normalize_accents_punctuation_case():
+    assert normalize("Café  Müller-Straße, Ltd.!") == ["cafe", "muller-strasse", "ltd"]
+    assert normalize("“Ærø” ØRESUND naïve") == ["aero", "oresund", "naive"]
+    assert normalize("(U.S.)  ...  --") == ["u.s"]  # punctuation only at word ends
+    assert normalize("东京 Tower") == ["东京", "tower"]  # no ASCII form: kept as is
+    assert normalize("  \t\n") == []
+
+
+def test_scores_hand_computed(index):
+    # "albert": exact for Einstein/Camus/Gore (-0.25 for one unmatched name word), prefix for
+    # Albertina; all tie at 0.75, so popularity orders them
+    assert index.search("albert", k=10) == [(0, 0.75), (1, 0.75), (3, 0.75), (4, 0.75)]
+    # 2 exact keywords, no unmatched words: 2.0; Camus 1 exact - 0.5 unmatched keyword - 0.25 "camus"
+    assert index.search("albert einstein", k=3) == [(0, 2.0), (1, 0.25), (3, 0.25)]
+    # prefix "ein" (0.75) on "einstein"; best name of item 0 is its alias "Einstein"
+    assert index.search("ein", k=2) == [(0, 0.75), (2, 0.5)]
+    # "new": prefix-only for Newark (0.75, nothing unmatched), exact for "New York" (1 - 0.25)
+    assert index.search("new", k=4) == [(5, 0.75), (7, 0.75), (8, 0.75)]
+    assert index.search("new newark", k=2) == [(8, 1.75), (5, 0.25)]
+
+
+def test_short_keywords_only_refine(index):
+    # "al" alone would match Al Gore, but next to a long keyword it only adds to found names
+    assert index.search("gore al", k=5) == [(3, 2.0)]
+    assert index.search("gore a", k=5) == [(3, 1.75)]  # short keywords refine by prefix too
+    assert index.search("a einstein", k=2) == [(0, 2.0), (2, 0.25)]  # alias "A. Einstein"
+    # "yo" finds nothing itself: York (row 6) is absent, New Zealand pays for the unmatched "yo"
+    assert [row for row, _ in index.search("new yo", k=10)] == [5, 7, 8]
+
+
+def test_short_only_query_matches_exact_words(index):
+    assert index.search("nyc", k=3) == [(5, 1.0)]
+    assert index.search("al", k=5) == [(3, 0.75)]  # exact word only: not Albert..., Albertina
+    assert index.search("zz", k=5) == []
+
+
+def test_popularity_breaks_ties(index):
+    assert index.search("big tre", k=2) == [(9, 1.75), (10, 1.75)]  # equal popularity: row order
+    flipped = PrefixIndex.build(NAMES, np.where(np.arange(len(NAMES)) == 10, 8, POPULARITY))
+    assert flipped.search("big tre", k=2) == [(10, 1.75), (9, 1.75)]
+    assert flipped.search("big tree", k=2) == [(9, 2.0), (10, 1.75)]  # score first
+
+
+@pytest.mark.parametrize("allowed", [[2, 3], np.array([2, 3, 99, -1]), range(11)])
+def test_allowed_ids(index, allowed):
+    expected = [hit for hit in index.search("einstein", k=10) if hit[0] in set(allowed)]
+    assert index.search("einstein", k=10, allowed_ids=allowed) == expected
+    assert index.search("einstein", k=10, allowed_ids=[]) == []
+
+
+def test_empty_and_whitespace_queries(index):
+    for query in ["", "   ", "\t\n", "?!"]:
+        assert index.search(query, k=5) == []
+
+
+def test_prefix_save_load_round_trip_memory_mapped(index, tmp_path):
+    index.save(tmp_path / "prefix")
+    loaded = PrefixIndex.load(tmp_path / "prefix")
+    assert isinstance(loaded.postings, np.memmap) and isinstance(loaded.vocab, np.memmap)
+    assert not list(tmp_path.glob("prefix/*.pkl"))
+    for query in ["albert", "new yo", "big tre", "einstein tower", "nyc"]:
+        assert loaded.search(query, k=5) == index.search(query, k=5)
+
+
+def reference_search(names, popularity, query, k, allowed=None):
+    """METHOD.md section 4 written out directly, one name at a time."""
+    keywords = normalize(query)
+    finders = [len(kw) >= 3 for kw in keywords] if any(len(kw) >= 3 for kw in keywords) else None
+    best = {}
+    for item, item_names in enumerate(names):
+        if allowed is not None and item not in allowed:
+            continue
+        for name in item_names:
+            words = normalize(name)
+            if not words:
+                continue
+            exact = [kw in words for kw in keywords]
+            prefix = [any(w.startswith(kw) for w in words) for kw in keywords]
+            found = any(p for p, f in zip(prefix, finders) if f) if finders else any(exact)
+            if not found:
+                continue
+            matched = sum(any(w.startswith(kw) for kw in keywords) for w in words)
+            score = sum(1.0 if e else 0.75 if p else -0.5 for e, p in zip(exact, prefix))
+            score -= 0.25 * (len(words) - matched)
+            best[item] = max(best.get(item, -1e9), score)
+    ranked = sorted(best.items(), key=lambda kv: (-kv[1], -popularity[kv[0]], kv[0]))
+    return ranked[:k]
+
+
+WORDS = ["ab", "abc", "abcd", "abd", "b", "bc", "bcd", "x", "xyz", "xyzz"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    names=st.lists(
+        st.lists(
+            st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(" ".join), max_size=3
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    query=st.lists(st.sampled_from(WORDS + ["a", "bcdx"]), min_size=1, max_size=3).map(" ".join),
+    data=st.data(),
+)
+def test_prefix_index_matches_brute_force(names, query, data):
+    popularity = np.array(
+        data.draw(st.lists(st.integers(0, 3), min_size=len(names), max_size=len(names)))
+    )
+    allowed = data.draw(st.none() | st.lists(st.integers(0, len(names) - 1), max_size=4))
+    index = PrefixIndex.build(names, popularity)
+    expected = reference_search(names, popularity, query, 5, allowed)
+    assert index.search(query, k=5, allowed_ids=allowed) == expected
+
+
+def bag_of_letters(texts):
+    """A deterministic toy encoder: letter counts, so similar spellings have similar vectors."""
+    vectors = np.zeros((len(texts), 26), dtype=np.float32)
+    for i, text in enumerate(texts):
+        for c in text.lower():
+            if "a" <= c <= "z":
+                vectors[i, ord(c) - 97] += 1
+    return vectors + 1e-3
+
+
+def test_embedding_index_top_k_dedup_allowed_round_trip(tmp_path):
+    names = [["place of birth", "birthplace", "born in"], ["date of birth"], ["spouse"], []]
+    index = EmbeddingIndex.build(names, np.array([1, 2, 3, 4]), bag_of_letters, "letters")
+    hits = index.search("birthplace", k=10)
+    assert [row for row, _ in hits] == [
+        0,
+        1,
+        2,
+    ]  # item 0 once (best of 3 names), item 3 has no vector
+    assert hits[0][1] == pytest.approx(1.0, abs=1e-4)
+    scores = [s for _, s in hits]
+    assert scores == sorted(scores, reverse=True)
+    assert index.search("birthplace", k=1) == hits[:1]
+    assert [row for row, _ in index.search("birthplace", k=10, allowed_ids=[1, 2, 3])] == [1, 2]
+    assert index.search("birthplace", k=10, allowed_ids=[3]) == []
+    assert index.search("   ", k=10) == [] and index.search("", k=10) == []
+    index.save(tmp_path / "emb")
+    loaded = EmbeddingIndex.load(tmp_path / "emb", encoder=bag_of_letters)
+    assert isinstance(loaded.vectors, np.memmap) and loaded.encoder_name == "letters"
+    assert loaded.search("birthplace", k=10) == hits
+
+
+def test_item_store_and_load_indices(tmp_path):
+    items = [
+        {
+            "id": f"http://ex.org/{i}",
+            "label": f"Name {i}",
+            "aliases": [f"alias {i}"],
+            "description": "d",
+            "popularity": i,
+        }
+        for i in range(5)
+    ]
+    store_dir = tmp_path / "entities" / "items"
+    assert ItemStore.write(store_dir, items) == 5
+    store = ItemStore(store_dir)
+    assert store[3].label == "Name 3" and store.get("http://ex.org/4").aliases == ["alias 4"]
+    assert list(store.rows(["http://ex.org/2", "http://nope", "http://ex.org/0"])) == [2, 0]
+    assert store.get("http://nope") is None
+    with pytest.raises(ValueError, match="duplicate"):
+        ItemStore.write(tmp_path / "dup", items + items[:1])
+
+    PrefixIndex.build([[it["label"]] + it["aliases"] for it in items], store.popularity).save(
+        tmp_path / "entities" / "prefix"
+    )
+    ItemStore.write(tmp_path / "properties" / "items", [])
+    PrefixIndex.build([], np.zeros(0)).save(tmp_path / "properties" / "prefix")
+    (tmp_path / "manifest.json").write_text(json.dumps({"counts": {"entity": 5, "property": 0}}))
+    indices = load_indices(tmp_path)
+    hits = indices.search("entity", "name", k=2)
+    assert hits == [Hit(**items[4], score=0.75), Hit(**items[3], score=0.75)]  # popularity ties
+    assert [
+        h.id for h in indices.search("entity", "alias", k=5, allowed_ids=["http://ex.org/1", "x"])
+    ] == ["http://ex.org/1"]
+    assert indices.search("entity", "  ", k=5) == [] and indices.search("property", "name") == []
+    assert indices.item("http://ex.org/2").label == "Name 2" and "http://ex.org/2" in indices
+    with pytest.raises(KeyError):
+        indices.item("http://nope")
+    with pytest.raises(ValueError, match="kind"):
+        indices.search("class", "name")
+    with pytest.raises(FileNotFoundError, match="build_index.py"):
+        load_indices(tmp_path / "missing")
+
+
+def test_search_cli(tmp_path):
+    assert (
+        subprocess.run(
+            [sys.executable, "search.py", "--help"], cwd=ROOT, capture_output=True
+        ).returncode
+        == 0
+    )
+    result = subprocess.run(
+        [sys.executable, "search.py", "--index", str(tmp_path), "--query", "x"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert (
+        result.returncode != 0
+        and "build_index.py" in result.stderr
+        and "Traceback" not in result.stderr
+    )
+
+
+def test_minilm_encoder_matches_recorded_reference():
+    """First dimensions recorded from sentence-transformers 6.2 (SentenceTransformer(minilm_dir())
+    .encode(texts, normalize_embeddings=True)); the live comparison is the slow test below."""
+    from encoder import load_encoder
+
+    torch.set_num_threads(1)
+    vectors = load_encoder()(["place of birth", "Café Müller"])
+    reference = [
+        [-0.003893, 0.080636, -0.03981, 0.031965, -0.004922, 0.033095],
+        [0.024529, 0.004776, -0.03182, 0.017883, 0.006008, 0.0703],
+    ]
+    np.testing.assert_allclose(vectors[:, :6], reference, atol=2e-6)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-6)
+    assert float(vectors[0] @ vectors[1]) == pytest.approx(0.278836, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_bert_forward_matches_transformers():
+    """Our BERT forward equals transformers' BertModel on a tiny random config (same weights)."""
+    from transformers import BertConfig, BertModel
+
+    from encoder import Bert, BertArgs
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=16,
+    )
+    reference = BertModel(config, add_pooling_layer=False).eval()
+    ours = Bert(BertArgs(**{f: getattr(config, f) for f in BertArgs.__dataclass_fields__})).eval()
+    state = {k: v for k, v in reference.state_dict().items() if k != "embeddings.position_ids"}
+    ours.load_state_dict(state, strict=True)
+    ids = torch.randint(1, 50, (3, 7))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3, [1] * 2 + [0] * 5])
+    with torch.no_grad():
+        expected = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = ours(ids, mask)
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_minilm_encoder_matches_sentence_transformers():
+    from sentence_transformers import SentenceTransformer
+
+    from encoder import load_encoder, minilm_dir
+
+    torch.set_num_threads(1)
+    texts = ["place of birth", "born in", "Café Müller", "", "date of death " * 100]
+    ours = load_encoder()(texts)
+    reference = SentenceTransformer(str(minilm_dir()), device="cpu").encode(
+        texts, normalize_embeddings=True
+    )
+    assert ours.shape == (5, 384) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+    assert ours[0] @ ours[1] > ours[0] @ ours[2]  # "born in" is nearer to "place of birth"
