@@ -1,0 +1,123 @@
+"""Beam search over model.py's Transformer: GRISP's skeleton generation (paper section 3, stage 1).
+
+GRISP decodes several skeletons per question with beam search (width 8) that samples its candidate
+continuations (temperature 0.4, top-p 0.9). Each beam's score is the sum of the model's token
+log-probabilities (temperature 1), so scores stay comparable whether or not we sample; sampling only
+decides which continuations are explored. With `sample=False` the search is the classic deterministic
+beam search, and width 1 is greedy decoding.
+
+The prompt is prefilled once; its KV cache is copied into the W beam rows and reordered whenever
+beams move (`KVCache.reorder`), so each step runs W new tokens only.
+
+    from generate import beam_search
+    hyps = beam_search(model, prompt_ids, eos_ids, num_beams=8, sample=True, temperature=0.4, top_p=0.9)
+"""
+from dataclasses import dataclass
+
+import torch
+
+from model import Transformer
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # generated ids, without the end-of-turn id
+    score: float  # sum of token log-probabilities (the end-of-turn token included)
+    finished: bool  # ended with an end-of-turn id (False: cut at max_new_tokens)
+
+
+def top_p_mask(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Bool mask [B, V] of the smallest set of tokens per row whose probability reaches top_p."""
+    sorted_lp, order = logprobs.sort(dim=-1, descending=True)
+    cum = sorted_lp.exp().cumsum(-1)
+    keep_sorted = (cum - sorted_lp.exp()) < top_p  # keep a token if the mass before it is < top_p
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+@torch.inference_mode()
+def beam_search(
+    model: Transformer,
+    prompt: list[int],
+    eos_ids: list[int],
+    num_beams: int = 8,
+    max_new_tokens: int = 160,
+    sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> list[Hypothesis]:
+    """Up to `num_beams` hypotheses for `prompt`, best score first.
+
+    sample=False: each step keeps the 2W best (beam, token) continuations by score.
+    sample=True: each step draws 2W distinct continuations from softmax(score / temperature) over the
+        tokens inside each beam's top-p set (of its temperature-scaled distribution), then ranks them
+        by score. use_cache=False recomputes every step from scratch (slow; the tests' reference).
+    Finished hypotheses (an end-of-turn id among the W best) are set aside; the search stops when W
+    are finished and no running beam can still beat the worst of them (scores only fall), or after
+    `max_new_tokens` steps, when unfinished beams are returned as `finished=False`.
+    """
+    assert num_beams >= 1 and temperature > 0 and 0 < top_p <= 1, "bad beam search settings"
+    W, device = num_beams, model.model.norm.weight.device
+    # W identical rows; only row 0 is live at first, so the first step does not pick duplicates
+    beam_scores = torch.full((W,), float("-inf"), device=device)
+    beam_scores[0] = 0.0
+    beam_tokens = torch.zeros(W, 0, dtype=torch.long, device=device)  # [W, t]
+    finished: list[Hypothesis] = []
+
+    prompt_ids = torch.tensor([prompt], device=device)  # [1, P]
+    cache = model.new_cache(1, len(prompt) + max_new_tokens + 1) if use_cache else None
+    logits = model(prompt_ids, cache=cache, logits_at=-1)  # [1, V]
+    if cache is not None:
+        cache.reorder(torch.zeros(W, dtype=torch.long, device=device))
+    logits = logits.expand(W, -1)  # [W, V]
+
+    for step in range(max_new_tokens):
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # [W, V]
+        scores = beam_scores[:, None] + logprobs  # [W, V] score of each continuation
+        V = scores.shape[1]
+        if sample:
+            allowed = top_p_mask(torch.log_softmax(logits.float() / temperature, dim=-1), top_p)
+            weights = torch.where(allowed, scores / temperature, float("-inf")).flatten()  # [W*V]
+            n = min(2 * W, int(torch.isfinite(weights).sum()))
+            picked = torch.multinomial(torch.softmax(weights, dim=0), n, generator=generator)
+            picked = picked[scores.flatten()[picked].argsort(descending=True)]  # rank by score
+        else:
+            picked = scores.flatten().topk(min(2 * W, int(torch.isfinite(scores).sum()))).indices
+        rows, tokens = picked // V, picked % V
+
+        # walk the candidates best first: eos ends a hypothesis, anything else continues a beam
+        next_rows, next_tokens, next_scores = [], [], []
+        for rank, (row, token) in enumerate(zip(rows.tolist(), tokens.tolist())):
+            score = float(scores[row, token])
+            if token in eos_ids:
+                if rank < W:  # only an end among the W best counts (as in standard beam search)
+                    finished.append(Hypothesis(beam_tokens[row].tolist(), score, True))
+            else:
+                next_rows.append(row), next_tokens.append(token), next_scores.append(score)
+            if len(next_rows) == W:
+                break
+        finished.sort(key=lambda h: h.score, reverse=True)
+        finished = finished[:W]
+        if not next_rows or (len(finished) == W and finished[-1].score >= max(next_scores)):
+            break
+        while len(next_rows) < W:  # too few candidates (tiny vocab or top-p): pad with dead beams
+            next_rows.append(next_rows[0]), next_tokens.append(next_tokens[0]), next_scores.append(float("-inf"))
+
+        rows_t = torch.tensor(next_rows, device=device)
+        tokens_t = torch.tensor(next_tokens, device=device)
+        beam_scores = torch.tensor(next_scores, device=device)
+        beam_tokens = torch.cat([beam_tokens[rows_t], tokens_t[:, None]], dim=1)  # [W, t+1]
+        if step == max_new_tokens - 1:
+            break
+        if cache is not None:
+            cache.reorder(rows_t)
+            logits = model(tokens_t[:, None], cache=cache, logits_at=-1)  # [W, V]
+        else:
+            full = torch.cat([prompt_ids.expand(W, -1), beam_tokens], dim=1)  # [W, P + t + 1]
+            logits = model(full, logits_at=-1)  # [W, V]
+
+    if len(finished) < W:  # out of steps: the best running beams, marked unfinished
+        live = [(float(s), t.tolist()) for s, t in zip(beam_scores, beam_tokens) if torch.isfinite(s)]
+        finished += [Hypothesis(t, s, False) for s, t in sorted(live, reverse=True)[: W - len(finished)]]
+    return sorted(finished, key=lambda h: (h.finished, h.score), reverse=True)
