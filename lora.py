@@ -183,6 +183,13 @@ def unmerge_lora(model: nn.Module) -> None:
         layer.unmerge()
 
 
+def unload_lora(model: nn.Module) -> None:
+    """Put the plain nn.Linear layers back (merged weights if merged: PEFT's merge_and_unload)."""
+    for name, layer in lora_layers(model).items():
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer.base_layer)
+
+
 # --- LoRA weights: our names <-> PEFT's file ---
 
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -232,11 +239,16 @@ def _adapter_config(model: nn.Module, base_model_name_or_path: str | None) -> di
     targets = sorted({n.rpartition(".")[2] for n in layers})
     # PEFT re-selects layers from (target_modules, layers_to_transform): prefer "all blocks", else the
     # blocks in use, and insist that the selection reproduces exactly our layers.
-    indices = {_layer_index(n, None) for n in layers}
-    options = [None] + ([sorted(indices)] if None not in indices else [])
-    names = _candidate_names(model)
-    selected = next((o for o in options if {n for n in names if _is_target(n, targets, o)} == layers.keys()), "none")
-    if selected == "none":
+    names, indices = _candidate_names(model), {_layer_index(n, None) for n in layers}
+
+    def selects_exactly_ours(layers_to_transform: list[int] | None) -> bool:
+        return {n for n in names if _is_target(n, targets, layers_to_transform)} == layers.keys()
+
+    if selects_exactly_ours(None):
+        selected = None
+    elif None not in indices and selects_exactly_ours(sorted(indices)):
+        selected = sorted(indices)
+    else:
         raise ValueError(f"the LoRA layers {list(layers)[:3]}... cannot be described by target_modules="
                          f"{targets} plus layers_to_transform; inject with one target list and layer list")
     return {
@@ -291,9 +303,14 @@ def read_adapter_config(adapter_dir: str | Path) -> dict:
     if not path.is_file() or not (path.parent / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"{adapter_dir} is not an adapter directory: it needs {CONFIG_NAME} and "
                                 f"{WEIGHTS_NAME} (written by save_adapter or PEFT's save_pretrained)")
-    config = json.loads(path.read_text())
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); re-save the adapter") from None
     if config.get("peft_type") != "LORA":
         raise ValueError(f"{path}: peft_type={config.get('peft_type')!r}; only LORA adapters can be loaded")
+    if missing := [key for key in ("r", "lora_alpha", "target_modules") if config.get(key) is None]:
+        raise ValueError(f"{path} lacks {missing}; it is not a complete LoRA adapter config")
     for key, off in _UNSUPPORTED.items():
         if config.get(key) and config[key] != off:
             raise ValueError(f"{path}: {key}={config[key]!r} is not supported (plain LoRA only); "
@@ -309,9 +326,10 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> dict:
     config = read_adapter_config(adapter_dir)
     if lora_layers(model):
         raise ValueError("the model already has LoRA layers; load the adapter into a fresh base model")
-    layers = config.get("layers_to_transform")
+    layers = config.get("layers_to_transform")  # PEFT: an int, a list, or None / [] for all blocks
+    layers = [layers] if isinstance(layers, int) else layers or None
     inject_lora(model, r=config["r"], alpha=config["lora_alpha"], dropout=config.get("lora_dropout") or 0.0,
-                target_modules=config["target_modules"], layers=[layers] if isinstance(layers, int) else layers,
+                target_modules=config["target_modules"], layers=layers,
                 layers_pattern=config.get("layers_pattern"))
     state = {_our_name(k): v for k, v in load_file(Path(adapter_dir) / WEIGHTS_NAME).items()}
     try:
@@ -321,9 +339,3 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> dict:
         raise
     return config
 
-
-def unload_lora(model: nn.Module) -> None:
-    """Put the plain nn.Linear layers back (merged weights if merged: PEFT's merge_and_unload)."""
-    for name, layer in lora_layers(model).items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, layer.base_layer)

@@ -247,8 +247,8 @@ def test_our_adapter_loads_in_peft_with_the_same_logits(model_dir, tmp_path, lay
     torch.testing.assert_close(logits(peft_model, IDS), ours, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("layers", [None, [0, 2]])
-def test_peft_adapter_loads_here_with_the_same_logits(model_dir, tmp_path, layers):
+@pytest.mark.parametrize("layers, n_layers", [(None, LAYERS), ([0, 2], 2), (1, 1)])  # PEFT allows an int
+def test_peft_adapter_loads_here_with_the_same_logits(model_dir, tmp_path, layers, n_layers):
     config = peft.LoraConfig(r=4, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
                              target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
                              layers_to_transform=layers, init_lora_weights=False)  # random A and B
@@ -260,7 +260,7 @@ def test_peft_adapter_loads_here_with_the_same_logits(model_dir, tmp_path, layer
     assert not torch.allclose(logits(model, IDS), expected, atol=1e-3)
     loaded = lora.load_adapter(model, tmp_path)
     assert loaded["lora_alpha"] == 16
-    assert len(lora.lora_layers(model)) == 5 * (LAYERS if layers is None else len(layers))
+    assert len(lora.lora_layers(model)) == 5 * n_layers
     torch.testing.assert_close(logits(model, IDS), expected, atol=1e-5, rtol=0)
 
 
@@ -318,7 +318,8 @@ def test_unexpected_key_fails(model_dir, adapter_dir):
 
 
 def test_adapter_for_another_shape_fails(adapter_dir, tmp_path):
-    wider = Transformer.from_pretrained(make_model_dir(tmp_path / "wide", num_hidden_layers=LAYERS, hidden_size=128))
+    wider_dir = make_model_dir(tmp_path / "wide", num_hidden_layers=LAYERS, hidden_size=128)
+    wider = Transformer.from_pretrained(wider_dir)
     with pytest.raises(ValueError, match="different base model"):
         lora.load_adapter(wider, adapter_dir)
     assert not lora.lora_layers(wider)
@@ -339,6 +340,14 @@ def test_unsupported_peft_features_fail(model_dir, adapter_dir, field, value):
     config[field] = value
     (adapter_dir / lora.CONFIG_NAME).write_text(json.dumps(config))
     with pytest.raises(ValueError, match=field):
+        lora.load_adapter(host_model(model_dir), adapter_dir)
+
+
+@pytest.mark.parametrize("text, message", [("{not json", "not valid JSON"),
+                                           ('{"peft_type": "LORA", "r": 4}', "lacks")])
+def test_broken_config_fails(model_dir, adapter_dir, text, message):
+    (adapter_dir / lora.CONFIG_NAME).write_text(text)
+    with pytest.raises(ValueError, match=message):
         lora.load_adapter(host_model(model_dir), adapter_dir)
 
 
