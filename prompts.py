@@ -10,6 +10,9 @@ tokenizer turns them into Qwen's chat format.
 """
 from dataclasses import dataclass, field
 
+from skeleton import with_variant
+from sparql import compact
+
 SKELETON_SYSTEM = (
     "You translate questions into SPARQL queries over the Wikidata knowledge graph. "
     "Write every knowledge graph IRI as a placeholder <iri>name</iri> holding its label; "
@@ -38,6 +41,13 @@ class Alternative:
     label: str
     aliases: list[str] = field(default_factory=list)
     description: str = ""
+
+
+def to_alternative(item, variant: str | None = None) -> Alternative:
+    """A search.Item as the re-ranker sees it; a property is shown in the placeholder's variant (wdt:P19)."""
+    shown = with_variant(item.id, variant) if variant else item.id
+    return Alternative(iri=item.id, shown_id=compact(shown), label=item.label, aliases=list(item.aliases),
+                       description=item.description)
 
 
 def skeleton_messages(question: str) -> list[dict]:
