@@ -17,7 +17,8 @@ Usage (see train.py / infer.py):
     mark_only_lora_trainable(model)
     ... train ...
     save_adapter(model, "adapters/run1", base_model_name_or_path="Qwen/...", dtype=torch.bfloat16)
-    load_adapter(fresh_model, "adapters/run1"); merge_lora(fresh_model)  # optional, for speed
+    load_adapter(base_model, "adapters/run1")  # inference with the LoRA path, or for full speed:
+    merge_lora(base_model); unload_lora(base_model); base_model.prepare_for_inference()
 Tests: python -m pytest tests/test_lora.py
 """
 import json
@@ -39,7 +40,8 @@ PEFT_PREFIX = "base_model.model."  # PEFT's key = PEFT_PREFIX + our parameter na
 
 
 class LoRALinear(nn.Module):
-    """A frozen `nn.Linear` (`base_layer`, PEFT's name) plus a low-rank update `lora_B @ lora_A`."""
+    """An `nn.Linear` (`base_layer`, PEFT's name; frozen by mark_only_lora_trainable) plus a
+    low-rank update `lora_B @ lora_A`."""
 
     def __init__(self, base_layer: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
         super().__init__()
