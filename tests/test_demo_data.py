@@ -155,12 +155,15 @@ def test_dev_facts_reads_the_three_gold_query_shapes():
               "info": {"results": [{"x": uri("Q185582")}]}}
     typed = {"sparql": "SELECT DISTINCT ?x WHERE { ?x wdt:P161 wd:Q13909 ; wdt:P31 / wdt:P279 * wd:Q11424 . }",
              "info": {"results": [{"x": uri("Q191040")}, {"x": uri("Q172271")}]}}
+    typed_first = {"sparql": "SELECT DISTINCT ?x WHERE { ?x wdt:P31 / wdt:P279 * wd:Q570116 ; wdt:P131 wd:Q812 . }",
+                   "info": {"results": [{"x": uri("Q6166234")}]}}
     statement = {"sparql": "SELECT DISTINCT ?x WHERE { wd:Q193695 p:P161 ?p . ?p ps:P161 ?x ; pq:P453 wd:Q111974794 . }",
                  "info": {"results": [{"x": uri("Q11637")}]}}
     other = {"sparql": "SELECT DISTINCT ?x WHERE { wd:Q76 wdt:P19 / wdt:P131 + ?x . }",
              "info": {"results": [{"x": uri("Q782")}]}}
     assert build_demo.dev_facts(single) == {("Q3772", "P19", "Q185582")}
     assert build_demo.dev_facts(typed) == {("Q191040", "P161", "Q13909"), ("Q172271", "P161", "Q13909")}
+    assert build_demo.dev_facts(typed_first) == {("Q6166234", "P131", "Q812")}
     assert build_demo.dev_facts(statement) == {("Q193695", "P161", "Q11637"),
                                                ("Q193695", "P161", "Q11637", "P453", "Q111974794")}
     assert build_demo.dev_facts(other) == set()

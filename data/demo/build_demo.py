@@ -78,13 +78,14 @@ def read_items(path: Path, wanted: set[str]) -> dict[str, dict]:
 TERM = r"(wd:[QP]\d+|\?\w+)"
 # the WHERE clauses (whitespace-normalised) whose gold answers assert facts, see dev_facts()
 SINGLE = re.compile(rf"\{{ {TERM} wdt:(P\d+) {TERM} \.? \}}(?: LIMIT \d+)?")
-TYPED = re.compile(r"\{ (\?\w+) wdt:(P\d+) wd:(Q\d+) (?:;|\. \1) wdt:P31 / wdt:P279 \* wd:Q\d+ \. \}")
+TYPE = r"wdt:P31 / wdt:P279 \* wd:Q\d+"
+TYPED = re.compile(rf"\{{ (\?\w+) (?:{TYPE} ; )?wdt:(P\d+) wd:(Q\d+) (?:(?:;|\. \1) {TYPE} )?\. \}}")
 STATEMENT = re.compile(rf"\{{ wd:(Q\d+) p:(P\d+) (\?\w+) \. \3 ps:\2 {TERM} ; pq:(P\d+) {TERM} \. \}}")
 
 
 def dev_facts(sample: dict) -> set[tuple[str, ...]]:
     """Facts that one WWQ dev question's gold answers assert: (s, p, o) for `wd:S wdt:P ?x`,
-    `?x wdt:P wd:O` (optionally typed with `?x wdt:P31/wdt:P279* wd:C`), and (s, p, o) plus
+    `?x wdt:P wd:O` (optionally typed, before or after, with `?x wdt:P31/wdt:P279* wd:C`), and (s, p, o) plus
     (s, p, o, qualifier, value) for `wd:S p:P ?st . ?st ps:P o ; pq:Q v` with one of o, v the
     answer. Ids are bare (Q42); other query shapes assert nothing here."""
     select, _, where = " ".join(sample["sparql"].split()).partition(" WHERE ")
