@@ -1,0 +1,283 @@
+"""Tests for model.py: exactness against transformers' Qwen2ForCausalLM, the KV cache (incremental
+decoding, left padding, reordering), logits_at, strict and sharded loading, the inference fast path,
+the tokenizer's special ids and the hand-written chat prompt. Tiny random models from tests/tiny.py;
+the tests marked slow use the real base model at defaults.MODEL_DIR.
+"""
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tiny import make_model_dir
+from transformers import Qwen2ForCausalLM
+
+import defaults
+import model as M
+
+REPO = Path(__file__).resolve().parents[1]
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
+def model_dir(request, tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("tiny"), tie_word_embeddings=request.param)
+
+
+@pytest.fixture(scope="module")
+def ours(model_dir) -> M.Transformer:
+    return M.Transformer.from_pretrained(model_dir)
+
+
+def tokens(B: int, T: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 300, (B, T), generator=torch.Generator().manual_seed(seed))
+
+
+def left_pad(rows: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack 1-D rows into [B, T] tokens and 0/1 mask, padded on the left."""
+    T = max(len(r) for r in rows)
+    ids = torch.stack([torch.cat([torch.full((T - len(r),), pad_id), r]) for r in rows])
+    mask = torch.stack([torch.cat([torch.zeros(T - len(r)), torch.ones(len(r))]) for r in rows]).long()
+    return ids, mask
+
+
+# ---------------------------------------------------------------------------- exactness
+@torch.no_grad()
+def test_logits_equal_transformers(model_dir, ours):
+    theirs = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    x = tokens(3, 17)
+    expected = theirs(x).logits
+    assert expected.abs().max() > 1.0  # the random weights give logits of a real scale
+    torch.testing.assert_close(ours(x), expected, atol=1e-5, rtol=0)
+    # left padding: transformers with an attention mask, compared at the real positions
+    ids, mask = left_pad([x[0, :9], x[1], x[2, :1]])
+    real = mask.bool()
+    torch.testing.assert_close(ours(ids, mask)[real], theirs(ids, attention_mask=mask).logits[real], atol=1e-5, rtol=0)
+
+
+def test_gradients_equal_transformers(model_dir, ours):
+    """Training path: loss on a few positions, backpropagated, gives transformers' gradients."""
+    theirs = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    x = tokens(2, 12, seed=1)
+    answer = torch.zeros(2, 12, dtype=torch.bool)
+    answer[:, 7:11] = True  # predict tokens 8..11 from positions 7..10
+    targets = x[:, 1:][answer[:, :-1]]
+    ours.zero_grad()
+    torch.nn.functional.cross_entropy(ours(x, logits_at=answer), targets).backward()
+    torch.nn.functional.cross_entropy(theirs(x).logits[answer], targets).backward()
+    for name, p in theirs.named_parameters():
+        if name in ("lm_head.weight", "model.embed_tokens.weight") and ours.args.tie_word_embeddings:
+            continue  # both names are one tied tensor; compared once below
+        torch.testing.assert_close(ours.get_parameter(name).grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)
+    torch.testing.assert_close(ours.lm_head.weight.grad, theirs.lm_head.weight.grad, atol=1e-5, rtol=1e-4)
+    ours.zero_grad(set_to_none=True)
+
+
+# ---------------------------------------------------------------------------- KV cache
+@torch.no_grad()
+def test_cached_decoding_equals_full_forward(ours):
+    x = tokens(2, 14, seed=2)
+    full = ours(x)  # [B, T, V]
+    cache = ours.new_cache(2, max_len=4)  # too short on purpose: the cache has to grow
+    steps = [ours(x[:, :5], cache=cache)]  # prefill 5, then a chunk of 3, then one at a time
+    steps.append(ours(x[:, 5:8], cache=cache))
+    steps += [ours(x[:, t:t + 1], cache=cache) for t in range(8, 14)]
+    assert len(cache) == 14 and cache.batch_size == 2
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_left_padded_batch_equals_rows_alone(ours):
+    rows = [tokens(1, n, seed=n)[0] for n in (3, 9, 6)]
+    ids, mask = left_pad(rows)
+    cache = ours.new_cache(3, max_len=16)
+    prefill = ours(ids, mask, cache=cache)  # [3, 9, V]
+    extra = tokens(3, 4, seed=3)  # four decoding steps, different tokens per row
+    decoded = torch.stack([ours(extra[:, t:t + 1], cache=cache, logits_at=-1) for t in range(4)], dim=1)
+    for b, row in enumerate(rows):
+        alone = ours(torch.cat([row, extra[b]])[None])[0]  # [n + 4, V]
+        torch.testing.assert_close(prefill[b, 9 - len(row):], alone[:len(row)], atol=1e-5, rtol=0)
+        torch.testing.assert_close(decoded[b], alone[len(row):], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_cache_reorder_equals_recomputing(ours):
+    rows = [tokens(1, n, seed=10 + n)[0] for n in (5, 8, 2)]
+    ids, mask = left_pad(rows)
+    cache = ours.new_cache(3, max_len=10)
+    ours(ids, mask, cache=cache)
+    order = torch.tensor([2, 0, 0, 1])  # beams: drop none, repeat row 0, change the batch size
+    cache.reorder(order)
+    step = tokens(4, 1, seed=4)
+    got = ours(step, cache=cache, logits_at=-1)  # [4, V]
+    for b, r in enumerate(order.tolist()):
+        expected = ours(torch.cat([rows[r], step[b]])[None], logits_at=-1)[0]
+        torch.testing.assert_close(got[b], expected, atol=1e-5, rtol=0)
+    # one prompt expanded to 8 beams, as beam search starts
+    cache = ours.new_cache(1, max_len=8)
+    ours(rows[1][None], cache=cache)
+    cache.reorder(torch.zeros(8, dtype=torch.long))
+    step = tokens(8, 1, seed=5)
+    expected = ours(torch.cat([rows[1].expand(8, -1), step], dim=1), logits_at=-1)
+    torch.testing.assert_close(ours(step, cache=cache, logits_at=-1), expected, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------- logits_at
+@torch.no_grad()
+def test_logits_at_equals_slicing_full_logits(ours):
+    x = tokens(3, 10, seed=6)
+    full = ours(x)  # [B, T, V]
+    torch.testing.assert_close(ours(x, logits_at=-1), full[:, -1])
+    torch.testing.assert_close(ours(x, logits_at=4), full[:, 4])
+    per_row = torch.tensor([9, 0, 5])
+    torch.testing.assert_close(ours(x, logits_at=per_row), full[torch.arange(3), per_row])
+    several = torch.tensor([[1, 2], [9, 9], [0, 7]])
+    torch.testing.assert_close(ours(x, logits_at=several), full.gather(1, several[..., None].expand(-1, -1, 300)))
+    chosen = torch.rand(3, 10, generator=torch.Generator().manual_seed(0)) > 0.5
+    torch.testing.assert_close(ours(x, logits_at=chosen), full[chosen])
+
+
+# ---------------------------------------------------------------------------- loading
+def test_tied_lm_head_is_the_embedding(model_dir, ours):
+    tied = ours.lm_head.weight is ours.model.embed_tokens.weight
+    assert tied == ours.args.tie_word_embeddings
+    assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in ours.parameters())
+
+
+@pytest.mark.parametrize("change", ["missing", "unexpected"])
+def test_from_pretrained_is_strict(tmp_path, change):
+    model_dir = make_model_dir(tmp_path)
+    state = load_file(model_dir / "model.safetensors")
+    if change == "missing":
+        del state["model.layers.1.self_attn.k_proj.bias"]
+    else:
+        state["model.layers.1.self_attn.k_proj.extra"] = torch.zeros(3)
+    save_file(state, model_dir / "model.safetensors")
+    with pytest.raises(RuntimeError, match="k_proj"):
+        M.Transformer.from_pretrained(model_dir)
+
+
+@torch.no_grad()
+def test_sharded_checkpoint_loads_like_single_file(tmp_path):
+    single = M.Transformer.from_pretrained(make_model_dir(tmp_path / "one", seed=3))
+    sharded = M.Transformer.from_pretrained(make_model_dir(tmp_path / "three", seed=3, shards=3))
+    assert len(list((tmp_path / "three").glob("model-*-of-00003.safetensors"))) == 3
+    x = tokens(1, 6)
+    assert torch.equal(single(x), sharded(x))
+
+
+def test_missing_weights_give_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="get_model.py"):
+        M.load_safetensors(tmp_path, torch.float32, "cpu")
+
+
+@torch.no_grad()
+def test_bfloat16_loading(model_dir):
+    ours16 = M.Transformer.from_pretrained(model_dir, dtype=torch.bfloat16)
+    assert {p.dtype for p in ours16.parameters()} == {torch.bfloat16}
+    x = tokens(2, 8)
+    reference = M.Transformer.from_pretrained(model_dir)(x)
+    torch.testing.assert_close(ours16(x).float(), reference, atol=0.3, rtol=0.05)
+
+
+# ---------------------------------------------------------------------------- inference fast path
+@torch.no_grad()
+def test_prepare_for_inference_is_exact_and_leaves_wrapped_layers(model_dir):
+    model = M.Transformer.from_pretrained(model_dir)
+    x = tokens(2, 9, seed=7)
+    before = model(x)
+    wrapped = torch.nn.Sequential(model.model.layers[0].self_attn.q_proj)  # stands in for a LoRA wrapper
+    model.model.layers[0].self_attn.q_proj = wrapped
+    model.prepare_for_inference()
+    assert model.model.layers[0].self_attn.q_proj is wrapped and type(wrapped[0]) is torch.nn.Linear
+    assert isinstance(model.model.layers[1].mlp.down_proj, M.SplitLinear)
+    assert isinstance(model.lm_head, M.SplitLinear) != model.args.tie_word_embeddings
+    torch.testing.assert_close(model(x), before, atol=1e-5, rtol=0)
+    cache = model.new_cache(2)
+    steps = [model(x[:, :4], cache=cache)] + [model(x[:, t:t + 1], cache=cache) for t in range(4, 9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), before, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------- tokenizer and chat
+def test_chat_prompt_exact_string():
+    user = [{"role": "user", "content": "What is the capital of France?"}]
+    assert M.chat_prompt(user) == (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    turns = [{"role": "system", "content": "Be brief."}, *user, {"role": "assistant", "content": "Paris."}]
+    assert M.chat_prompt(turns, add_generation_prompt=False) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+        "<|im_start|>assistant\nParis.<|im_end|>\n")
+    with pytest.raises(ValueError, match="tool"):
+        M.chat_prompt([{"role": "tool", "content": "x"}])
+
+
+def test_tokenizer_special_ids_and_round_trip(model_dir):
+    tok = M.Tokenizer(model_dir)
+    assert (tok.endoftext_id, tok.im_start_id, tok.im_end_id) == (0, 1, 2)
+    assert tok.eos_ids == [0, 2] and tok.pad_id == 0  # from generation_config.json
+    ids = tok.encode(M.chat_prompt([{"role": "user", "content": "Paris?"}]))
+    assert ids[0] == tok.im_start_id and ids.count(tok.im_end_id) == 2 and ids.count(tok.im_start_id) == 3
+    assert tok.decode(ids) == "system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\nuser\nParis?\nassistant\n"
+    text = "SELECT ?x WHERE { wd:Q42 wdt:P19 ?x . } # größer"
+    assert tok.decode(tok.encode(text)) == text
+
+
+# ---------------------------------------------------------------------------- command line
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "model.py", *args], cwd=REPO, capture_output=True, text=True,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
+
+
+def test_cli_rejects_a_missing_model_and_an_empty_question(tmp_path):
+    args = argparse.Namespace(chat="hi", model_dir=str(tmp_path / "nothing"), system=M.DEFAULT_SYSTEM,
+                              max_new_tokens=4, device="cpu", dtype="auto", threads=0)
+    with pytest.raises(SystemExit, match="get_model.py"):
+        M.main(args)
+    args.model_dir, args.chat = str(make_model_dir(tmp_path / "tiny")), "  "
+    with pytest.raises(SystemExit, match="--chat is empty"):
+        M.main(args)
+
+
+def test_cli_help_and_answer_with_a_tiny_model(tmp_path):
+    assert run_cli("--help").returncode == 0
+    done = run_cli("--chat", "What is the capital of France?", "--model-dir", str(make_model_dir(tmp_path)),
+                   "--max-new-tokens", "5")
+    assert done.returncode == 0, done.stderr
+
+
+# ---------------------------------------------------------------------------- the real base model
+def real_model_dir() -> Path:
+    if not (defaults.MODEL_DIR / "model.safetensors").exists() and \
+            not (defaults.MODEL_DIR / "model.safetensors.index.json").exists():
+        pytest.skip(f"no base model at {defaults.MODEL_DIR}: run `python get_model.py` first")
+    return defaults.MODEL_DIR
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_real_model_logits_equal_transformers():
+    from transformers import AutoTokenizer
+    model_dir = real_model_dir()
+    tok = M.Tokenizer(model_dir)
+    messages = [{"role": "user", "content": "Write a SPARQL query: who directed Pulp Fiction?"}]
+    reference_tok = AutoTokenizer.from_pretrained(model_dir)
+    assert M.chat_prompt(messages) == reference_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tok.encode(M.chat_prompt(messages))])
+    assert ids[0].tolist() == reference_tok(M.chat_prompt(messages))["input_ids"]
+    theirs = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    expected = theirs(ids).logits
+    del theirs
+    ours = M.Transformer.from_pretrained(model_dir)
+    torch.testing.assert_close(ours(ids), expected, atol=1e-3, rtol=0)
+    torch.testing.assert_close(ours.prepare_for_inference()(ids), expected, atol=1e-3, rtol=0)
+
+
+@pytest.mark.slow
+def test_real_model_chat_knows_paris():
+    done = run_cli("--chat", "What is the capital of France?", "--model-dir", str(real_model_dir()),
+                   "--max-new-tokens", "32")
+    assert done.returncode == 0, done.stderr
+    assert "Paris" in done.stdout, done.stdout
