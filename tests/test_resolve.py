@@ -1,0 +1,157 @@
+"""The KG-guided depth-first resolver (resolve.py) on a real oxigraph server over the demo KG, with a
+scripted re-ranker standing in for the model: each test asserts the exact final query and the trace."""
+import subprocess
+import sys
+
+import pytest
+
+import defaults
+from resolve import Resolver, Switches, mark
+from search import load_indices
+from skeleton import find_placeholders
+from sparql import SparqlClient
+
+WD = "http://www.wikidata.org/entity/"
+FILM, GENRE, TARANTINO, KNOXVILLE = WD + "Q104123", WD + "Q351718", WD + "Q3772", WD + "Q185582"
+DIRECTOR, BIRTHPLACE, DEATHPLACE = WD + "P57", WD + "P19", WD + "P20"
+SKELETON = ("SELECT ?place WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?d . "
+            "?d <iri>place of birth (wdt)</iri> ?place . }")
+RESOLVED = "SELECT ?place WHERE { wd:Q104123 wdt:P57 ?d . ?d wdt:P19 ?place . }"
+
+
+@pytest.fixture(scope="module")
+def client(demo_endpoint):
+    return SparqlClient(demo_endpoint)
+
+
+@pytest.fixture(scope="module")
+def indices(demo_endpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo-index")
+    subprocess.run([sys.executable, str(defaults.REPO_DIR / "build_index.py"), "--endpoint", demo_endpoint,
+                    "--out", str(out), "--embed", "none"], check=True, capture_output=True)
+    return load_indices(out)
+
+
+class ScriptedReranker:
+    """Scores alternatives by a preference table; None gets `none_score` (or a rule's verdict).
+
+    `none_first(marked_query)` -> True makes None win for that prompt (the model saying "no fit")."""
+
+    def __init__(self, preference: dict[str, float], none_score: float = 0.0, none_first=lambda q: False):
+        self.preference, self.none_score, self.none_first = preference, none_score, none_first
+        self.calls = []
+
+    def __call__(self, question, marked_query, alternatives):
+        self.calls.append((marked_query, [a.iri for a in alternatives]))
+        scores = [self.preference.get(a.iri, 1.0) for a in alternatives]
+        return scores + [100.0 if self.none_first(marked_query) else self.none_score]
+
+
+def events(resolution, name):
+    return [e for e in resolution.trace if e["event"] == name]
+
+
+def test_picks_the_film_over_the_genre(indices, client):
+    reranker = ScriptedReranker({FILM: 9.0, GENRE: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, client, reranker, Switches()).resolve("q", SKELETON)
+    assert resolution.sparql == RESOLVED
+    assert [e["iri"] for e in events(resolution, "choose")] == [FILM, DIRECTOR, BIRTHPLACE]
+    assert resolution.backtracks == 0 and resolution.failure is None
+    assert {row["place"]["value"] for row in resolution.result.rows} == {KNOXVILLE}
+    first = events(resolution, "placeholder")[0]
+    assert first["kind"] == "entity" and {FILM, GENRE} <= {h[0] for h in first["hits"]}
+    # the director search was constrained by the film's outgoing properties
+    second = events(resolution, "placeholder")[1]
+    assert second["kind"] == "property" and "wd:Q104123" in second["constraint"]
+    assert second["constraint_size"] > 0
+    # the current placeholder is marked for the re-ranker; earlier ones are resolved
+    assert reranker.calls[1][0] == ("SELECT ?place WHERE { wd:Q104123 <rep>director (wdt)</rep> ?d . "
+                                    "?d <iri>place of birth (wdt)</iri> ?place . }")
+
+
+def test_backtracks_when_the_constrained_candidate_set_is_empty(indices, client):
+    # the re-ranker prefers the genre; the genre has no director, so the constrained search finds nothing
+    reranker = ScriptedReranker({GENRE: 9.0, FILM: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, client, reranker, Switches()).resolve("q", SKELETON)
+    assert resolution.sparql == RESOLVED
+    assert [e["iri"] for e in events(resolution, "choose")] == [GENRE, FILM, DIRECTOR, BIRTHPLACE]
+    dead = events(resolution, "placeholder")[1]
+    assert dead["placeholder"] == "<iri>director (wdt)</iri>" and dead["hits"] == [] and dead["kept"] == []
+    assert "wd:Q351718" in dead["constraint"]
+    assert resolution.backtracks == 1
+    assert events(resolution, "backtrack")[0]["to"] == "<iri>Pulp Fiction</iri>"
+
+
+def test_backtracks_when_none_ranks_first(indices, client):
+    # without constraints the genre gets director candidates, but the model puts None on top there
+    reranker = ScriptedReranker({GENRE: 9.0, FILM: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0},
+                                none_first=lambda q: "wd:Q351718 <rep>director" in q)
+    switches = Switches(constrained=False)
+    resolution = Resolver(indices, client, reranker, switches).resolve("q", SKELETON)
+    assert resolution.sparql == RESOLVED
+    assert [e["iri"] for e in events(resolution, "choose")] == [GENRE, FILM, DIRECTOR, BIRTHPLACE]
+    rejected = events(resolution, "placeholder")[1]
+    assert rejected["hits"] and rejected["kept"] == [] and rejected["reranked"][0][0] is None
+    assert "constraint" not in rejected
+    assert resolution.backtracks == 1
+    # after backtracking the remaining alternatives were re-ranked (a new re-ranker call without the genre)
+    backtrack_call = reranker.calls[2]
+    assert backtrack_call[0].startswith("SELECT ?place WHERE { <rep>Pulp Fiction</rep>")
+    assert GENRE not in backtrack_call[1] and FILM in backtrack_call[1]
+
+
+def test_final_validation_rejects_an_empty_result(indices, client):
+    # Tarantino is alive: "place of death" resolves but returns nothing; validation backtracks to P19
+    skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
+    reranker = ScriptedReranker({TARANTINO: 9.0, DEATHPLACE: 9.0, BIRTHPLACE: 8.0})
+    resolution = Resolver(indices, client, reranker, Switches(constrained=False)).resolve("q", skeleton)
+    assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }"
+    validations = events(resolution, "validate")
+    assert [v["ok"] for v in validations] == [False, True]
+    assert validations[0]["query"] == "SELECT ?x WHERE { wd:Q3772 wdt:P20 ?x . }" and validations[0]["rows"] == 0
+    assert resolution.backtracks == 1
+
+
+def test_exhausted_skeleton_fails_without_backtracking_past_the_first_placeholder(indices, client):
+    skeleton = "SELECT ?x WHERE { <iri>pulp fiction</iri> <iri>director (wdt)</iri> ?x . }"
+    reranker = ScriptedReranker({}, none_first=lambda q: "<rep>director" in q)
+    resolution = Resolver(indices, client, reranker, Switches()).resolve("q", skeleton)
+    assert resolution.sparql is None and resolution.failure == "dead_end"
+    assert resolution.trace[-1] == {"event": "exhausted"}
+    first = events(resolution, "placeholder")[0]
+    assert len(events(resolution, "choose")) == len(first["kept"])  # every kept alternative was tried
+
+
+def test_no_backtracking_gives_up_at_the_first_dead_end(indices, client):
+    reranker = ScriptedReranker({GENRE: 9.0, FILM: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, client, reranker, Switches(backtracking=False)).resolve("q", SKELETON)
+    assert resolution.sparql is None and resolution.backtracks == 0
+    assert [e["iri"] for e in events(resolution, "choose")] == [GENRE]
+
+
+def test_without_reranking_the_index_order_is_taken(indices, client):
+    resolution = Resolver(indices, client, None, Switches(rerank=False)).resolve("q", SKELETON)
+    first = events(resolution, "placeholder")[0]
+    assert events(resolution, "choose")[0]["iri"] == first["hits"][0][0]
+    assert "reranked" not in first
+
+
+def test_without_kg_guidance_nothing_is_executed(indices, client):
+    class NoClient:
+        def query(self, sparql):
+            raise AssertionError(f"no query may run without KG guidance: {sparql}")
+
+    reranker = ScriptedReranker({FILM: 9.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, NoClient(), reranker, Switches(kg_guidance=False)).resolve("q", SKELETON)
+    assert resolution.sparql == RESOLVED and resolution.result is None
+
+
+def test_timeout_stops_the_search(indices, client):
+    reranker = ScriptedReranker({FILM: 9.0})
+    resolution = Resolver(indices, client, reranker, Switches()).resolve("q", SKELETON, deadline=0.0)
+    assert resolution.sparql is None and resolution.failure == "timeout"
+
+
+def test_mark_writes_the_current_placeholder():
+    ph = find_placeholders(SKELETON)[1]
+    assert mark(SKELETON, ph) == SKELETON.replace("<iri>director (wdt)</iri>", "<rep>director (wdt)</rep>")
