@@ -4,8 +4,8 @@ WWQ dev keeps the gold answers of every question in `info.results`. For the ques
 query is a single triple pattern (`wd:Q wdt:P ?x` or `?x wdt:P wd:Q`), those answers *are* the
 triples: `wd:Q wdt:P answer` (or `answer wdt:P wd:Q`). This script collects those triples, adds
 labels, aliases and descriptions from the item cache (`wikidata/items.jsonl`) for every item and
-property it mentions, checks that each covered gold query returns exactly its gold answers on the
-result, and writes to `--out`:
+property it mentions, keeps the questions whose gold query returns exactly its gold answers on the
+result (checked in-process, then again over HTTP on a real oxigraph server), and writes to `--out`:
 
     kg.nt            the knowledge graph (N-Triples): answer triples + labels + property links
     questions.jsonl  the covered dev questions (benchmark JSONL, records unchanged)
@@ -16,6 +16,8 @@ This KG is much easier than full Wikidata: it holds only the triples that answer
 so there are far fewer distractors for search, constrained search and query validation.
 
     python build_eval_kg.py                      # WWQ dev -> ~/.cache/grisp/eval_kg/wwq-dev/
+    python endpoint.py start --data ~/.cache/grisp/eval_kg/wwq-dev/kg.nt \
+        --store ~/.cache/grisp/stores/wwq-dev --port 7879   # serve it for evaluate.py
 """
 import argparse
 import json
@@ -28,7 +30,9 @@ import pyoxigraph as ox
 
 import benchmarks
 import defaults
+import endpoint
 import metrics
+import sparql
 
 WD = "http://www.wikidata.org/entity/"
 WDT = "http://www.wikidata.org/prop/direct/"
@@ -160,6 +164,20 @@ def check_in_process(triples: list[ox.Triple], samples: list[dict]) -> list[dict
     return kept
 
 
+def verify_on_server(kg_file: Path, samples: list[dict], store_dir: Path, port: int) -> list[str]:
+    """Serve the KG with a real oxigraph server (endpoint.py) and run every gold query over HTTP;
+    returns the ids whose answers differ from the gold ones. The server is stopped again; its
+    stamped store stays for `python endpoint.py start` to reuse."""
+    url = endpoint.start([kg_file], store_dir, port=port)
+    client = sparql.SparqlClient(url)
+    try:
+        return [sample["id"] for sample in samples
+                if not gold_matches(metrics.from_result(client.query(sample["sparql"])), sample)]
+    finally:
+        client.close()
+        endpoint.stop(store_dir)
+
+
 def main(args: argparse.Namespace) -> None:
     print(f"config: {json.dumps(vars(args), default=str)}")
     # --- data
@@ -204,12 +222,20 @@ def main(args: argparse.Namespace) -> None:
         "properties": len([i for i in ids if i.startswith("P")]),
         "unlabelled": sorted(ids - set(labelled)), "config": vars(args),
     }
-    (out / "stats.json").write_text(json.dumps(stats, indent=2, default=str) + "\n")
     print(f"{len(covered)} of {len(samples)} questions covered: {len(candidates)} single-pattern, "
           f"{stats['conflicting']} of them dropped because other questions' triples add answers, "
           f"{stats['unlabelled_topic']} because their entity or property has no label record")
     print(f"{len(triples)} triples ({answer_count} answer triples), {stats['items']} items, "
           f"{stats['properties']} properties, {len(stats['unlabelled'])} without a label record")
+    if args.verify:
+        mismatched = verify_on_server(out / "kg.nt", covered, Path(args.store).expanduser(), args.port)
+        if mismatched:
+            raise ValueError(f"on the oxigraph server these gold queries do not return their gold "
+                             f"answers: {', '.join(mismatched)}")
+        stats["server_verified"] = len(covered)
+        print(f"verified on an oxigraph server: all {len(covered)} covered gold queries return "
+              f"exactly their gold answers")
+    (out / "stats.json").write_text(json.dumps(stats, indent=2, default=str) + "\n")
     print(f"wrote {out}/kg.nt, questions.jsonl, items.jsonl, stats.json")
 
 
@@ -224,10 +250,16 @@ if __name__ == "__main__":
     parser.add_argument("--items", default=None,
                         help="item label file (JSONL id/label/aliases/description/count); "
                              "default: wikidata/items.jsonl from the data cache")
-    parser.add_argument("--out", default=str(defaults.GRISP_HOME / "eval_kg" / "wwq-dev"),
+    parser.add_argument("--out", default=str(benchmarks.EVAL_KG_DIR),
                         help="output directory for kg.nt, questions.jsonl, items.jsonl, stats.json")
+    # verification on a real endpoint
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="skip running every covered gold query on an oxigraph server")
+    parser.add_argument("--store", default=str(defaults.GRISP_HOME / "stores" / "wwq-dev"),
+                        help="oxigraph store directory for the check (reused by endpoint.py start)")
+    parser.add_argument("--port", type=int, default=7879, help="port of the checking server")
     args = parser.parse_args()
     try:
         main(args)
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, endpoint.EndpointError, sparql.SparqlError) as error:
         sys.exit(f"error: {error}")

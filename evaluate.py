@@ -260,7 +260,7 @@ if __name__ == "__main__":
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # data
     parser.add_argument("--benchmark", default="demo",
-                        help="benchmark name (demo, wwq-dev, wwq-train) or a JSONL file "
+                        help="benchmark name (demo, wwq-dev-kg, wwq-dev, wwq-train) or a JSONL file "
                              "({id, question, sparql, paraphrases, info} per line)")
     parser.add_argument("--out", default=None,
                         help="run directory; default ~/.cache/grisp/eval/<benchmark>-<ablation>")

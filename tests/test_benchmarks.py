@@ -65,3 +65,11 @@ def test_path_and_bad_input(tmp_path):
     path.write_text('{"id": "q1",\n')
     with pytest.raises(ValueError, match="mine.jsonl:1 is not valid JSON"):
         benchmarks.load_benchmark(path)
+
+
+def test_closed_kg_questions_need_build_eval_kg(tmp_path, monkeypatch):
+    monkeypatch.setattr(benchmarks, "EVAL_KG_DIR", tmp_path)
+    with pytest.raises(FileNotFoundError, match="python build_eval_kg.py"):
+        benchmarks.load_benchmark("wwq-dev-kg")
+    write_jsonl(tmp_path / "questions.jsonl", [SAMPLE])
+    assert benchmarks.load_benchmark("wwq-dev-kg")[0]["id"] == "q1"

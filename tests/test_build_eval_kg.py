@@ -9,7 +9,10 @@ import pytest
 
 import build_eval_kg
 import defaults
+import endpoint
 import metrics
+
+from conftest import free_port
 
 PREFIXES = ("PREFIX wdt: <http://www.wikidata.org/prop/direct/> "
             "PREFIX wd: <http://www.wikidata.org/entity/> ")
@@ -54,7 +57,8 @@ def built(tmp_path):
     write_jsonl(tmp_path / "items.jsonl", ITEMS)
     out = tmp_path / "kg"
     build_eval_kg.main(argparse.Namespace(benchmark=str(tmp_path / "dev.jsonl"),
-                                          items=str(tmp_path / "items.jsonl"), out=str(out)))
+                                          items=str(tmp_path / "items.jsonl"), out=str(out),
+                                          verify=False))
     return out
 
 
@@ -103,6 +107,16 @@ def test_kg_answers_every_covered_gold_query_exactly(built):
         build_eval_kg.WIKIBASE_DIRECT_CLAIM), ox.NamedNode(WDT + "P19")))) == 1
     # the dropped questions' triples stay in the KG
     assert len(list(store.quads_for_pattern(ox.NamedNode(WD + "Q99"), None, None))) == 1
+
+
+def test_verification_on_a_real_oxigraph_server(built, tmp_path):
+    covered = [json.loads(line) for line in (built / "questions.jsonl").read_text().splitlines()]
+    store = tmp_path / "store"
+    assert build_eval_kg.verify_on_server(built / "kg.nt", covered, store, free_port()) == []
+    # a wrong gold answer is caught, and the server is stopped afterwards
+    wrong = [{**covered[0], "info": {"results": [{"x": {"type": "uri", "value": WD + "Q666"}}]}}]
+    assert build_eval_kg.verify_on_server(built / "kg.nt", wrong, store, free_port()) == [covered[0]["id"]]
+    assert endpoint.status(store) is None
 
 
 def test_items_file_lists_the_labelled_items(built):
