@@ -47,7 +47,7 @@ ABLATIONS = {
     "all-disabled": _ALL_OFF, "rerank-only": {**_ALL_OFF, "rerank": True},
 }
 KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed")  # passed through if set
-PIPELINE_FAILURES = ("no_skeleton", "dead_end", "error")  # grisp.Answer.failure values
+PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error")  # grisp.Answer.failure values
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
             "endpoint")  # a resumed run must agree with the saved config on these
@@ -61,15 +61,24 @@ def pipeline_options(args: argparse.Namespace) -> dict:
 
 def load_pipeline(args: argparse.Namespace, options: dict):
     import grisp  # the model stack is only imported when questions are really answered
-    return grisp.Grisp(args.model_dir, args.adapter, args.index, args.endpoint, grisp.Options(**options))
+    adapter = None if str(args.adapter).lower() == "none" else args.adapter
+    try:
+        return grisp.Grisp(args.model_dir, adapter, args.index, args.endpoint, grisp.Options(**options),
+                           device=args.device)
+    except grisp.GrispError as error:  # a missing model, adapter or index: a message, no traceback
+        raise ValueError(str(error)) from None
 
 
 def load_skeletonizer(index_dir: Path) -> Callable[[str], str]:
-    """gold SPARQL -> gold skeleton, with the index's labels as placeholder texts (oracle mode)."""
+    """gold SPARQL -> gold skeleton whose placeholders carry the index's labels (oracle mode);
+    IRIs the index does not know stay IRIs, as they would for the resolver."""
     import search
     import skeleton
     indices = search.load_indices(index_dir)
-    return lambda query: skeleton.skeletonize(query, indices)
+
+    def label(iri: str) -> str | None:
+        return indices.item(iri).label if iri in indices else None
+    return lambda query: skeleton.skeletonize(query, label).skeleton
 
 
 def to_json(result: sparql.Result) -> dict:
@@ -213,7 +222,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "oracle_skeleton": args.oracle_skeleton, "model_dir": str(args.model_dir),
               "adapter": str(args.adapter), "index": str(args.index), "endpoint": args.endpoint,
-              "limit": args.limit, "out": str(out)}
+              "device": args.device, "limit": args.limit, "out": str(out)}
     print(f"config: {json.dumps(config)}")
     out.mkdir(parents=True, exist_ok=True)
     if (out / "config.json").exists():
@@ -276,7 +285,9 @@ if __name__ == "__main__":
                         help="seconds to wait for a gold or predicted query when scoring")
     # model
     parser.add_argument("--model-dir", type=Path, default=defaults.MODEL_DIR, help="base model directory")
-    parser.add_argument("--adapter", type=Path, default=defaults.ADAPTER_DIR, help="LoRA adapter directory (PEFT layout)")
+    parser.add_argument("--adapter", default=str(defaults.ADAPTER_DIR),
+                        help="LoRA adapter directory (PEFT layout), or 'none' for the base model")
+    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, mps")
     # pipeline: ablations (paper table 5) and knobs; unset knobs keep grisp.Options' defaults
     parser.add_argument("--ablation", default="none", choices=list(ABLATIONS),
                         help="switch off GRISP mechanisms as in the paper's ablation table")

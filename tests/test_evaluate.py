@@ -77,7 +77,7 @@ def bench(tmp_path):
 def make_args(bench, out, endpoint_url, **changes):
     args = dict(benchmark=str(bench), out=str(out), limit=None, score_only=None, endpoint=endpoint_url,
                 index=defaults.DEMO_INDEX_DIR, query_timeout=10.0, model_dir=defaults.MODEL_DIR,
-                adapter=defaults.ADAPTER_DIR, ablation="none", oracle_skeleton=False,
+                adapter=str(defaults.ADAPTER_DIR), device="cpu", ablation="none", oracle_skeleton=False,
                 num_beams=None, num_skeletons=None, top_k=None, time_budget=None, seed=None)
     return argparse.Namespace(**{**args, **changes})
 
@@ -88,8 +88,8 @@ def check_handcrafted_summary(summary):
     assert summary["skipped"] == {"gold_empty": 1, "gold_failed": 1}
     assert summary["f1"] == pytest.approx((1 + 2 / 3 + 0 + 0 + 1) / 5)
     assert summary["em"] == pytest.approx(2 / 5)
-    assert summary["failures"] == {"no_skeleton": 1, "dead_end": 1, "error": 0, "wrong_answer": 1,
-                                   "correct": 2}
+    assert summary["failures"] == {"no_skeleton": 1, "dead_end": 1, "timeout": 0, "error": 0,
+                                   "wrong_answer": 1, "correct": 2}
     assert summary["backtracks_per_sample"] == pytest.approx(6 / 7)
     assert summary["samples_with_backtracks"] == 3
 
@@ -132,6 +132,33 @@ def test_resume_refuses_other_settings(bench, tmp_path, endpoint_url):
     with pytest.raises(ValueError, match="other settings \\(ablation, options\\)"):
         evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, ablation="no-rerank"),
                       pipeline=FakePipeline())
+
+
+def test_oracle_mode_feeds_the_gold_skeleton_with_index_labels(bench, tmp_path, endpoint_url):
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "Q1", "label": "Douglas Adams", "aliases": [], "description": "writer", "count": 1},
+        {"id": "P19", "label": "place of birth", "aliases": [], "description": "", "count": 1}]))
+    built = subprocess.run([sys.executable, "build_index.py", "--items", str(items), "--out",
+                            str(tmp_path / "index"), "--embed", "none"],
+                           cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+
+    class OraclePipeline(FakePipeline):
+        def answer(self, question):
+            raise AssertionError("oracle mode must not generate skeletons")
+
+        def answer_from_skeletons(self, question, skeletons):
+            self.asked.append((question, skeletons))
+            return Answer(BORN)
+    pipeline = OraclePipeline()
+    args = make_args(bench, tmp_path / "run", endpoint_url, oracle_skeleton=True, limit=1,
+                     index=tmp_path / "index")
+    summary = evaluate.main(args, pipeline=pipeline)
+    [(question, [skeleton])] = pipeline.asked
+    assert question == "question exact?"
+    assert "<iri>Douglas Adams</iri> <iri>place of birth (wdt)</iri> ?x" in skeleton
+    assert "wd:" not in skeleton and summary["f1"] == 1.0
 
 
 def test_score_only_rescores_without_a_pipeline(bench, tmp_path, endpoint_url):
