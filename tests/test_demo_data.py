@@ -91,7 +91,7 @@ def test_every_id_used_has_a_label(triples, labels):
 def test_statements_agree_with_truthy_triples(triples):
     # every p: -> statement -> ps: value has its wdt: triple, and every wdt: triple has a statement
     links = {(t.subject.value, t.object.value): property_id(t.predicate.value) for t in triples
-             if t.predicate.value.startswith(VARIANTS["p"]) and t.predicate.value[len(VARIANTS["p"]):][0] == "P"}
+             if re.fullmatch(re.escape(VARIANTS["p"]) + r"P\d+", t.predicate.value)}
     values = {(t.subject.value, property_id(t.predicate.value)): t.object for t in triples
               if t.predicate.value.startswith(VARIANTS["ps"])}
     from_statements = {(s, p, values[(node, p)]) for (s, node), p in links.items()}
@@ -160,11 +160,14 @@ def test_dev_facts_reads_the_three_gold_query_shapes():
     uri = lambda i: {"type": "uri", "value": WD + i}  # noqa: E731
     single = {"sparql": "PREFIX wd: <x> PREFIX wdt: <y> SELECT DISTINCT ?x WHERE { wd:Q3772 wdt:P19 ?x . }",
               "info": {"results": [{"x": uri("Q185582")}]}}
-    typed = {"sparql": "SELECT DISTINCT ?x WHERE { ?x wdt:P161 wd:Q13909 ; wdt:P31 / wdt:P279 * wd:Q11424 . }",
+    typed = {"sparql": "SELECT DISTINCT ?x WHERE { ?x wdt:P161 wd:Q13909 ; "
+                       "wdt:P31 / wdt:P279 * wd:Q11424 . }",
              "info": {"results": [{"x": uri("Q191040")}, {"x": uri("Q172271")}]}}
-    typed_first = {"sparql": "SELECT DISTINCT ?x WHERE { ?x wdt:P31 / wdt:P279 * wd:Q570116 ; wdt:P131 wd:Q812 . }",
+    typed_first = {"sparql": "SELECT DISTINCT ?x WHERE { ?x wdt:P31 / wdt:P279 * wd:Q570116 ; "
+                             "wdt:P131 wd:Q812 . }",
                    "info": {"results": [{"x": uri("Q6166234")}]}}
-    statement = {"sparql": "SELECT DISTINCT ?x WHERE { wd:Q193695 p:P161 ?p . ?p ps:P161 ?x ; pq:P453 wd:Q111974794 . }",
+    statement = {"sparql": "SELECT DISTINCT ?x WHERE { wd:Q193695 p:P161 ?p . "
+                           "?p ps:P161 ?x ; pq:P453 wd:Q111974794 . }",
                  "info": {"results": [{"x": uri("Q11637")}]}}
     other = {"sparql": "SELECT DISTINCT ?x WHERE { wd:Q76 wdt:P19 / wdt:P131 + ?x . }",
              "info": {"results": [{"x": uri("Q782")}]}}
@@ -204,8 +207,8 @@ def test_check_reports_wrong_ids_labels_literals_duplicates_and_unbacked_rows():
 
 def test_turtle_has_truthy_triples_statements_and_qualifiers():
     build_demo = load_build_demo()
-    items = {i: {"id": i, "label": label, "aliases": ["Tarantino"] if i == "Q3772" else [], "description": None,
-                 "count": 3} for i, label in
+    items = {i: {"id": i, "label": label, "aliases": ["Tarantino"] if i == "Q3772" else [],
+                 "description": None, "count": 3} for i, label in
              [("Q17738", "Star Wars"), ("Q210447", "Mark Hamill"), ("Q51746", "Luke Skywalker"),
               ("Q3772", "Quentin Tarantino"), ("P161", "cast member"), ("P453", "character role"),
               ("P569", "date of birth")]}
@@ -217,7 +220,8 @@ def test_turtle_has_truthy_triples_statements_and_qualifiers():
     node = PREFIXES["wds"] + "Q17738-P161-Q210447"
     assert {(WD + "Q17738", WDT + "P161", WD + "Q210447"), (WD + "Q17738", PREFIXES["p"] + "P161", node),
             (node, PREFIXES["ps"] + "P161", WD + "Q210447"), (node, PREFIXES["pq"] + "P453", WD + "Q51746"),
-            (WD + "Q3772", WDT + "P569", "1963-03-27T00:00:00Z"), (WD + "Q3772", RDFS_LABEL, "Quentin Tarantino"),
+            (WD + "Q3772", WDT + "P569", "1963-03-27T00:00:00Z"),
+            (WD + "Q3772", RDFS_LABEL, "Quentin Tarantino"),
             (WD + "Q3772", PREFIXES["skos"] + "altLabel", "Tarantino"),
             (WD + "Q3772", PREFIXES["wikibase"] + "sitelinks", "3"),
             (WD + "P161", PREFIXES["wikibase"] + "directClaim", WDT + "P161")} <= graph
@@ -225,12 +229,14 @@ def test_turtle_has_truthy_triples_statements_and_qualifiers():
 
 def test_committed_kg_is_rebuilt_identically_from_the_tables(tmp_path):
     # needs the data cache (items.jsonl, WWQ dev); the committed kg.ttl itself does not
-    sources = [next((d / relative for d in (defaults.DATA_DIR, defaults.SHARED_DATA_DIR) if (d / relative).is_file()), None)
+    folders = (defaults.DATA_DIR, defaults.SHARED_DATA_DIR)
+    sources = [next((d / relative for d in folders if (d / relative).is_file()), None)
                for relative in (benchmarks.ITEMS_FILE, "wwq/dev.jsonl")]
     if None in sources:
         pytest.skip("items.jsonl or WWQ dev is not in the data cache; cannot rebuild kg.ttl here")
     out = tmp_path / "kg.ttl"
-    run = subprocess.run([sys.executable, str(defaults.DEMO_DIR / "build_demo.py"), "--items", str(sources[0]),
-                          "--dev", str(sources[1]), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    command = [sys.executable, str(defaults.DEMO_DIR / "build_demo.py"), "--items", str(sources[0]),
+               "--dev", str(sources[1]), "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert out.read_text(encoding="utf-8") == KG.read_text(encoding="utf-8"), "kg.ttl is stale: rebuild it"

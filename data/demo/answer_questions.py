@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> None:
         question["info"]["answers"] = found
     if empty:
         sys.exit(f"error: these gold queries return nothing on {args.kg}: {', '.join(empty)}")
-    print(f"{len(questions)} gold queries answer on {args.kg}; {len(stale)} recorded answers changed: {stale}")
+    print(f"{len(questions)} gold queries answer on {args.kg}; recorded answers changed: {stale or 'none'}")
     if args.check:
         sys.exit(1 if stale else 0)
     with open(args.questions, "w", encoding="utf-8") as file:

@@ -1,28 +1,24 @@
-"""Build the demo knowledge graph `data/demo/kg.ttl` from its readable source tables (issue 3, item 4).
+"""Build the demo knowledge graph `data/demo/kg.ttl` from readable source tables (issue 3, item 4).
 
-The demo KG is a small, real Wikidata subset: films with their directors, cast (some with character
-roles), writers and composers; people's birth places, dates, occupations and families; cities and
-countries; awards. The README example, the demo questions (questions.jsonl) and the tests run on it.
-It is built from two tables in this folder, written to be read and edited by hand:
+The demo KG is a small, real Wikidata subset (films, directors, cast with some character roles,
+writers, composers; people's birth places, dates, occupations, families; cities, countries; awards)
+on which the README example, the demo questions and the tests run. Sources:
 
-    facts.tsv     one row per fact, or per qualifier of a fact, with ids AND labels written out
-    entities.tsv  items without facts that share a name with an item of facts.tsv (search distractors)
+    facts.tsv     (this folder) one row per fact or per qualifier of a fact, ids AND labels written out
+    entities.tsv  (this folder) items without facts that share a name with one in facts.tsv (distractors)
+    wikidata/items.jsonl, wwq/dev.jsonl  (the data cache, ../shared/data): names, popularity counts,
+                  and WWQ dev gold answers (info.results)
 
-plus two files of the data cache (`../shared/data`): `wikidata/items.jsonl` (label, aliases,
-description and a popularity count per id) and WWQ dev (`wwq/dev.jsonl`, gold answers in
-info.results). Before anything is written, all problems are collected and reported together:
-every id must be in items.jsonl with exactly the label written in the table; literals appear only
-on date and quantity properties; no row occurs twice; every row whose source is `wwq-dev:<id>` must
-be asserted by the gold answers of that dev question.
-
-The Turtle follows Wikidata's RDF: per item rdfs:label, skos:altLabel, schema:description (@en)
-and wikibase:sitelinks (here: the items.jsonl popularity count, a stand-in for real sitelinks); per
-property also its wikibase:propertyType and wdt:/p:/ps:/pq: links; per fact the truthy `wdt:`
-triple plus a full statement `p:` -> statement node -> `ps:` (and `pq:` qualifiers). Statement node
-ids (`wds:Q104123-P161-Q80938`) are synthetic; Wikidata's are GUIDs.
+All problems are reported together before anything is written: every id must be in items.jsonl with
+exactly the label in the table; literals only on date/quantity properties; no duplicate rows; every
+`wwq-dev:<id>` row must be asserted by that dev question's gold answers (see dev_facts).
+Output in Wikidata's RDF shape: rdfs:label, skos:altLabel, schema:description (@en) and
+wikibase:sitelinks (= the items.jsonl count, a stand-in) per item; wikibase:propertyType and the
+wdt:/p:/ps:/pq: links per property; per fact the truthy `wdt:` triple and a statement `p:` -> node ->
+`ps:` (+ `pq:` qualifiers). Statement node ids (`wds:Q104123-P161-Q80938`) are synthetic.
 
     python data/demo/build_demo.py           # validate, rewrite kg.ttl, print counts
-    python data/demo/build_demo.py --check   # validate only
+    python data/demo/build_demo.py --check   # validate and count only
 """
 import argparse
 import hashlib
@@ -66,11 +62,6 @@ def read_table(path: Path, columns: list[str]) -> list[tuple[int, dict]]:
         else:
             rows.append((number, dict(zip(columns, [cell.strip() for cell in cells]))))
     return rows
-
-
-def read_items(path: Path, wanted: set[str]) -> dict[str, dict]:
-    """The items.jsonl records of the `wanted` ids (the file holds ~75k lines; keep only these)."""
-    return {record["id"]: record for record in benchmarks.read_jsonl(path) if record["id"] in wanted}
 
 
 # ---------------------------------------------------------------------------- WWQ dev gold answers
@@ -119,8 +110,9 @@ def check(facts: list[tuple[int, dict]], entities: list[tuple[int, dict]], items
           dev: dict[str, dict]) -> list[str]:
     """Every problem of the tables, as messages naming the line; an empty list means all is well."""
     problems, seen = [], Counter()
-    labelled = [(f"facts.tsv:{n}", r["subject"], r["subject_label"]) for n, r in facts]  # (where, id, label)
-    labelled += [(f"facts.tsv:{n}", r[c], None) for n, r in facts for c in ("property", "qualifier") if r[c]]
+    labelled = [(f"facts.tsv:{n}", r["subject"], r["subject_label"]) for n, r in facts]  # where, id, label
+    labelled += [(f"facts.tsv:{n}", r[c], None) for n, r in facts for c in ("property", "qualifier")
+                 if r[c]]
     for n, row in facts:
         for prop, value, label in ((row["property"], row["value"], row["value_label"]),
                                    (row["qualifier"], row["qualifier_value"], row["qualifier_value_label"])):
@@ -145,7 +137,7 @@ def check(facts: list[tuple[int, dict]], entities: list[tuple[int, dict]], items
                 problems.append(f"facts.tsv:{n}: {key} is not asserted by the gold answers of {source}")
         elif not source.startswith("hand"):
             problems.append(f"facts.tsv:{n}: source {source!r} is neither hand[...] nor wwq-dev:<id>")
-    problems += [f"facts.tsv: row {list(key)} occurs {count} times" for key, count in seen.items() if count > 1]
+    problems += [f"facts.tsv: row {list(key)} occurs {n} times" for key, n in seen.items() if n > 1]
     fact_ids = {i for _, i, _ in labelled}
     for n, row in entities:
         labelled.append((f"entities.tsv:{n}", row["id"], row["label"]))
@@ -157,7 +149,8 @@ def check(facts: list[tuple[int, dict]], entities: list[tuple[int, dict]], items
         elif item_id not in items:
             problems.append(f"{where}: {item_id} is not in items.jsonl")
         elif label is not None and items[item_id]["label"] != label:
-            problems.append(f"{where}: {item_id} is {items[item_id]['label']!r} in items.jsonl, not {label!r}")
+            problems.append(f"{where}: {item_id} is {items[item_id]['label']!r} in items.jsonl, "
+                            f"not {label!r}")
     return problems
 
 
@@ -201,12 +194,13 @@ def item_lines(record: dict) -> list[str]:
     """Predicate-object pairs for an item's names and popularity (and a property's links)."""
     item_id = record["id"]
     lines = [f"rdfs:label {turtle_string(record['label'])}"]
-    lines += [f"skos:altLabel {turtle_string(alias)}" for alias in dict.fromkeys(record.get("aliases") or [])
-              if alias != record["label"]]
+    aliases = dict.fromkeys(a for a in record.get("aliases") or [] if a != record["label"])
+    lines += [f"skos:altLabel {turtle_string(alias)}" for alias in aliases]
     if record.get("description"):
         lines.append(f"schema:description {turtle_string(record['description'])}")
     if item_id.startswith("P"):
-        kind = "Time" if item_id in DATE_PROPERTIES else "Quantity" if item_id in QUANTITY_PROPERTIES else "WikibaseItem"
+        kind = ("Time" if item_id in DATE_PROPERTIES else
+                "Quantity" if item_id in QUANTITY_PROPERTIES else "WikibaseItem")
         lines += ["a wikibase:Property", f"wikibase:propertyType wikibase:{kind}",
                   f"wikibase:directClaim wdt:{item_id}", f"wikibase:claim p:{item_id}",
                   f"wikibase:statementProperty ps:{item_id}", f"wikibase:qualifier pq:{item_id}"]
@@ -240,13 +234,15 @@ def to_turtle(facts: list[dict], ids: set[str], items: dict[str, dict]) -> str:
 
 def count_triples(turtle: str) -> dict[str, int]:
     """Parse the Turtle (a syntax check) and count its triples by kind."""
-    kinds = {"wdt": "truthy facts (wdt:)", "p": "statement links (p:)", "ps": "statement values (ps:)",
-             "pq": "qualifiers (pq:)"}
-    names = {"label": "labels", "altLabel": "aliases", "description": "descriptions", "sitelinks": "popularity"}
+    kinds = {"wdt": "truthy facts (wdt:)", "p": "statement links (p:)",
+             "ps": "statement values (ps:)", "pq": "qualifiers (pq:)"}
+    names = {"label": "labels", "altLabel": "aliases", "description": "descriptions",
+             "sitelinks": "popularity"}
     counts, subjects = Counter(), set()
     for triple in ox.parse(turtle.encode("utf-8"), format=ox.RdfFormat.TURTLE):
         predicate = triple.predicate.value
-        namespace = next((n for n in kinds if re.fullmatch(re.escape(PREFIXES[n]) + r"P\d+", predicate)), None)
+        namespace = next((n for n in kinds if re.fullmatch(re.escape(PREFIXES[n]) + r"P\d+", predicate)),
+                         None)
         local = re.split(r"[#/]", predicate)[-1]
         counts[kinds[namespace] if namespace else names.get(local, "property links")] += 1
         if local == "label":
@@ -261,9 +257,11 @@ def main(args: argparse.Namespace) -> None:
     # --- read the tables and what they are checked against
     facts = read_table(args.facts, FACT_COLUMNS)
     entities = read_table(args.entities, ENTITY_COLUMNS)
-    wanted = {r[c] for _, r in facts for c in ("subject", "property", "value", "qualifier", "qualifier_value")}
+    wanted = {r[c] for _, r in facts
+              for c in ("subject", "property", "value", "qualifier", "qualifier_value")}
     wanted |= {r["id"] for _, r in entities}
-    items = read_items(args.items or benchmarks.cached_file(benchmarks.ITEMS_FILE), wanted)
+    items_path = args.items or benchmarks.cached_file(benchmarks.ITEMS_FILE)
+    items = {r["id"]: r for r in benchmarks.read_jsonl(items_path) if r["id"] in wanted}  # ~75k lines
     dev = {sample["id"]: sample for sample in benchmarks.load_benchmark(args.dev)}
 
     # --- check everything, report all problems at once
@@ -273,14 +271,15 @@ def main(args: argparse.Namespace) -> None:
     rows = [row for _, row in facts]
     ids = {i for i in wanted if ITEM_ID.fullmatch(i)}
     sources = Counter(row["source"].split(":")[0].split(",")[0] for row in rows)
-    print(f"checked {len(rows)} fact rows ({dict(sources)}) and {len(entities)} distractor items: all ids and "
-          f"labels match items.jsonl, all wwq-dev rows are backed by gold answers")
+    print(f"checked {len(rows)} fact rows ({dict(sources)}) and {len(entities)} distractor items: all "
+          f"ids and labels match items.jsonl, all wwq-dev rows are backed by gold answers")
 
     # --- build and count
     turtle = "\n".join([
-        "# GRISP demo knowledge graph: a small subset of Wikidata (CC0), generated by data/demo/build_demo.py",
-        "# from facts.tsv and entities.tsv -- edit those and rebuild, not this file. Names and the popularity",
-        "# count (written as wikibase:sitelinks) come from items.jsonl; statement node ids are synthetic.",
+        "# GRISP demo knowledge graph: a small subset of Wikidata (CC0), generated by",
+        "# data/demo/build_demo.py from facts.tsv and entities.tsv (edit those and rebuild, not this file).",
+        "# Names and the popularity count (written as wikibase:sitelinks) come from items.jsonl;",
+        "# statement node ids are synthetic. See data/demo/README.md for provenance.",
         to_turtle(rows, ids, items)])
     for name, count in count_triples(turtle).items():
         print(f"  {name:28s} {count:6d}")
@@ -301,7 +300,8 @@ if __name__ == "__main__":
                         help="table of distractor items (no facts)")
     parser.add_argument("--items", type=Path, default=None,
                         help="items.jsonl (id, label, aliases, description, count); default: the data cache")
-    parser.add_argument("--dev", default="wwq-dev", help="WWQ dev benchmark (name or JSONL path) with gold answers")
+    parser.add_argument("--dev", default="wwq-dev",
+                        help="WWQ dev benchmark (name or JSONL path) with gold answers")
     # output
     parser.add_argument("--out", type=Path, default=defaults.DEMO_DIR / "kg.ttl", help="Turtle file to write")
     parser.add_argument("--check", action="store_true", help="only validate and count; write nothing")
