@@ -6,7 +6,9 @@ on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Wri
 
     config.json        the resolved configuration of the run
     predictions.jsonl  one record per question: id, question, predicted sparql, answers, skeletons,
-                       trace summary, timings, seconds, backtracks, error, failure kind, f1, em
+                       trace summary, timings, seconds, backtracks, error, pipeline failure,
+                       gold status, failure kind (no_skeleton, dead_end, timeout, error,
+                       wrong_answer or null when correct), f1, em
     summary.json       F1, EM, scored/skipped samples, seconds per question, backtracks per sample,
                        and where failures arise (no skeleton, resolution dead end, wrong answer)
 
@@ -108,7 +110,7 @@ def answer_record(sample: dict, answer, seconds: float) -> dict:
     return {"id": sample["id"], "question": sample["question"], "sparql": answer.sparql,
             "skeletons": [list(s) for s in answer.skeletons], "trace": summarize_trace(answer.trace),
             "timings": answer.timings, "seconds": seconds, "backtracks": answer.backtracks,
-            "error": answer.error, "failure": answer.failure}
+            "error": answer.error, "pipeline_failure": answer.failure}
 
 
 def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) -> dict:
@@ -122,9 +124,15 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
                               metrics.from_result(gold) if gold is not None else None)
     record["f1"], record["em"] = f1, None if f1 is None else metrics.exact_match(f1)
     # where it failed: the pipeline's own verdict first, else a wrong (or unexecutable) answer
-    if record["failure"] not in PIPELINE_FAILURES:
-        record["failure"] = "error" if not record["sparql"] else (
-            "wrong_answer" if f1 is not None and not record["em"] else None)
+    pipeline_failure = record["pipeline_failure"]
+    if record["em"]:
+        record["failure"] = None
+    elif pipeline_failure in PIPELINE_FAILURES:
+        record["failure"] = pipeline_failure
+    elif not record["sparql"]:
+        record["failure"] = "error"  # no query and no reason given: count it against the pipeline
+    else:
+        record["failure"] = "wrong_answer" if f1 is not None else None
     return record
 
 

@@ -182,6 +182,20 @@ def test_score_only_rescores_without_a_pipeline(bench, tmp_path, endpoint_url):
     assert rescored["partial"]["em"] is True and rescored["exact"]["answers"] is not None
 
 
+def test_failure_kind_of_single_records(endpoint_url):
+    client = evaluate.sparql.SparqlClient(endpoint_url)
+
+    def kind(sparql, pipeline_failure):
+        record = {"sparql": sparql, "pipeline_failure": pipeline_failure}
+        return evaluate.score_record(record, BORN, client)["failure"]
+    assert kind(None, None) == "error"  # no query and no reason
+    assert kind(None, "timeout") == "timeout"
+    assert kind(BORN, None) is None
+    assert kind(BORN, "timeout") is None  # a correct answer is correct, whatever the pipeline says
+    assert kind(SPOUSES, None) == "wrong_answer"
+    assert kind("SELECT ?x WHERE { wd:Q1 wdt:P19 ?x", None) == "wrong_answer"  # does not execute
+
+
 def test_summary_of_handmade_records():
     def record(f1, seconds, backtracks, failure=None, status="ok"):
         return {"f1": f1, "em": None if f1 is None else f1 == 1.0, "seconds": seconds,
