@@ -1,0 +1,175 @@
+"""gen_data.py on a tiny in-test Wikidata-like index: sample structure, augmentation rates,
+reproducibility, skipped records and the command line."""
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gen_data
+from prompts import NONE_TEXT
+
+REPO = Path(__file__).resolve().parents[1]
+WD = "http://www.wikidata.org/entity/"
+CITIES = ["Berlin", "Paris", "Rome", "Vienna", "Madrid", "Oslo", "Prague", "Lisbon"]
+RELATIONS = ["birth", "death", "work", "burial", "study", "rest"]
+
+
+def write_items(path: Path) -> None:
+    """Every entity label contains "alpha" and every property label "relation", so every search has
+    at least 6 hits; the exact label or alias always ranks the gold item first."""
+    rows = [{"id": f"Q{i + 1}", "label": f"Alpha {c}", "aliases": [f"{c} town", f"{c} place"],
+             "description": f"city number {i + 1}", "count": 10 - i} for i, c in enumerate(CITIES)]
+    rows += [{"id": f"P{i + 10}", "label": f"{r} relation", "aliases": [f"{r} link"],
+              "description": f"relation of {r}", "count": 5} for i, r in enumerate(RELATIONS)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_records(path: Path, n: int) -> list[dict]:
+    records = []
+    for j in range(n):
+        a, b, p, q = 1 + j % 8, 1 + (j * 3 + 1) % 8, 10 + j % 6, 10 + (j + 2) % 6
+        sparql = (f"PREFIX wd: <{WD}> PREFIX wdt: <http://www.wikidata.org/prop/direct/> "
+                  f"SELECT ?x WHERE {{ wd:Q{a} wdt:P{p} ?x . ?x wdt:P{q} wd:Q{b} . }}")
+        records.append({"id": f"r{j}", "question": f"question {j}?", "sparql": sparql,
+                        "paraphrases": [f"paraphrase {j}?"], "info": {}})
+    records.append({"id": "unknown", "question": "q?", "sparql": "SELECT ?x WHERE { wd:Q999 wdt:P10 ?x }"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(index, records file, records) built once per module with build_index.py."""
+    root = tmp_path_factory.mktemp("gen_data")
+    write_items(root / "items.jsonl")
+    records = write_records(root / "records.jsonl", 400)
+    subprocess.run([sys.executable, str(REPO / "build_index.py"), "--items", str(root / "items.jsonl"),
+                    "--out", str(root / "index"), "--embed", "none"], check=True, capture_output=True)
+    return gen_data.open_index(str(root / "index"), "custom"), root / "records.jsonl", records
+
+
+def sparql_line(sample: dict) -> str:
+    return re.search(r"^SPARQL: (.*)$", sample["messages"][1]["content"], re.M).group(1)
+
+
+def alternative_lines(sample: dict) -> list[str]:
+    return sample["messages"][1]["content"].split("Alternatives:\n")[1].split("\n")
+
+
+def within(count: int, n: int, p: float) -> bool:
+    """count is a plausible Binomial(n, p) draw (4 standard deviations; the seeds are fixed)."""
+    return abs(count - n * p) <= 4 * math.sqrt(n * p * (1 - p)) + 1
+
+
+def test_samples_have_the_documented_structure(tiny):
+    indices, _, records = tiny
+    augment = gen_data.Augment(alias=0.0, vary_k=0.0, drop_infos=0.0, drop_gold=0.0, shuffle=0.0, max_k=4)
+    samples, stats = gen_data.SampleGenerator(records[:20], indices, augment, seed=1).epoch(0)
+    skeletons = [s for s in samples if s["task"] == "skeleton"]
+    reranks = [s for s in samples if s["task"] == "rerank"]
+    assert len(skeletons) == len(reranks) == 20 and stats["skeleton"] == 20
+    record = records[0]  # wd:Q1 wdt:P10 ?x . ?x wdt:P12 wd:Q2
+    assert skeletons[0]["target"] == ("SELECT ?x WHERE { <iri>Alpha Berlin</iri> <iri>birth relation (wdt)</iri> ?x . "
+                                      "?x <iri>work relation (wdt)</iri> <iri>Alpha Paris</iri> . }")
+    assert skeletons[0]["messages"][1]["content"] in (record["question"], record["paraphrases"][0])
+    for s in reranks:
+        query = sparql_line(s)
+        assert query.count("<rep>") == 1
+        before, after = query.split("<rep>")
+        assert "<iri>" not in before, "earlier placeholders are resolved"
+        assert re.search(r"wd:Q\d+|wdt:P\d+", before) or before.startswith("SELECT ?x WHERE { ")
+        lines = alternative_lines(s)
+        assert len(lines) == 5 and lines[-1] == f"{s['identifiers'][-1]}. {NONE_TEXT}"
+        assert s["identifiers"] == list("ABCDE") and s["target"] == "A"  # exact label: the gold ranks first
+        shown_gold = re.search(r"\((\w+:\w+)\)", lines[0]).group(1)
+        assert shown_gold.split(":")[1] == s["iri"].rsplit("/", 1)[1]
+        # a property alternative is shown in the placeholder's variant
+        assert shown_gold.startswith("wdt:P") == ("(wdt)</rep>" in after or "(wdt)" in after.split("</rep>")[0])
+
+
+def test_augmentations_appear_at_their_rates(tiny):
+    indices, _, records = tiny
+    augment = gen_data.Augment(alias=0.3, vary_k=0.4, drop_infos=0.15, drop_gold=0.25, shuffle=0.5, min_k=2, max_k=6)
+    generator = gen_data.SampleGenerator(records, indices, augment, seed=0)
+    samples = [s for epoch in range(4) for s in generator.epoch(epoch)[0]]
+    skeletons = [s for s in samples if s["task"] == "skeleton"]
+    reranks = [s for s in samples if s["task"] == "rerank"]
+    assert len(reranks) == 1600
+
+    labels = {f"Alpha {c}" for c in CITIES} | {f"{r} relation" for r in RELATIONS}
+    names = [re.sub(r" \(wdt\)$", "", n) for s in skeletons for n in re.findall(r"<iri>(.*?)</iri>", s["target"])]
+    assert within(sum(n not in labels for n in names), len(names), 0.3), "alias rate"
+
+    dropped = [s for s in reranks if s["target"] == s["identifiers"][-1]]
+    assert within(len(dropped), len(reranks), 0.25), "drop-gold rate"
+    assert all(s["iri"] is None for s in dropped)
+
+    n_searched = [len(s["identifiers"]) - 1 + (s["iri"] is None) for s in reranks]  # k before the drop
+    assert set(n_searched) == {2, 3, 4, 5, 6}
+    assert within(sum(n < 6 for n in n_searched), len(reranks), 0.4 * 4 / 5), "vary-k rate (k=6 is drawn 1/5 of the time)"
+
+    with_infos = [any(re.match(r"\w\. .*\): ", line) for line in alternative_lines(s)) for s in reranks]
+    assert within(len(reranks) - sum(with_infos), len(reranks), 0.15), "drop-infos rate"
+
+    # the gold ranks first in the search; only shuffling moves it (to position A with chance 1/k)
+    kept = [s for s in reranks if s["iri"] is not None]
+    moved = sum(s["target"] != "A" for s in kept)
+    p_moved = [0.5 * (1 - 1 / (len(s["identifiers"]) - 1)) for s in kept]
+    expected, sigma = sum(p_moved), math.sqrt(sum(p * (1 - p) for p in p_moved))
+    assert abs(moved - expected) <= 4 * sigma, f"shuffle rate: {moved} moved, {expected:.0f} expected"
+
+
+def test_samples_are_a_function_of_seed_epoch_record(tiny):
+    indices, _, records = tiny
+    augment = gen_data.Augment(alias=0.5, vary_k=0.5, shuffle=0.5)
+    full = gen_data.SampleGenerator(records[:50], indices, augment, seed=3)
+    subset = gen_data.SampleGenerator(records[10:12], indices, augment, seed=3)
+    epoch0 = full.epoch(0)[0]
+    assert subset.epoch(0)[0] == [s for s in epoch0 if s["id"] in ("r10", "r11")]
+    assert full.epoch(0)[0] == epoch0, "reproducible"
+    assert full.epoch(1)[0] != epoch0, "fresh samples per epoch"
+    assert gen_data.SampleGenerator(records[:50], indices, augment, seed=4).epoch(0)[0] != epoch0
+
+
+def test_unknown_iri_is_skipped_and_counted(tiny):
+    indices, _, records = tiny
+    samples, stats = gen_data.SampleGenerator(records[-3:], indices, gen_data.Augment(), seed=0).epoch(0)
+    assert stats["skipped_unknown_iri"] == 1
+    assert {s["id"] for s in samples} == {records[-3]["id"], records[-2]["id"]}
+
+
+def test_validation_split_is_stable():
+    is_val = gen_data.validation_split(0.1, seed=0)
+    ids = [f"r{i}" for i in range(5000)]
+    held_out = [i for i in ids if is_val(i)]
+    assert within(len(held_out), 5000, 0.1)
+    assert held_out == [i for i in ids[::-1] if is_val(i)][::-1]
+
+
+def test_command_line_writes_epochs(tiny, tmp_path):
+    _, records_file, _ = tiny
+    out = tmp_path / "samples.jsonl"
+    run = subprocess.run([sys.executable, str(REPO / "gen_data.py"), "--data", str(records_file), "--epochs", "2",
+                          "--index", str(tiny[0].directory), "--out", str(out), "--model-dir", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    by_epoch = gen_data.read_samples(out)
+    assert sorted(by_epoch) == [0, 1] and len(by_epoch[0]) == 800
+    assert "skipped_unknown_iri 2" in run.stdout and gen_data.is_sample_file(str(out))
+
+
+@pytest.mark.parametrize("flags, message", [(["--data", "no/such.jsonl"], "no/such.jsonl"),
+                                            (["--epochs", "0"], "--epochs")])
+def test_command_line_bad_input(tmp_path, flags, message):
+    run = subprocess.run([sys.executable, str(REPO / "gen_data.py"), "--index", str(tmp_path), *flags],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_help():
+    run = subprocess.run([sys.executable, str(REPO / "gen_data.py"), "--help"], capture_output=True, text=True)
+    assert run.returncode == 0 and "--drop-gold" in run.stdout
