@@ -37,10 +37,9 @@ from pathlib import Path
 
 import benchmarks
 import defaults
-from prompts import IDENTIFIERS, Alternative, rerank_messages, skeleton_messages
+from prompts import IDENTIFIERS, rerank_messages, skeleton_messages, to_alternative
 from search import Indices, load_indices
-from skeleton import find_placeholders, skeletonize, split_variant, substitute, with_variant
-from sparql import compact
+from skeleton import find_placeholders, skeletonize, split_variant, substitute
 
 DATASETS = {"wwq": "wwq-train"}  # --data shorthands -> benchmarks.py names
 WIKIDATA_INDEX_DIR = defaults.GRISP_HOME / "indices" / "wikidata-items"  # built from the items file
@@ -152,20 +151,13 @@ class SampleGenerator:
         if not ids:  # only "None of the above" left: the restricted loss would be 0, nothing to learn
             stats["rerank_skipped_no_alternative"] += 1
             return None
-        alternatives = [alternative(items[iri], variant) for iri in ids]
+        alternatives = [to_alternative(items[iri], variant) for iri in ids]
         messages, identifiers = rerank_messages(question, marked, alternatives, show_infos)
         target = identifiers[ids.index(gold)] if gold in ids else identifiers[-1]
         stats["rerank"] += 1
         stats[f"rerank_alternatives_{len(ids):02d}"] += 1
         return {"task": "rerank", "messages": messages, "target": target, "identifiers": identifiers,
                 "iri": gold if gold in ids else None}
-
-
-def alternative(item, variant: str | None) -> Alternative:
-    """An index item as the re-ranker sees it; a property is shown in the placeholder's variant (wdt:P19)."""
-    shown = with_variant(item.id, variant) if variant else item.id
-    return Alternative(iri=item.id, shown_id=compact(shown), label=item.label, aliases=item.aliases,
-                       description=item.description)
 
 
 # ---------------------------------------------------------------------------- data, index, files
