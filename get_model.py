@@ -339,7 +339,8 @@ def main(args: argparse.Namespace) -> None:
     out_dir = Path(args.out).expanduser()
     print(f"get_model: out={out_dir} source={args.source} gguf={args.gguf} cache={args.cache_dir}")
     if (manifest := verify_dir(out_dir)) is not None:
-        print(f"{out_dir} is complete and verified (source: {manifest['source']}); nothing to do")
+        print(f"{out_dir} is complete and verified (source: {manifest['source']}); nothing to do "
+              f"(delete the directory to rebuild it)")
         return
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(args.cache_dir).expanduser()
