@@ -282,12 +282,6 @@ def _top_level_triples(tokens: list[Token], lo: int, hi: int) -> list[tuple[Span
     return triples
 
 
-def _query_parts(tokens: list[Token]) -> tuple[int, int, int]:
-    """(index of the query form keyword, of the WHERE group's `{`, of its `}`) of a SELECT/ASK/DESCRIBE."""
-    q, where = _where_start(tokens)
-    return q, where, _skip_group(tokens, where) - 1
-
-
 def _fresh(used: set[str], base: str) -> str:
     name = next(n for n in [base] + [f"{base}{k}" for k in range(2, len(used) + 3)] if n not in used)
     used.add(name)
@@ -310,7 +304,8 @@ def constraint_query(text: str, ph: Placeholder, limit: int = CONSTRAINT_LIMIT) 
     if at is None or tokens[at].text != ph.text:
         raise ValueError(f"{ph.text!r} is not at {ph.start}:{ph.end} of the text; use find_placeholders on it")
     try:
-        q, lo, hi = _query_parts(tokens)
+        q, lo = _where_start(tokens)
+        hi = _skip_group(tokens, lo) - 1  # the WHERE group is tokens[lo:hi + 1]
         triples = _top_level_triples(tokens, lo + 1, hi) if lo < at < hi else []
     except _Unsupported:
         return None
