@@ -26,7 +26,7 @@ from prompts import Alternative, rerank_messages, to_alternative
 from search import Hit, Indices
 from skeleton import (CONSTRAINT_LIMIT, Placeholder, constraint_query, find_placeholders, infer_position,
                       split_variant, substitute)
-from sparql import Result, SparqlClient, SparqlError
+from sparql import EndpointUnreachable, Result, SparqlClient, SparqlError
 
 # scores for `alternatives` + a final None alternative (higher is better)
 Reranker = Callable[[str, str, list[Alternative]], list[float]]
@@ -109,8 +109,10 @@ class Resolver:
                     # a property is bound in one variant (wdt:P57); the index knows its entity IRI
                     allowed = {split_variant(iri)[0] for iri in rows.iris()}
                 event |= {"constraint": query, "constraint_size": len(rows.rows)}
+            except EndpointUnreachable:
+                raise  # no endpoint at all: the user must fix that, searching on would hide it
             except SparqlError as e:  # an engine error only costs the constraint, not the search
-                event |= {"constraint": query, "constraint_error": str(e)}
+                event |= {"constraint": query, "constraint_error": f"{type(e).__name__}: {e}"}
             timings["constraint"] = timings.get("constraint", 0.0) + time.perf_counter() - start
 
         start = time.perf_counter()
@@ -150,6 +152,8 @@ class Resolver:
         try:
             result = self.client.query(sparql)
             ok, event = not result.is_empty, {"rows": len(result.rows), "boolean": result.boolean}
+        except EndpointUnreachable:
+            raise
         except SparqlError as e:
             result, ok, event = None, False, {"error": f"{type(e).__name__}: {e}"}
         timings["validate"] = timings.get("validate", 0.0) + time.perf_counter() - start

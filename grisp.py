@@ -1,0 +1,164 @@
+"""GRISP end to end: question -> skeletons (beam search) -> resolved, validated SPARQL (paper section 3).
+
+Stage 1 decodes skeletons with beam search over the fine-tuned model, drops duplicates and those that
+do not parse, and keeps the best `num_skeletons`. Stage 2 resolves them one after the other with the
+KG-guided depth-first search of resolve.py and returns the first that yields a valid query. Every
+mechanism is a switch in `Options`, matching the paper's ablations; infer.py and evaluate.py are thin
+command-line fronts over this class.
+
+    grisp = Grisp(model_dir, adapter_dir, index_dir, endpoint_url, Options())
+    answer = grisp.answer("Where was the Pulp Fiction director born?")
+    answer.sparql, answer.result, answer.trace
+"""
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+import lora
+from generate import beam_search
+from model import Tokenizer, Transformer, chat_prompt
+from prompts import skeleton_messages
+from resolve import ModelReranker, Resolver, Switches
+from search import load_indices
+from skeleton import find_placeholders, parses
+from sparql import Result, SparqlClient, with_prefixes
+
+
+class GrispError(Exception):
+    """A setup problem the user can fix (missing model, adapter or index); the message says how."""
+
+
+@dataclass
+class Options:
+    """Ablation switches and knobs (paper section 4 and Table 5; defaults = the paper's settings)."""
+
+    beam_search: bool = True  # off: one greedy skeleton
+    num_beams: int = 8
+    temperature: float = 0.4
+    top_p: float = 0.9
+    sample: bool = True  # sample the beams' continuations (off: deterministic beam search)
+    num_skeletons: int = 3
+    max_new_tokens: int = 160
+    rerank: bool = True
+    top_k: int = 10
+    constrained: bool = True
+    kg_guidance: bool = True  # constraints and final validation
+    backtracking: bool = True
+    time_budget: float = 60.0  # seconds per question for resolution (generation included)
+    seed: int = 0
+
+
+@dataclass
+class Answer:
+    question: str
+    sparql: str | None  # the final query with PREFIX lines, None if no skeleton resolved
+    result: Result | None
+    skeletons: list[tuple[str, float]]  # kept skeletons and their beam scores
+    trace: list[dict] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    backtracks: int = 0
+    error: str | None = None
+    failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "error"
+
+
+def pick_device(device: str) -> str:
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+
+
+class Grisp:
+    def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None, index_dir: str | Path,
+                 endpoint_url: str, options: Options, device: str = "auto"):
+        model_dir, index_dir = Path(model_dir).expanduser(), Path(index_dir).expanduser()
+        if not (model_dir / "config.json").exists():
+            raise GrispError(f"no base model at {model_dir}; run `python get_model.py` or pass --model-dir")
+        if adapter_dir is not None and not (Path(adapter_dir) / lora.CONFIG_NAME).exists():
+            raise GrispError(f"no adapter at {adapter_dir} ({lora.CONFIG_NAME} missing); train one with "
+                             f"train.py, or pass --adapter none to run the base model")
+        if not (index_dir / "manifest.json").exists():
+            raise GrispError(f"no search index at {index_dir}; build it with build_index.py or pass --index")
+        self.client = SparqlClient(endpoint_url)
+        if options.kg_guidance:  # fail fast, before loading the model: is the endpoint up?
+            self.client.query("ASK { }")
+        self.options, self.device = options, pick_device(device)
+        dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
+        self.tokenizer = Tokenizer(model_dir)
+        self.model = Transformer.from_pretrained(model_dir, dtype, self.device)
+        if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed
+            lora.load_adapter(self.model, adapter_dir)
+            lora.merge_lora(self.model)
+            lora.unload_lora(self.model)
+        self.model.prepare_for_inference()
+        self.indices = load_indices(index_dir)
+        switches = Switches(options.rerank, options.top_k, options.constrained, options.kg_guidance,
+                            options.backtracking)
+        reranker = ModelReranker(self.model, self.tokenizer) if options.rerank else None
+        self.resolver = Resolver(self.indices, self.client, reranker, switches)
+
+    def skeletons(self, question: str) -> tuple[list[tuple[str, float]], list[dict]]:
+        """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of all beams."""
+        o = self.options
+        prompt = self.tokenizer.encode(chat_prompt(skeleton_messages(question)))
+        generator = torch.Generator(device=self.device).manual_seed(o.seed)
+        hyps = beam_search(self.model, prompt, self.tokenizer.eos_ids, num_beams=o.num_beams if o.beam_search else 1,
+                           max_new_tokens=o.max_new_tokens, sample=o.sample and o.beam_search,
+                           temperature=o.temperature, top_p=o.top_p, generator=generator)
+        kept, trace, seen = [], [], set()
+        for h in hyps:
+            text = self.tokenizer.decode(h.tokens).strip()
+            verdict = ("unfinished" if not h.finished else "duplicate" if text in seen
+                       else "does not parse" if not parses(text) else "kept")
+            seen.add(text)
+            trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
+            if verdict == "kept" and len(kept) < (o.num_skeletons if o.beam_search else 1):
+                kept.append((text, h.score))
+        return kept, trace
+
+    def answer(self, question: str) -> Answer:
+        if not question.strip():
+            raise GrispError("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
+        start = time.perf_counter()
+        skeletons, trace = self.skeletons(question)
+        generation = time.perf_counter() - start
+        answer = self.answer_from_skeletons(question, skeletons, deadline=time.monotonic() + self.options.time_budget - generation)
+        answer.trace[:0] = trace
+        answer.timings["generate"] = generation
+        answer.timings["total"] = time.perf_counter() - start
+        return answer
+
+    def answer_from_skeletons(self, question: str, skeletons: list[str] | list[tuple[str, float]],
+                              deadline: float | None = None) -> Answer:
+        """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one): the first that
+        resolves to a valid query wins."""
+        start = time.perf_counter()
+        deadline = deadline if deadline is not None else time.monotonic() + self.options.time_budget
+        skeletons = [s if isinstance(s, tuple) else (s, 0.0) for s in skeletons]
+        answer = Answer(question, None, None, skeletons, failure="no_skeleton" if not skeletons else None)
+        for number, (skeleton, score) in enumerate(skeletons):
+            answer.trace.append({"event": "resolve", "skeleton": skeleton, "number": number,
+                                 "placeholders": len(find_placeholders(skeleton))})
+            resolution = self.resolver.resolve(question, skeleton, deadline)
+            answer.trace += resolution.trace
+            answer.backtracks += resolution.backtracks
+            for name, seconds in resolution.timings.items():
+                answer.timings[name] = answer.timings.get(name, 0.0) + seconds
+            answer.failure = resolution.failure
+            if resolution.sparql is not None:
+                answer.sparql, answer.result = with_prefixes(resolution.sparql), resolution.result
+                break
+            if resolution.failure == "timeout":
+                break
+        answer.timings["resolve"] = time.perf_counter() - start
+        return answer
+
+
+def answer_to_json(answer: Answer) -> dict:
+    """Everything of an Answer as plain JSON (the result in SPARQL JSON results form)."""
+    data = asdict(answer)
+    if answer.result is not None:
+        data["result"] = {"variables": answer.result.variables, "rows": answer.result.rows,
+                          "boolean": answer.result.boolean}
+    return data

@@ -1,0 +1,149 @@
+"""Answer a question with GRISP: skeletons by beam search, KG-guided placeholder resolution, SPARQL.
+
+Reads the base model, a LoRA adapter (PEFT layout), a search index and a SPARQL endpoint; prints the
+final query, the answer table with labels and a readable trace of every step (paper section 3).
+Defaults are the embedded offline setup (see README: base model from get_model.py, the demo KG served
+by endpoint.py, its index from build_index.py, the shipped adapter).
+
+    python infer.py "Where was the Pulp Fiction director born?"
+    python infer.py "Who directed Pulp Fiction?" --no-rerank --json answer.json
+    python infer.py "..." --endpoint https://qlever.cs.uni-freiburg.de/api/wikidata --index ~/.cache/grisp/indices/wikidata-items
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+import defaults
+from grisp import Answer, Grisp, GrispError, Options, answer_to_json
+from sparql import SparqlError, compact
+
+
+def describe(event: dict) -> str:
+    """One trace event as a line (or a few) of text."""
+    kind = event["event"]
+    if kind == "skeleton":
+        return f"  skeleton {event['score']:8.3f} [{event['verdict']}] {event['skeleton']}"
+    if kind == "resolve":
+        return f"resolving skeleton {event['number'] + 1} ({event['placeholders']} placeholders): {event['skeleton']}"
+    if kind == "placeholder":
+        lines = [f"  {event['placeholder']}: {event['position']} -> {event['kind']} search"]
+        if "constraint_size" in event:
+            lines.append(f"    constrained to {event['constraint_size']} IRIs by: {event['constraint']}")
+        elif "constraint_error" in event:
+            lines.append(f"    constraint failed ({event['constraint_error']}); searching unconstrained")
+        ranked = event.get("reranked") or [(iri, score) for iri, _, score in event["hits"]]
+        labels = {iri: label for iri, label, _ in event["hits"]}
+        shown = [f"{compact(iri) if iri else 'None'} {labels.get(iri, '')!r} {score}" for iri, score in ranked]
+        lines.append(f"    {'re-ranked' if 'reranked' in event else 'hits'}: " + ("; ".join(shown) or "none"))
+        return "\n".join(lines)
+    if kind == "choose":
+        return f"    -> {compact(event['iri'])} ({event['label']})"
+    if kind == "backtrack":
+        return f"  backtrack to {event['to']} ({event['left']} alternatives left)"
+    if kind == "validate":
+        outcome = "ok" if event["ok"] else "rejected"
+        detail = event.get("error") or (f"boolean {event['boolean']}" if event.get("boolean") is not None
+                                        else f"{event['rows']} rows")
+        return f"  validate: {outcome} ({detail})"
+    return f"  {kind}"
+
+
+def answer_table(grisp: Grisp, answer: Answer, limit: int = 20) -> str:
+    """The result rows with labels for IRIs the index knows."""
+    result = answer.result
+    if result is None:
+        return "(not executed: KG guidance is off)"
+    if result.boolean is not None:
+        return f"ASK: {'yes' if result.boolean else 'no'}"
+
+    def show(term: dict) -> str:
+        if term["type"] != "uri":
+            return term["value"]
+        try:
+            return f"{grisp.indices.item(term['value']).label} ({compact(term['value'])})"
+        except KeyError:
+            return compact(term["value"])
+
+    lines = [" | ".join(f"?{v}" for v in result.variables)]
+    lines += [" | ".join(show(row[v]) if v in row else "" for v in result.variables) for row in result.rows[:limit]]
+    if len(result.rows) > limit:
+        lines.append(f"... {len(result.rows) - limit} more rows")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    # --- setup
+    if not args.question.strip():
+        print('error: the question is empty; e.g. python infer.py "Who directed Pulp Fiction?"', file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = Options(beam_search=not args.no_beam_search, num_beams=args.num_beams, temperature=args.temperature,
+                      top_p=args.top_p, sample=not args.deterministic, num_skeletons=args.num_skeletons,
+                      rerank=not args.no_rerank, top_k=args.top_k, constrained=not args.no_constrained,
+                      kg_guidance=not args.no_kg_guidance, backtracking=not args.no_backtracking,
+                      time_budget=args.time_budget, seed=args.seed)
+    adapter = None if args.adapter.lower() == "none" else args.adapter
+    start = time.perf_counter()
+    try:
+        grisp = Grisp(args.model_dir, adapter, args.index, args.endpoint, options, args.device)
+        loaded = time.perf_counter() - start
+        answer = grisp.answer(args.question)
+    except (GrispError, SparqlError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    # --- report
+    if not args.quiet:
+        print("\n".join(describe(e) for e in answer.trace))
+        timings = ", ".join(f"{k} {v:.2f}s" for k, v in answer.timings.items())
+        print(f"timings: load {loaded:.2f}s, {timings}; backtracks {answer.backtracks}\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(answer_to_json(answer) | {"options": vars(args)}, f, indent=2)
+    if answer.sparql is None:
+        reason = {"no_skeleton": "the model produced no skeleton that parses",
+                  "dead_end": "no skeleton resolved to a query with a non-empty result",
+                  "timeout": f"the time budget of {options.time_budget:.0f} s ran out"}.get(answer.failure, answer.failure)
+        print(f"no answer: {reason}", file=sys.stderr)
+        return 1
+    print(answer.sparql)
+    print()
+    print(answer_table(grisp, answer))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("question", help="the natural-language question")
+    # model, index and knowledge graph
+    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (get_model.py)")
+    parser.add_argument("--adapter", default=str(defaults.ADAPTER_DIR),
+                        help="LoRA adapter directory (PEFT layout), or 'none' for the base model")
+    parser.add_argument("--index", default=str(defaults.DEMO_INDEX_DIR), help="search index directory (build_index.py)")
+    parser.add_argument("--endpoint", default=defaults.ENDPOINT_URL, help="SPARQL endpoint URL")
+    # skeleton generation
+    parser.add_argument("--no-beam-search", action="store_true", help="one greedy skeleton instead of beam search")
+    parser.add_argument("--num-beams", type=int, default=8, help="beam width")
+    parser.add_argument("--num-skeletons", type=int, default=3, help="skeletons kept for resolution")
+    parser.add_argument("--temperature", type=float, default=0.4, help="sampling temperature of the beams")
+    parser.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling threshold of the beams")
+    parser.add_argument("--deterministic", action="store_true", help="plain beam search, no sampling")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the beam sampling")
+    # placeholder resolution (the paper's ablations)
+    parser.add_argument("--top-k", type=int, default=10, help="search hits re-ranked per placeholder")
+    parser.add_argument("--no-rerank", action="store_true", help="take the index order, no model re-ranking")
+    parser.add_argument("--no-constrained", action="store_true", help="search without KG constraints")
+    parser.add_argument("--no-kg-guidance", action="store_true", help="no constraints and no final validation")
+    parser.add_argument("--no-backtracking", action="store_true", help="a dead end fails the skeleton")
+    parser.add_argument("--time-budget", type=float, default=60.0, help="seconds per question")
+    # output and runtime
+    parser.add_argument("--json", help="write the answer, trace and timings to this JSON file")
+    parser.add_argument("--quiet", action="store_true", help="print only the query and the answers")
+    parser.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda, ...")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    sys.exit(main(parser.parse_args()))

@@ -1,0 +1,111 @@
+"""infer.py and grisp.py: the command line, clear errors on bad input, and the pipeline on a tiny model."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import defaults
+import lora
+from grisp import Grisp, GrispError, Options
+from model import Transformer
+from sparql import EndpointUnreachable, SparqlClient
+from tests.tiny import make_model_dir
+
+torch.set_num_threads(1)
+
+
+def run_infer(*args):
+    return subprocess.run([sys.executable, str(defaults.REPO_DIR / "infer.py"), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def demo_index(demo_endpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo-index")
+    subprocess.run([sys.executable, str(defaults.REPO_DIR / "build_index.py"), "--endpoint", demo_endpoint,
+                    "--out", str(out), "--embed", "none"], check=True, capture_output=True)
+    return out
+
+
+def test_help_explains_every_flag():
+    out = run_infer("--help")
+    assert out.returncode == 0
+    for flag in ("--no-rerank", "--no-constrained", "--no-kg-guidance", "--no-backtracking", "--no-beam-search",
+                 "--top-k", "--num-beams", "--num-skeletons", "--time-budget", "--json", "--adapter", "--endpoint"):
+        assert flag in out.stdout
+
+
+def test_empty_question_is_a_clear_error():
+    out = run_infer("   ")
+    assert out.returncode == 2 and "question is empty" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    out = run_infer("who directed pulp fiction?", "--model-dir", str(tmp_path / "nothing"))
+    assert out.returncode == 2 and "get_model.py" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_adapter_and_index_are_clear_errors(tiny_model, tmp_path):
+    out = run_infer("q?", "--model-dir", str(tiny_model), "--adapter", str(tmp_path / "no-adapter"))
+    assert out.returncode == 2 and "no adapter" in out.stderr and "Traceback" not in out.stderr
+    out = run_infer("q?", "--model-dir", str(tiny_model), "--adapter", "none", "--index", str(tmp_path / "no-index"))
+    assert out.returncode == 2 and "build_index.py" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unreachable_endpoint_is_a_clear_error(tiny_model, demo_index):
+    out = run_infer("who directed pulp fiction?", "--model-dir", str(tiny_model), "--adapter", "none",
+                    "--index", str(demo_index), "--endpoint", "http://127.0.0.1:9/query")
+    assert out.returncode == 2 and "cannot connect to http://127.0.0.1:9/query" in out.stderr
+    assert "endpoint.py start" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_endpoint_lost_during_resolution_raises(tiny_model, demo_index, demo_endpoint):
+    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3))
+    grisp.resolver.client = SparqlClient("http://127.0.0.1:9/query", retries=0)
+    with pytest.raises(EndpointUnreachable):
+        grisp.answer_from_skeletons("q", ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }"])
+
+
+def test_garbage_model_gives_no_skeleton_and_exit_1(tiny_model, demo_index, demo_endpoint, tmp_path):
+    out = run_infer("who directed pulp fiction?", "--model-dir", str(tiny_model), "--adapter", "none",
+                    "--index", str(demo_index), "--endpoint", demo_endpoint, "--num-beams", "2",
+                    "--json", str(tmp_path / "a.json"))
+    assert out.returncode == 1 and "no skeleton that parses" in out.stderr and "Traceback" not in out.stderr
+    saved = json.loads((tmp_path / "a.json").read_text())
+    assert saved["failure"] == "no_skeleton" and saved["sparql"] is None
+    assert [e["event"] for e in saved["trace"]] == ["skeleton"] * len(saved["trace"]) and saved["trace"]
+
+
+def test_oracle_skeletons_move_on_to_the_next_skeleton(tiny_model, demo_index, demo_endpoint):
+    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(rerank=False, top_k=5))
+    dead = "SELECT ?x WHERE { <iri>zzzz qqqq</iri> <iri>director (wdt)</iri> ?x . }"
+    good = "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }"
+    answer = grisp.answer_from_skeletons("who directed pulp fiction?", [dead, good])
+    resolves = [e for e in answer.trace if e["event"] == "resolve"]
+    assert [e["number"] for e in resolves] == [0, 1]
+    assert answer.sparql is not None and answer.sparql.endswith("SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x . }")
+    assert "PREFIX wd: <http://www.wikidata.org/entity/>" in answer.sparql
+    assert {r["x"]["value"] for r in answer.result.rows} == {"http://www.wikidata.org/entity/Q3772"}
+
+
+def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint, tmp_path):
+    model = Transformer.from_pretrained(tiny_model)
+    lora.inject_lora(model, r=4, alpha=8)
+    for layer in lora.lora_layers(model).values():
+        torch.nn.init.normal_(layer.lora_B, std=0.5)
+    lora.save_adapter(model, tmp_path / "adapter")
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        expected = model(tokens)
+    grisp = Grisp(tiny_model, tmp_path / "adapter", demo_index, demo_endpoint, Options())
+    with torch.no_grad():
+        assert torch.allclose(grisp.model(tokens), expected, atol=1e-4)
+    with pytest.raises(GrispError, match="no adapter"):
+        Grisp(tiny_model, tmp_path / "missing", demo_index, demo_endpoint, Options())
