@@ -378,3 +378,23 @@ def test_save_refuses_what_a_peft_config_cannot_describe(model_dir, tmp_path):
         lora.save_adapter(model, tmp_path)
     with pytest.raises(ValueError, match="float dtype"):
         lora.save_adapter(model, tmp_path, dtype=torch.int8)
+
+
+# --- the real base model (slow)
+
+
+@pytest.mark.slow
+def test_real_model_adapter_round_trips_with_peft(tmp_path):
+    import defaults
+    if not (defaults.MODEL_DIR / "config.json").exists():
+        pytest.skip(f"no base model at {defaults.MODEL_DIR}; run get_model.py first")
+    model = Transformer.from_pretrained(defaults.MODEL_DIR)
+    assert len(lora.inject_lora(model, r=32, alpha=32, layers=lora.last_layers(model, 8))) == 7 * 8
+    randomize_b(model)
+    ids = torch.randint(0, 1000, (1, 16))
+    ours = logits(model, ids)
+    lora.save_adapter(model, tmp_path, base_model_name_or_path=str(defaults.MODEL_DIR))
+    del model
+    peft_model = peft.PeftModel.from_pretrained(hf_model(defaults.MODEL_DIR), tmp_path).eval()
+    torch.testing.assert_close(logits(peft_model, ids), ours, atol=1e-3, rtol=0)  # our forward vs transformers
+    assert (logits(peft_model, ids).argmax(-1) == ours.argmax(-1)).all()
