@@ -45,7 +45,10 @@ class Alternative:
 
 def to_alternative(item, variant: str | None = None) -> Alternative:
     """A search.Item as the re-ranker sees it; a property is shown in the placeholder's variant (wdt:P19)."""
-    shown = with_variant(item.id, variant) if variant else item.id
+    try:
+        shown = with_variant(item.id, variant) if variant else item.id
+    except ValueError:  # the item is no Wikidata property (an entity, or another KG): show it as is
+        shown = item.id
     return Alternative(iri=item.id, shown_id=compact(shown), label=item.label, aliases=list(item.aliases),
                        description=item.description)
 
