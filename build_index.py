@@ -29,6 +29,8 @@ import shutil
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import unquote
@@ -39,7 +41,8 @@ from tqdm import tqdm
 import defaults
 from indices import EmbeddingIndex, PrefixIndex
 from search import KINDS, ItemStore
-from sparql import PREFIXES, SparqlClient, SparqlError
+from skeleton import split_variant
+from sparql import SparqlClient, SparqlError
 
 WD_ENTITY = "http://www.wikidata.org/entity/"
 WIKIDATA_ID = re.compile(r"[QP]\d+")
@@ -113,14 +116,6 @@ def local_name(iri: str) -> str:
     return re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name) or iri
 
 
-def canonical_property(iri: str, variant_namespaces: list[str]) -> str | None:
-    """wdt:P19, p:P19, ps:P19, pq:P19, ... -> wd:P19 (as full IRIs); None for non-Wikidata IRIs."""
-    for namespace in variant_namespaces:
-        if iri.startswith(namespace) and re.fullmatch(r"P\d+", iri[len(namespace) :]):
-            return WD_ENTITY + iri[len(namespace) :]
-    return iri if iri.startswith(WD_ENTITY + "P") else None
-
-
 def items_from_endpoint(url: str, schema: str, lang: str, page_size: int) -> dict[str, list[dict]]:
     """Items of both kinds from a SPARQL endpoint, as {"entity": [...], "property": [...]}."""
     client = SparqlClient(url, read_timeout_s=600)
@@ -138,26 +133,9 @@ def items_from_endpoint(url: str, schema: str, lang: str, page_size: int) -> dic
     # --- which IRIs are properties and entities, and how popular they are
     usage, popularity = defaultdict(float), {}
     if schema == "wikidata":
-        variants = [
-            PREFIXES[p]
-            for p in (
-                "wdt",
-                "p",
-                "ps",
-                "pq",
-                "psv",
-                "pqv",
-                "pr",
-                "prv",
-                "wdtn",
-                "psn",
-                "pqn",
-                "prn",
-                "wdno",
-            )
-        ]
-        for iri, term in pairs["usage"]:
-            if (canonical := canonical_property(iri, variants)) is not None:
+        for iri, term in pairs["usage"]:  # wdt:P19, p:P19, ps:P19, pq:P19 ... all count for wd:P19
+            canonical, _ = split_variant(iri)
+            if canonical.startswith(WD_ENTITY + "P"):
                 usage[canonical] += float(term["value"])
         for iri in texts["labels"]:  # properties that are described but never used
             if iri.startswith(WD_ENTITY + "P"):
@@ -197,20 +175,31 @@ def items_from_endpoint(url: str, schema: str, lang: str, page_size: int) -> dic
 # ---------------------------------------------------------------------------- building parts
 
 
-def build_part(directory: Path, settings: dict, force: bool, build) -> bool:
-    """Run `build(tmp_dir)` unless `directory` was built with the same settings; returns True if built."""
+def is_built(directory: Path, settings: dict, force: bool) -> bool:
+    """True if `directory` is a finished part built with `settings` (and no --force)."""
     stamp = directory / "build.json"
-    if not force and stamp.exists() and json.loads(stamp.read_text()) == settings:
+    done = not force and stamp.exists() and json.loads(stamp.read_text()) == settings
+    if done:
         print(f"reusing {directory}")
-        return False
+    return done
+
+
+@contextmanager
+def new_part(directory: Path, settings: dict):
+    """Yield a temporary directory to build into; it becomes `directory` only when complete."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    build(tmp)
+    yield tmp
     (tmp / "build.json").write_text(json.dumps(settings, indent=2))
     shutil.rmtree(directory, ignore_errors=True)
-    tmp.rename(directory)  # a part appears only when complete
-    return True
+    tmp.rename(directory)
+
+
+def item_names(store: ItemStore, kind: str) -> Iterator[list[str]]:
+    """The names of every stored item, label first, with a progress bar."""
+    for item in tqdm(store, desc=f"{kind} names", total=len(store), leave=False):
+        yield [item.label] + item.aliases
 
 
 def versions() -> dict:
@@ -226,57 +215,55 @@ def main(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"error: items file {args.items} does not exist; pass an items JSONL (see --help)"
         )
-    source = (
-        {"items": str(Path(args.items).resolve())}
-        if args.items
-        else {"endpoint": args.endpoint, "schema": args.schema, "lang": args.lang}
-    )
+    if args.items:  # size and time stamp: an edited file is read again
+        stat = Path(args.items).stat()
+        source = {
+            "items": str(Path(args.items).resolve()),
+            "bytes": stat.st_size,
+            "mtime": stat.st_mtime,
+        }
+    else:
+        source = {"endpoint": args.endpoint, "schema": args.schema, "lang": args.lang}
     config = {"source": source, "out": str(out), "encoder": args.encoder, "embed": args.embed}
     print(json.dumps(config, indent=2))
     started = time.time()
 
-    # --- items: from the JSONL file (streamed, one pass per kind) or from the endpoint (paged)
-    endpoint_items = {}
+    # --- items: from the JSONL file (streamed, one pass per kind) or from the endpoint (paged, once)
+    endpoint_items = None
     for kind, sub in KINDS.items():
+        if is_built(out / sub / "items", source, args.force):
+            continue
+        if args.items:
+            items = items_from_jsonl(Path(args.items), kind)
+        else:
+            endpoint_items = endpoint_items or items_from_endpoint(
+                args.endpoint, args.schema, args.lang, args.page_size
+            )
+            items = endpoint_items[kind]
+        with new_part(out / sub / "items", source) as tmp:
+            ItemStore.write(tmp, items)
 
-        def write_items(tmp: Path, kind=kind) -> None:
-            if args.items:
-                ItemStore.write(tmp, items_from_jsonl(Path(args.items), kind))
-            else:
-                if not endpoint_items:
-                    endpoint_items.update(
-                        items_from_endpoint(args.endpoint, args.schema, args.lang, args.page_size)
-                    )
-                ItemStore.write(tmp, endpoint_items[kind])
-
-        build_part(out / sub / "items", source, args.force, write_items)
-
-    # --- indices over the stored items
-    counts = {}
+    # --- indices over the stored items: prefix for both kinds, embedding as chosen by --embed
+    counts, encoder = {}, None
     for kind, sub in KINDS.items():
         store = ItemStore(out / sub / "items")
         counts[kind] = len(store)
-        names = lambda: (
-            [item.label] + item.aliases
-            for item in tqdm(store, desc=f"{kind} names", total=len(store), leave=False)
-        )
-        build_part(
-            out / sub / "prefix",
-            source,
-            args.force,
-            lambda tmp: PrefixIndex.build(names(), store.popularity).save(tmp),
-        )
-        if args.embed == "all" or (args.embed == "properties" and kind == "property"):
-            from encoder import load_encoder
+        if not is_built(out / sub / "prefix", source, args.force):
+            with new_part(out / sub / "prefix", source) as tmp:
+                PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
+        settings = source | {"encoder": args.encoder}
+        wanted = args.embed == "all" or (args.embed == "properties" and kind == "property")
+        if wanted and not is_built(out / sub / "embedding", settings, args.force):
+            from encoder import load_encoder  # torch only when embedding
 
-            encoder = load_encoder(args.encoder)
-            progress = lambda batches: tqdm(batches, desc=f"embed {kind} names", unit=" batches")
-            build = lambda tmp: EmbeddingIndex.build(
-                names(), store.popularity, encoder, args.encoder, progress=progress
-            ).save(tmp)
-            build_part(
-                out / sub / "embedding", source | {"encoder": args.encoder}, args.force, build
-            )
+            encoder = encoder or load_encoder(args.encoder)
+            bar = partial(tqdm, desc=f"embed {kind} names", unit=" batches")
+            with new_part(out / sub / "embedding", settings) as tmp:
+                names = item_names(store, kind)
+                index = EmbeddingIndex.build(
+                    names, store.popularity, encoder, args.encoder, progress=bar
+                )
+                index.save(tmp)
 
     # --- manifest
     manifest = {

@@ -45,17 +45,22 @@ def make_tsv(path: Path, n_names: int, seed: int) -> int:
     rng.shuffle(weights)
     weights /= weights.sum()
 
-    def name() -> str:
-        picked = rng.choice(len(words), rng.integers(1, 5), p=weights)
-        return " ".join(words[i] for i in picked).capitalize()
-
+    # all names at once: 1-4 Zipf-drawn words each (drawing per name would redo the cumsum of p)
     n_items = round(n_names / 1.1)
+    n_all = n_names  # labels first, then the aliases of the most popular items
+    lengths = rng.integers(1, 5, n_all)
+    picked = rng.choice(len(words), lengths.sum(), p=weights)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    names = [
+        " ".join(words[j] for j in picked[bounds[i] : bounds[i + 1]]).capitalize()
+        for i in range(n_all)
+    ]
     popularity = np.sort(rng.zipf(1.5, n_items).clip(max=10**6))[::-1]
     with open(path, "w", encoding="utf-8") as f:
         f.write("name\tscore\tsynonyms\tinfo\n")
         for i in range(n_items):
-            aliases = name() if i < n_names - n_items else ""
-            f.write(f"{name()}\t{popularity[i]}\t{aliases}\t\n")
+            alias = names[n_items + i] if n_items + i < n_all else ""
+            f.write(f"{names[i]}\t{popularity[i]}\t{alias}\t\n")
     return len(words)
 
 

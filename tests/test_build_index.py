@@ -87,7 +87,7 @@ def test_build_from_items_jsonl_and_reuse(tmp_path):
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"] == {"entity": 3, "property": 1}
-    assert manifest["source"] == {"items": str(items.resolve())} and "numpy" in manifest["versions"]
+    assert manifest["source"]["items"] == str(items.resolve()) and "numpy" in manifest["versions"]
 
     indices = load_indices(out)
     hits = indices.search("entity", "douglas", k=5)
@@ -104,6 +104,10 @@ def test_build_from_items_jsonl_and_reuse(tmp_path):
     assert again.returncode == 0 and again.stdout.count("reusing") == 4  # items + prefix, 2 kinds
     forced = run("--items", str(items), "--out", str(out), "--embed", "none", "--force")
     assert forced.returncode == 0 and "reusing" not in forced.stdout
+    items.write_text(items.read_text().replace("Douglas fir", "Douglas spruce"))  # edited source
+    edited = run("--items", str(items), "--out", str(out), "--embed", "none")
+    assert edited.returncode == 0 and "reusing" not in edited.stdout
+    assert load_indices(out).item(WD + "Q2").label == "Douglas spruce"
 
 
 def test_build_from_wikidata_endpoint(oxigraph_server, tmp_path):
