@@ -1,0 +1,97 @@
+"""Checkpoints that let a training run continue exactly where it stopped (train.py).
+
+A checkpoint directory `checkpoint-<step>/` holds the LoRA weights (float32, our parameter names),
+the AdamW state (tensors as safetensors, hyperparameters as JSON: no pickle), every process's RNG
+states (dropout), the training state (step, epoch, position in the epoch, early-stopping counters)
+and the resolved config. It is written under a temporary name and renamed, and the file `latest`
+is replaced atomically, so an interrupted save never leaves a half checkpoint behind. StopFlag
+turns SIGINT/SIGTERM into "checkpoint after this step and exit".
+"""
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+
+import lora
+
+
+def save(run_dir: Path, model, optimizer, state: dict, config: dict, rank: int, world: int) -> Path:
+    """Write checkpoint-<step>/ under a temporary name and rename it, then point `latest` at it."""
+    final = run_dir / f"checkpoint-{state['step']:07d}"
+    tmp = final.with_suffix(".tmp")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    if world > 1:
+        dist.barrier()
+    rng = {"cpu": torch.get_rng_state()} | ({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})
+    save_file(rng, tmp / f"rng-rank{rank}.safetensors")  # every rank draws its own dropout masks
+    if world > 1:
+        dist.barrier()
+    if rank == 0:
+        save_file({n: p.detach().cpu().contiguous() for n, p in lora.lora_state_dict(unwrap(model)).items()},
+                  tmp / "lora.safetensors")  # our parameter names, float32: resuming is exact
+        opt = optimizer.state_dict()  # tensors to safetensors, the rest to JSON: no pickle
+        save_file({f"{i}.{k}": v.detach().cpu().contiguous() for i, s in opt["state"].items() for k, v in s.items()},
+                  tmp / "optimizer.safetensors")
+        (tmp / "optimizer.json").write_text(json.dumps(opt["param_groups"]))
+        (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        (tmp / "config.json").write_text(json.dumps(config, indent=1))
+        if final.exists():  # saved again at the same step (e.g. after a final validation)
+            final.rename(final.with_suffix(".old"))
+        tmp.rename(final)
+        shutil.rmtree(final.with_suffix(".old"), ignore_errors=True)
+        (run_dir / "latest.tmp").write_text(final.name)
+        os.replace(run_dir / "latest.tmp", run_dir / "latest")
+        old = sorted(run_dir.glob("checkpoint-*[0-9]"))[: -config["keep_checkpoints"]]
+        for path in old:
+            shutil.rmtree(path)
+    if world > 1:
+        dist.barrier()
+    return final
+
+
+def load(path: Path, model, optimizer, rank: int, device: torch.device) -> dict:
+    """Restore LoRA weights, optimiser and this rank's RNG states; returns the saved training state."""
+    lora.load_lora_state_dict(unwrap(model), load_file(path / "lora.safetensors"))
+    groups = json.loads((path / "optimizer.json").read_text())
+    for group in groups:
+        group["betas"] = tuple(group["betas"])
+    tensors = load_file(path / "optimizer.safetensors", device=str(device))
+    per_param = {}
+    for key, value in tensors.items():
+        index, name = key.split(".", 1)
+        per_param.setdefault(int(index), {})[name] = value.cpu() if name == "step" else value
+    optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+    rng = load_file(path / f"rng-rank{rank}.safetensors")
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"])
+    return json.loads((path / "state.json").read_text())
+
+
+def unwrap(model):
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM while active (a context manager that restores the old handlers); the
+    loop then checkpoints and exits after the current step."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self.previous[sig] = signal.signal(sig, self.request)
+        return self
+
+    def request(self, *_):
+        self.requested = True
+
+    def __exit__(self, *_):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

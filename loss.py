@@ -1,0 +1,83 @@
+"""GRISP's training objective: from a sample to its loss (paper section 3, "Training Data").
+
+The model is trained jointly on two tasks with one loss per sample:
+- skeleton: next-token cross-entropy on the answer tokens (the skeleton and <|im_end|>), averaged
+  over them;
+- re-ranking: cross-entropy restricted to the logits of the identifier tokens present in the prompt
+  (A, B, ..., and the one of "None of the above"), read at the first answer position.
+Logits are computed only at these loss positions (model.forward's `logits_at`), which saves the
+large lm_head matmul everywhere else. Used by train.py; tested in tests/test_train.py.
+
+    encoded = [encode(sample, tokenizer) for sample in samples]   # gen_data.py samples
+    losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id))  # [B], [B]
+"""
+import torch
+import torch.nn.functional as F
+
+from model import Tokenizer, chat_prompt
+
+
+def encode(sample: dict, tokenizer: Tokenizer) -> dict:
+    """Token ids of one sample and what its loss reads: the answer ids (skeleton) or the identifier
+    ids with the index of the target among them (re-ranking; the ids end with the prompt)."""
+    prompt = tokenizer.encode(chat_prompt(sample["messages"], add_generation_prompt=True))
+    if sample["task"] == "skeleton":
+        answer = tokenizer.encode(sample["target"]) + [tokenizer.im_end_id]
+        return {"ids": prompt + answer, "n_prompt": len(prompt), "choices": [], "target": -1}
+    choices = [tokenizer.encode(identifier) for identifier in sample["identifiers"]]
+    assert all(len(c) == 1 for c in choices), f"identifiers {sample['identifiers']} are not single tokens"
+    return {"ids": prompt, "n_prompt": len(prompt), "choices": [c[0] for c in choices],
+            "target": sample["identifiers"].index(sample["target"])}
+
+
+def collate(batch: list[dict], pad_id: int) -> dict:
+    """Right-padded tokens [B, T] and, per loss position (row-major, as model.forward's bool
+    logits_at returns them): the label id, the owning row, the weight 1/answer-length, and for
+    re-ranking rows the identifier ids [N, K] (-1 = padding) and the target column."""
+    T = max(len(s["ids"]) for s in batch)
+    tokens = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    at = torch.zeros(len(batch), T, dtype=torch.bool)
+    K = max([len(s["choices"]) for s in batch] + [1])
+    labels, rows, weights, choices, targets = [], [], [], [], []
+    for b, s in enumerate(batch):
+        n, P = len(s["ids"]), s["n_prompt"]
+        tokens[b, :n] = torch.tensor(s["ids"])
+        if s["choices"]:  # re-ranking: one position, the last prompt token predicts the identifier
+            positions, row_labels = [P - 1], [-1]
+        else:  # skeleton: position t predicts token t + 1 for every answer token
+            positions, row_labels = list(range(P - 1, n - 1)), s["ids"][P:]
+        at[b, positions] = True
+        labels += row_labels
+        rows += [b] * len(positions)
+        weights += [1.0 / len(positions)] * len(positions)
+        choices += [s["choices"] + [-1] * (K - len(s["choices"]))] * len(positions)
+        targets += [s["target"]] * len(positions)
+    return {"tokens": tokens, "at": at, "labels": torch.tensor(labels), "rows": torch.tensor(rows),
+            "weights": torch.tensor(weights), "choices": torch.tensor(choices), "targets": torch.tensor(targets)}
+
+
+def restricted_cross_entropy(logits: torch.Tensor, choices: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over only the identifier tokens present: logits [N, V], choices [N, K] token ids
+    (-1 = absent), targets [N] column in `choices`. Returns [N]."""
+    restricted = logits.gather(1, choices.clamp(min=0))  # [N, K]
+    restricted = restricted.masked_fill(choices < 0, float("-inf"))
+    return F.cross_entropy(restricted.float(), targets, reduction="none")
+
+
+def sample_losses(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Loss per sample [B] (mean over a skeleton's answer tokens; one restricted CE per re-ranking
+    sample) and whether each re-ranking sample ranks its target first [B] (skeletons: False)."""
+    device = batch["tokens"].device
+    logits = model(batch["tokens"], logits_at=batch["at"])  # [N, V], only the loss positions
+    rerank = batch["labels"] < 0  # [N]
+    losses = torch.zeros(batch["tokens"].shape[0], device=device)
+    correct = torch.zeros_like(losses, dtype=torch.bool)
+    if (~rerank).any():
+        token_loss = F.cross_entropy(logits[~rerank].float(), batch["labels"][~rerank], reduction="none")
+        losses = losses.index_add(0, batch["rows"][~rerank], token_loss * batch["weights"][~rerank])
+    if rerank.any():
+        choices, targets = batch["choices"][rerank], batch["targets"][rerank]
+        losses = losses.index_add(0, batch["rows"][rerank], restricted_cross_entropy(logits[rerank], choices, targets))
+        best = logits[rerank].gather(1, choices.clamp(min=0)).masked_fill(choices < 0, float("-inf")).argmax(-1)
+        correct[batch["rows"][rerank]] = best == targets
+    return losses, correct

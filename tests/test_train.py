@@ -1,0 +1,187 @@
+"""train.py, loss.py and checkpoint.py on a tiny random Qwen2: the losses against hand computations
+and full logits, overfitting a handful of samples, exact resumption after an interruption, batching,
+the schedule, and the command line."""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import checkpoint
+import loss
+import train
+from model import Tokenizer, Transformer
+from prompts import Alternative, rerank_messages, skeleton_messages
+from tests.tiny import make_model_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return make_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+def make_samples(n: int, epoch: int = 0, prefix: str = "r") -> list[dict]:
+    """n records' worth of samples: a short skeleton and a 2-4 alternative re-ranking prompt each."""
+    samples = []
+    for i in range(n):
+        alternatives = [Alternative(f"http://x/Q{j}", f"wd:Q{j}", f"Paris {j}") for j in range(2 + (i + epoch) % 3)]
+        messages, identifiers = rerank_messages(f"Where {i}?", "SELECT ?x WHERE { <rep>Paris</rep> ?p ?x }", alternatives)
+        samples += [{"id": f"{prefix}{i}", "epoch": epoch, "task": "skeleton", "messages": skeleton_messages(f"What {i}?"),
+                     "target": f"SELECT ?x WHERE {{ wd:Q{i + epoch} wdt:P19 ?x . }}"},
+                    {"id": f"{prefix}{i}", "epoch": epoch, "task": "rerank", "messages": messages,
+                     "target": identifiers[(i + epoch) % len(identifiers)], "identifiers": identifiers}]
+    return samples
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def train_args(model_dir: Path, tmp_path: Path, samples: Path, *extra: str):
+    """Parsed train.py flags for a quick tiny run (short system prompts keep sequences small)."""
+    return train.make_parser().parse_args(
+        ["--samples", str(samples), "--model-dir", str(model_dir), "--runs-dir", str(tmp_path / "runs"),
+         "--val-fraction", "0", "--lora-r", "4", "--lora-alpha", "8", "--batch-size", "2", "--micro-batch-size", "1",
+         "--checkpoint-every", "100", "--threads", "1", *extra])
+
+
+def log(tmp_path: Path, name: str = "grisp") -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "runs" / name / "log.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------- losses
+def test_restricted_cross_entropy_by_hand():
+    logits = torch.tensor([[1.0, 2.0, 0.5, -1.0, 3.0], [0.0, 0.0, 4.0, 1.0, 2.0]])
+    choices = torch.tensor([[1, 2, 3], [4, 0, -1]])  # row 1: only two identifiers present
+    targets = torch.tensor([2, 0])
+    expected = [-math.log(math.exp(-1.0) / (math.exp(2.0) + math.exp(0.5) + math.exp(-1.0))),
+                -math.log(math.exp(2.0) / (math.exp(2.0) + math.exp(0.0)))]
+    assert loss.restricted_cross_entropy(logits, choices, targets).tolist() == pytest.approx(expected, abs=1e-6)
+
+
+def test_sample_losses_equal_a_loop_over_full_logits(model_dir):
+    tokenizer = Tokenizer(model_dir)
+    model = Transformer.from_pretrained(model_dir)
+    samples = make_samples(3)
+    encoded = [loss.encode(s, tokenizer) for s in samples]
+    losses, correct = loss.sample_losses(model, loss.collate(encoded, tokenizer.pad_id))
+    for b, (s, e) in enumerate(zip(samples, encoded)):
+        with torch.no_grad():
+            logits = model(torch.tensor([e["ids"]]))[0].double()  # [T, V], the sample alone: no padding
+        P = e["n_prompt"]
+        if s["task"] == "skeleton":
+            answer = tokenizer.encode(s["target"]) + [tokenizer.im_end_id]
+            assert e["ids"][P:] == answer
+            expected = sum(-logits[P - 1 + t].log_softmax(-1)[a] for t, a in enumerate(answer)) / len(answer)
+            assert not correct[b]
+        else:
+            ids = [tokenizer.encode(i)[0] for i in s["identifiers"]]
+            picked = logits[P - 1, ids]
+            expected = -picked.log_softmax(-1)[s["identifiers"].index(s["target"])]
+            assert bool(correct[b]) == (int(picked.argmax()) == s["identifiers"].index(s["target"]))
+        assert float(losses[b].detach()) == pytest.approx(float(expected), abs=1e-4)
+
+
+def test_plan_steps_is_a_length_sorted_partition():
+    lengths = [(7 * i) % 50 for i in range(103)]
+    steps = train.plan_steps(lengths, batch_size=8, seed=0, epoch=1, pool=4)
+    flat = [i for step in steps for i in step]
+    assert len(steps) == 103 // 8 and all(len(s) == 8 for s in steps) and len(set(flat)) == len(flat)
+    assert all(lengths[a] <= lengths[b] for s in steps for a, b in zip(s, s[1:]))
+    assert steps == train.plan_steps(lengths, 8, 0, 1, 4) != train.plan_steps(lengths, 8, 0, 2, 4)
+
+
+def test_warmup_then_cosine():
+    lrs = [train.lr_at(step, 100, 1e-4, 0.05) for step in range(100)]
+    assert lrs[0] == pytest.approx(2e-5) and lrs[4] == pytest.approx(1e-4) == max(lrs)
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:])) and lrs[-1] < 1e-6
+
+
+# ---------------------------------------------------------------------------- training runs
+def test_tiny_model_overfits_a_handful_of_samples(model_dir, tmp_path):
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))  # 4 samples, 2 steps per epoch
+    train.main(train_args(model_dir, tmp_path, samples, "--epochs", "25", "--lr", "1e-2", "--warmup", "0.1", "--lora-dropout", "0"))
+    losses = [r["loss"] for r in log(tmp_path) if "loss" in r]
+    assert len(losses) == 50
+    assert sum(losses[-4:]) / 4 < 0.1 * sum(losses[:2]) / 2, losses
+    adapter = tmp_path / "runs" / "grisp" / "adapter"
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
+
+
+def test_interrupted_and_resumed_run_equals_uninterrupted(model_dir, tmp_path):
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(5, 0) + make_samples(5, 1))  # 5 steps per epoch
+    val = write_jsonl(tmp_path / "v.jsonl", make_samples(2, 0, prefix="v"))
+    common = ["--epochs", "3", "--lr", "5e-3", "--lora-dropout", "0.2", "--val-data", str(val), "--patience", "5"]
+    train.main(train_args(model_dir, tmp_path, samples, *common, "--name", "straight"))
+    for flags in (["--stop-after", "3"], ["--resume", "--stop-after", "7"], ["--resume"]):  # stops mid-epoch 0 and 1
+        train.main(train_args(model_dir, tmp_path, samples, *common, "--name", "interrupted", *flags))
+    straight, interrupted = log(tmp_path, "straight"), log(tmp_path, "interrupted")
+    assert [r["step"] for r in interrupted] == [r["step"] for r in straight]  # no step lost or repeated
+    for a, b in zip(straight, interrupted):
+        assert a.get("loss") == pytest.approx(b.get("loss"), abs=1e-6) and a.get("val_loss") == pytest.approx(b.get("val_loss"), abs=1e-6)
+    for name in ("adapter", "best"):
+        a = load_file(tmp_path / "runs" / "straight" / name / "adapter_model.safetensors")
+        b = load_file(tmp_path / "runs" / "interrupted" / name / "adapter_model.safetensors")
+        assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert any(float(v.abs().max()) > 0 for k, v in a.items() if "lora_B" in k), "training changed the adapter"
+
+
+def test_sigint_sets_the_stop_flag():
+    with checkpoint.StopFlag() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_resume_refuses_changed_settings(model_dir, tmp_path, capsys):
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
+    train.main(train_args(model_dir, tmp_path, samples, "--stop-after", "1"))
+    with pytest.raises(SystemExit, match="--resume with different settings: lr"):
+        train.main(train_args(model_dir, tmp_path, samples, "--resume", "--lr", "3e-4"))
+    with pytest.raises(SystemExit, match="exists; continue it with --resume"):
+        train.main(train_args(model_dir, tmp_path, samples))
+
+
+# ---------------------------------------------------------------------------- command line
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.make_parser().parse_args(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for group in ("data:", "model:", "LoRA:", "optimisation:", "checkpoints:", "CPU / device:"):
+        assert group in text
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--samples", "no/such.jsonl"], "--samples no/such.jsonl does not exist"),
+    (["--batch-size", "0"], "--batch-size 0 must be"),
+    (["--val-fraction", "1.5"], "--val-fraction must be in"),
+])
+def test_bad_settings_exit_with_a_message(model_dir, tmp_path, flags, message):
+    args = train.make_parser().parse_args(["--model-dir", str(model_dir), "--runs-dir", str(tmp_path), *flags])
+    with pytest.raises(SystemExit, match=message):
+        train.main(args)
+
+
+def test_bad_data_exits_non_zero_without_traceback(model_dir, tmp_path):
+    run = subprocess.run([sys.executable, str(REPO / "train.py"), "--model-dir", str(model_dir), "--index", str(tmp_path),
+                          "--runs-dir", str(tmp_path), "--data", "no/such.jsonl"], capture_output=True, text=True)
+    assert run.returncode != 0 and "no/such.jsonl" in run.stderr and "Traceback" not in run.stderr, run.stderr

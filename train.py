@@ -1,0 +1,358 @@
+"""Fine-tune the base model with LoRA on GRISP's two tasks at once (paper section 3, "Training").
+
+One model learns (1) question -> SPARQL skeleton, with next-token cross-entropy on the answer tokens
+(the skeleton and <|im_end|>), and (2) list-wise re-ranking, with cross-entropy restricted to the
+identifier tokens (A, B, ...) present in the prompt, read at the first answer position. Samples come
+from gen_data.py, fresh for every epoch (online) or precomputed (`--samples`). Logits are computed
+only at those loss positions, the batch of 8 is built by gradient accumulation, and a run lives in
+`defaults.RUNS_DIR/<name>`: log.jsonl, config.json, checkpoint-*/ (adapter, optimiser, RNG states,
+data position) every N steps and on SIGINT/SIGTERM, best/ (lowest validation loss) and adapter/ (the
+final adapter in the PEFT layout, for infer.py or `PeftModel.from_pretrained`).
+
+    python train.py --data wwq                                   # the paper's setup, CPU or GPU
+    python train.py --data wwq --lora-layers 8 --max-steps 40    # a short fast run on CPU
+    python train.py --data wwq --name my-run --resume            # continue exactly where it stopped
+    torchrun --nproc-per-node 4 train.py --data wwq              # several GPUs (DDP)
+"""
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import checkpoint
+import defaults
+import gen_data
+import lora
+import loss
+from model import Tokenizer, Transformer
+
+RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "keep_checkpoints", "device"}
+
+
+def plan_steps(lengths: list[int], batch_size: int, seed: int, epoch: int, pool: int = 32) -> list[list[int]]:
+    """Length-aware batches of one epoch: shuffle (seeded by epoch), drop the remainder, sort pools of
+    `pool` batches by length, cut them into batches, shuffle the batches. Pure function of its inputs."""
+    rng = random.Random(f"{seed}:{epoch}:batches")
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    order = order[: len(order) - len(order) % batch_size]
+    steps = []
+    for start in range(0, len(order), pool * batch_size):
+        chunk = sorted(order[start:start + pool * batch_size], key=lambda i: lengths[i])
+        steps += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(steps)
+    return steps
+
+
+def lr_at(step: int, total: int, base_lr: float, warmup: float) -> float:
+    """Linear warmup over the first `warmup` fraction of the steps, then cosine decay to 0."""
+    warmup_steps = max(1, round(warmup * total))
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total - warmup_steps)
+    return base_lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+# ---------------------------------------------------------------------------- data
+def load_data(args, tokenizer: Tokenizer):
+    """(encoded training samples of epoch e as a function of e, encoded validation samples)."""
+    def prepare(samples: list[dict]) -> list[dict]:
+        encoded = [loss.encode(s, tokenizer) for s in samples]
+        return [e for e in encoded if len(e["ids"]) <= args.max_length]  # longer ones are skipped
+
+    is_val = gen_data.validation_split(args.val_fraction, args.seed) if args.val_data is None else (lambda _: False)
+    if args.samples:  # precomputed epochs; training longer than that cycles through them
+        by_epoch = gen_data.read_samples(args.samples)
+        epochs = sorted(by_epoch)
+        train_epoch = lambda e: prepare([s for s in by_epoch[epochs[e % len(epochs)]] if not is_val(s["id"])])
+        val = [s for s in by_epoch[epochs[0]] if is_val(s["id"])]
+    else:  # fresh samples per epoch from (seed, epoch, record)
+        records = gen_data.load_records(args.data)
+        indices = gen_data.open_index(args.index, args.data)
+        augment = gen_data.Augment.from_args(args)
+        train = gen_data.SampleGenerator([r for r in records if not is_val(r["id"])], indices, augment, args.seed)
+        train_epoch = lambda e: prepare(train.epoch(e)[0])
+        held_out = gen_data.SampleGenerator([r for r in records if is_val(r["id"])], indices, augment, args.seed)
+        val = held_out.epoch(0)[0]
+    if args.val_data is not None and gen_data.is_sample_file(args.val_data):
+        val = gen_data.read_samples(args.val_data)
+        val = val[min(val)]
+    elif args.val_data is not None:
+        held_out = gen_data.SampleGenerator(gen_data.load_records(args.val_data), gen_data.open_index(args.index, args.data),
+                                            gen_data.Augment.from_args(args), args.seed)
+        val = held_out.epoch(0)[0]
+    return train_epoch, prepare(val)
+
+
+@torch.no_grad()
+def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, autocast) -> dict:
+    """Mean validation loss per task and re-ranking accuracy (no dropout, no RNG use)."""
+    model.eval()
+    totals = {"skeleton": [], "rerank": [], "rerank_correct": []}
+    order = sorted(range(len(val)), key=lambda i: len(val[i]["ids"]))
+    for start in range(0, len(order), micro_batch):
+        batch = [val[i] for i in order[start:start + micro_batch]]
+        with autocast:
+            losses, correct = loss.sample_losses(model, to_device(loss.collate(batch, pad_id), device))
+        for s, value, ok in zip(batch, losses.tolist(), correct.tolist()):
+            totals["rerank" if s["choices"] else "skeleton"].append(value)
+            if s["choices"]:
+                totals["rerank_correct"].append(float(ok))
+    model.train()
+    mean = {k: sum(v) / len(v) if v else float("nan") for k, v in totals.items()}
+    return {"val_loss": sum(totals["skeleton"] + totals["rerank"]) / max(1, len(val)),
+            "val_skeleton": mean["skeleton"], "val_rerank": mean["rerank"], "val_rerank_acc": mean["rerank_correct"]}
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def pick_device(name: str, local_rank: int) -> torch.device:
+    if name != "auto":
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank)
+    return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+
+
+# ---------------------------------------------------------------------------- main
+def main(args: argparse.Namespace) -> None:
+    # --- setup: processes (torchrun sets WORLD_SIZE/RANK/LOCAL_RANK), device, run directory
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", 0)))
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    check_args(args, world)
+    torch.manual_seed(args.seed + rank)
+    dtype = torch.float32 if device.type == "cpu" or args.dtype == "float32" else torch.bfloat16
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    run_dir = Path(args.runs_dir).expanduser() / args.name
+    if (run_dir / "latest").exists() and not args.resume:
+        sys.exit(f"error: run {run_dir} exists; continue it with --resume or pick another --name")
+
+    # --- data
+    tokenizer = Tokenizer(args.model_dir)
+    train_epoch, val = load_data(args, tokenizer)
+    epoch_data = {0: train_epoch(0)}
+    steps_per_epoch = len(epoch_data[0]) // args.batch_size
+    if steps_per_epoch == 0:
+        sys.exit(f"error: {len(epoch_data[0])} training samples do not fill one batch of {args.batch_size}")
+    total_steps = min(args.epochs * steps_per_epoch, args.max_steps or math.inf)
+
+    # --- model: frozen base + LoRA (float32 LoRA weights; the base may be bf16 on GPUs)
+    model = Transformer.from_pretrained(args.model_dir, dtype, device)
+    layers = lora.last_layers(model, args.lora_layers) if args.lora_layers else None
+    lora.inject_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_targets, layers)
+    n_trainable = lora.mark_only_lora_trainable(model)
+    for p in lora.lora_state_dict(model).values():
+        p.data = p.data.float()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+    config = vars(args) | {"world_size": world, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+                           "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
+                           "train_samples_epoch0": len(epoch_data[0]), "val_samples": len(val),
+                           "trainable_parameters": n_trainable}
+    config = json.loads(json.dumps(config, default=str))  # as saved: paths become strings
+    state = {"step": 0, "epoch": 0, "step_in_epoch": 0, "best_val": None, "bad_evals": 0, "done": False}
+    if args.resume:
+        latest = run_dir / "latest"
+        if not latest.exists():
+            sys.exit(f"error: --resume but {run_dir} has no checkpoint; drop --resume to start the run")
+        saved = json.loads((run_dir / latest.read_text() / "config.json").read_text())
+        changed = {k for k in config if k not in RESUMABLE_CHANGES and saved.get(k) != config[k]}
+        if changed:
+            sys.exit(f"error: --resume with different settings: {', '.join(f'{k}={config[k]} (was {saved.get(k)})' for k in sorted(changed))}")
+        state = checkpoint.load(run_dir / latest.read_text(), model, optimizer, rank, device)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        print(json.dumps(config, indent=1))
+        (run_dir / "config.json").write_text(json.dumps(config, indent=1))
+        log_path = run_dir / "log.jsonl"  # drop lines of steps after the checkpoint we resume from
+        kept = [l for l in log_path.read_text().splitlines() if json.loads(l)["step"] <= state["step"]] \
+            if args.resume and log_path.exists() else []
+        log_path.write_text("".join(l + "\n" for l in kept))
+
+    def log(record: dict) -> None:
+        if rank == 0:
+            with open(run_dir / "log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def validate_and_keep_best() -> None:
+        state["evaluated_step"] = state["step"]
+        if not val:
+            return
+        result = evaluate(model, val, args.micro_batch_size, tokenizer.pad_id, device, autocast)
+        improved = state["best_val"] is None or result["val_loss"] < state["best_val"]
+        state["best_val"] = result["val_loss"] if improved else state["best_val"]
+        state["bad_evals"] = 0 if improved else state["bad_evals"] + 1
+        log({"step": state["step"], "epoch": state["epoch"], **result, "best": improved})
+        if rank == 0:
+            bar.write(f"step {state['step']}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
+        if improved and rank == 0:
+            lora.save_adapter(checkpoint.unwrap(model), run_dir / "best", str(args.model_dir))
+
+    # --- loop: epochs -> optimiser steps of batch_size samples -> micro-batches (gradient accumulation)
+    bar = tqdm(total=total_steps, initial=state["step"], disable=rank != 0, desc="train", dynamic_ncols=True)
+    with checkpoint.StopFlag() as stop:
+        while not state["done"] and state["step"] < total_steps:
+            epoch = state["epoch"]
+            data = epoch_data.pop(epoch) if epoch in epoch_data else train_epoch(epoch)
+            epoch_data.clear()
+            steps = plan_steps([len(s["ids"]) for s in data], args.batch_size, args.seed, epoch)
+            while state["step_in_epoch"] < len(steps) and state["step"] < total_steps:
+                started = time.time()
+                lr = lr_at(state["step"], total_steps, args.lr, args.warmup)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                mine = [data[i] for i in steps[state["step_in_epoch"]][rank::world]]  # this rank's share
+                micro = [mine[i:i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
+                step_loss, tokens = 0.0, 0
+                for j, batch in enumerate(micro):
+                    sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
+                    with sync, autocast:
+                        losses, _ = loss.sample_losses(model, to_device(loss.collate(batch, tokenizer.pad_id), device))
+                        # DDP averages gradients over ranks, so scale each rank's sum by world/batch
+                        (losses.sum() * world / args.batch_size).backward()
+                    step_loss += losses.sum().item() / len(mine)
+                    tokens += sum(len(s["ids"]) for s in batch)
+                if args.clip_grad:
+                    torch.nn.utils.clip_grad_norm_(params, args.clip_grad)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                state["step"] += 1
+                state["step_in_epoch"] += 1
+                seconds = time.time() - started
+                log({"step": state["step"], "epoch": epoch, "loss": step_loss, "lr": lr, "tokens": tokens,
+                     "s_per_step": round(seconds, 3), "tokens_per_s": round(tokens * world / seconds, 1)})
+                bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens * world / seconds:.0f}")
+                bar.update()
+                if args.eval_every and state["step"] % args.eval_every == 0:
+                    validate_and_keep_best()
+                if args.stop_after and state["step"] >= args.stop_after:
+                    stop.request()
+                stopping = stop.requested or state["bad_evals"] >= args.patience
+                if world > 1:  # every rank must agree to stop (signals may reach them at different times)
+                    flag = torch.tensor(float(stopping), device=device)
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    stopping = bool(flag.item())
+                if stopping or state["step"] % args.checkpoint_every == 0:
+                    state["done"] = state["bad_evals"] >= args.patience
+                    checkpoint.save(run_dir, model, optimizer, state, config, rank, world)
+                if stopping:
+                    break
+            if stop.requested:
+                bar.close()
+                print(f"stopped at step {state['step']}; continue with the same command plus --resume")
+                return
+            if state["step_in_epoch"] >= len(steps):  # epoch finished: validate, move on
+                state["epoch"], state["step_in_epoch"] = epoch + 1, 0
+                if not args.eval_every:
+                    validate_and_keep_best()
+                state["done"] = state["done"] or state["bad_evals"] >= args.patience
+                checkpoint.save(run_dir, model, optimizer, state, config, rank, world)
+        if state.get("evaluated_step") != state["step"]:  # e.g. --max-steps ended mid-epoch
+            validate_and_keep_best()
+            checkpoint.save(run_dir, model, optimizer, state, config, rank, world)
+    bar.close()
+
+    # --- save: the best adapter by validation loss (or the last one without validation data)
+    if rank == 0:
+        if not (run_dir / "best").exists() or not val:
+            lora.save_adapter(checkpoint.unwrap(model), run_dir / "best", str(args.model_dir))
+        shutil.rmtree(run_dir / "adapter", ignore_errors=True)
+        shutil.copytree(run_dir / "best", run_dir / "adapter")
+        print(f"adapter (best validation loss {state['best_val']}) saved to {run_dir / 'adapter'}")
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def check_args(args: argparse.Namespace, world: int) -> None:
+    """Bad settings exit with a message naming the flag and the fix."""
+    problems = [msg for bad, msg in [
+        (not (Path(args.model_dir).expanduser() / "config.json").exists(),
+         f"--model-dir {args.model_dir} has no config.json; run `python get_model.py` or pass --model-dir"),
+        (args.samples and not Path(args.samples).expanduser().is_file(), f"--samples {args.samples} does not exist"),
+        (args.batch_size < 1 or args.batch_size % world, f"--batch-size {args.batch_size} must be a positive multiple of the {world} processes"),
+        (args.micro_batch_size < 1, f"--micro-batch-size must be at least 1, got {args.micro_batch_size}"),
+        (args.epochs < 1, f"--epochs must be at least 1, got {args.epochs}"),
+        (not 0 <= args.val_fraction < 1, f"--val-fraction must be in [0, 1), got {args.val_fraction}"),
+        (args.lr <= 0 or not 0 <= args.warmup < 1, f"need --lr > 0 and 0 <= --warmup < 1, got {args.lr}, {args.warmup}"),
+        (args.checkpoint_every < 1 or args.keep_checkpoints < 1, "--checkpoint-every and --keep-checkpoints must be at least 1"),
+    ] if bad]
+    if problems:
+        sys.exit("error: " + "; ".join(problems))
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Fine-tune Qwen2.5 with LoRA jointly on SPARQL skeletons and "
+                                     "list-wise re-ranking (GRISP).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # data
+    group = parser.add_argument_group("data")
+    group.add_argument("--data", default="wwq", help="wwq (WikiWebQuestions train), demo, or a benchmark JSONL path; samples are generated online, fresh per epoch")
+    group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online generation)")
+    group.add_argument("--index", default=None, help=f"search index for online generation (default: demo index for demo, else {gen_data.WIKIDATA_INDEX_DIR}, built if missing)")
+    group.add_argument("--val-fraction", type=float, default=0.05, help="records held out (by id hash) for the validation loss")
+    group.add_argument("--val-data", default=None, help="validation benchmark or samples file instead of the held-out slice")
+    group.add_argument("--max-length", type=int, default=1024, help="skip samples with more tokens than this")
+    group.add_argument("--seed", type=int, default=0, help="seed of the samples, batch order, LoRA init and dropout")
+    gen_data.add_generation_args(parser.add_argument_group("augmentation (online generation)"))
+    # model
+    group = parser.add_argument_group("model")
+    group.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (Hugging Face Qwen2 layout)")
+    group.add_argument("--dtype", default="auto", choices=["auto", "float32"], help="base weights: auto = float32 on CPU, bfloat16 with autocast on GPUs")
+    # LoRA
+    group = parser.add_argument_group("LoRA")
+    group.add_argument("--lora-r", type=int, default=32, help="rank")
+    group.add_argument("--lora-alpha", type=float, default=32, help="scaling alpha (update scaled by alpha / r)")
+    group.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the LoRA input")
+    group.add_argument("--lora-targets", nargs="+", default=list(lora.DEFAULT_TARGETS), help="module names that get LoRA (default: all linear layers of the blocks)")
+    group.add_argument("--lora-layers", type=int, default=0, help="LoRA on the last N blocks only (faster on CPU; 0 = all blocks)")
+    # optimisation
+    group = parser.add_argument_group("optimisation")
+    group.add_argument("--epochs", type=int, default=4, help="passes over the training records")
+    group.add_argument("--batch-size", type=int, default=8, help="samples per optimiser step (over all processes)")
+    group.add_argument("--micro-batch-size", type=int, default=4, help="samples per forward pass; the batch is accumulated from these")
+    group.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (AdamW)")
+    group.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay to 0")
+    group.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    group.add_argument("--clip-grad", type=float, default=1.0, help="clip the gradient norm (0 = off)")
+    group.add_argument("--max-steps", type=int, default=0, help="train at most this many steps; the schedule spans them (0 = all epochs)")
+    group.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (0 = after each epoch)")
+    group.add_argument("--patience", type=int, default=2, help="stop after this many validations without a new best loss")
+    # checkpoints
+    group = parser.add_argument_group("checkpoints")
+    group.add_argument("--runs-dir", default=str(defaults.RUNS_DIR), help="where runs live")
+    group.add_argument("--name", default="grisp", help="run name: the run directory is RUNS_DIR/NAME")
+    group.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint every N steps (and on SIGINT/SIGTERM, at each epoch end)")
+    group.add_argument("--keep-checkpoints", type=int, default=2, help="keep the newest N checkpoints")
+    group.add_argument("--resume", action="store_true", help="continue the run NAME exactly from its latest checkpoint")
+    group.add_argument("--stop-after", type=int, default=0, help="act as if interrupted after step N (checkpoint and exit; for testing)")
+    # CPU
+    group = parser.add_argument_group("CPU / device")
+    group.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    group.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    return parser
+
+
+if __name__ == "__main__":
+    try:
+        main(make_parser().parse_args())
+    except (FileNotFoundError, ValueError) as error:
+        sys.exit(f"error: {error}")
