@@ -1,7 +1,8 @@
 """Get the base model: the Hugging Face Qwen2 model directory every GRISP stage loads.
 
-GRISP (paper Sec. 4) fine-tunes a small Qwen2.5 instruct model with LoRA; `model.py` loads it from
-`defaults.MODEL_DIR`. This script produces that directory from one of two sources:
+GRISP fine-tunes a small Qwen2.5 instruct model with LoRA (paper, experimental setup: "We use the
+Qwen2.5 model family"); `model.py` loads it from `defaults.MODEL_DIR`.
+This script produces that directory from one of two sources:
   hf    download config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
         generation_config.json from huggingface.co (plain HTTP, resumable, sha256-checked for the
         large files, whose sha256 the Hub sends);
@@ -114,7 +115,8 @@ def download(session: requests.Session, url: str, dest: Path, timeout: float) ->
     if r.status_code == 200:  # the server ignored the range: restart from zero
         have = 0
     # For LFS files the Hub names the content's sha256 in X-Linked-Etag (on the redirect response).
-    sha = next((h.headers["x-linked-etag"].strip('"') for h in [*r.history, r] if "x-linked-etag" in h.headers), None)
+    sha = next((h.headers["x-linked-etag"].strip('"') for h in [*r.history, r] if "x-linked-etag" in h.headers),
+               None)
     total = have + int(r.headers.get("content-length", 0))
     with open(part, "ab" if have else "wb") as f, tqdm(total=total, initial=have, unit="B", unit_scale=True,
                                                        desc=dest.name) as bar:
@@ -287,10 +289,11 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
 def tokenizer_configs(reader: gguf.GGUFReader, config: dict) -> tuple[dict, dict]:
     """tokenizer_config.json and generation_config.json from the GGUF's special token ids."""
     tokens = meta(reader, "tokenizer.ggml.tokens")
-    eos, pad = config["eos_token_id"], int(meta(reader, "tokenizer.ggml.padding_token_id", config["bos_token_id"]))
+    eos = config["eos_token_id"]
+    pad = int(meta(reader, "tokenizer.ggml.padding_token_id", config["bos_token_id"]))
     tokenizer_config = {
-        "tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": tokens[eos],
-        "pad_token": tokens[pad], "unk_token": None, "add_bos_token": bool(meta(reader, "tokenizer.ggml.add_bos_token", False)),
+        "tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": tokens[eos], "pad_token": tokens[pad],
+        "unk_token": None, "add_bos_token": bool(meta(reader, "tokenizer.ggml.add_bos_token", False)),
         "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace",
         "split_special_tokens": False, "model_max_length": config["max_position_embeddings"],
         "chat_template": meta(reader, "tokenizer.chat_template", ""),
@@ -312,6 +315,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     write_atomic(out_dir / "tokenizer.json", lambda tmp: tokenizer.save(str(tmp)))
     tensors = gguf_tensors(reader, config)
     print(f"writing {out_dir / 'model.safetensors'} ({sum(w.nbytes for w in tensors.values()) / 1e9:.2f} GB)")
+    # metadata format "pt": transformers refuses safetensors files without it
     write_atomic(out_dir / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
 
 

@@ -186,7 +186,8 @@ def test_tokenizer_round_trips_and_splits_like_qwen2(converted):
     enc = tok.encode("hello world 2024<|im_start|>hello<tool_call>", add_special_tokens=False)
     assert enc.tokens == ["hello", "Ġworld", "Ġ", "2", "0", "2", "4", "<|im_start|>", "hello", "<tool_call>"]
     assert enc.ids[-3:] == [266, 256 + WORDS.index("hello"), 268]
-    for text in ["naïve café 日本語 😀\n\n\tx  y", "def f(x):\n    return x**2\r\n", "I'm THEY'LL 3.14", ""]:
+    texts = ["naïve café 日本語 😀\n\n\tx  y", "def f(x):\n    return x**2\r\n", "I'm THEY'LL 3.14", ""]
+    for text in texts:
         assert tok.decode(tok.encode(text).ids) == text
     assert tok.encode("e\u0301").ids == tok.encode("\u00e9").ids  # NFC: decomposed == composed
     ids = tok.encode("<|im_start|>hello<|im_end|><tool_call>").ids
@@ -349,11 +350,13 @@ def test_real_tokenizer_matches_transformers_gguf_loader():
     transformers = pytest.importorskip("transformers")
     ref = transformers.AutoTokenizer.from_pretrained(REAL_GGUF.parent, gguf_file=REAL_GGUF.name)
     ours = Tokenizer.from_file(str(defaults.MODEL_DIR / "tokenizer.json"))
-    texts = ["Hello world!", "  leading spaces\n\n\ttabs\r\nCRLF \n", "naïve café — ünïcödé 日本語 한국어 😀👍🏽",
+    texts = ["Hello world!", "  leading spaces\n\n\ttabs\r\nCRLF \n",
+             "naïve café — ünïcödé 日本語 한국어 😀👍🏽",
              "12345 3.14159 1,000,000 ½ ②", "def f(x):\n    return x**2  # square\n\n\n",
              "SELECT ?x WHERE { ?x wdt:P31 wd:Q5 . } LIMIT 10", "I'm sure they'll, we've, you'd THEY'RE",
-             "<|im_start|>user\nWhat is it?<|im_end|>\n<|im_start|>assistant\n", "<tool_call>{}</tool_call><|endoftext|>",
-             "   ", "\n", "x" * 200, "Ελληνικά русский عربي עברית हिन्दी", "\u00e9t\u00e9 caf\u00e9"]
+             "<|im_start|>user\nWhat is it?<|im_end|>\n<|im_start|>assistant\n",
+             "<tool_call>{}</tool_call><|endoftext|>", "   ", "\n", "x" * 200,
+             "Ελληνικά русский عربي עברית हिन्दी", "\u00e9t\u00e9 caf\u00e9"]
     for text in texts:
         # transformers' GGUF loader omits Qwen2's NFC normaliser, so compare on NFC text
         nfc = unicodedata.normalize("NFC", text)
