@@ -212,7 +212,7 @@ def status(store_dir: Path) -> dict | None:
 def main(args: argparse.Namespace) -> None:
     store = args.store.expanduser()
     if args.command == "start":
-        url = start(args.data, store, port=args.port, timeout_s=args.timeout_s, host=args.host,
+        url = start([Path(f) for f in args.data], store, port=args.port, timeout_s=args.timeout_s, host=args.host,
                     wait_s=args.wait_s)
         print(url)
     elif args.command == "stop":
@@ -233,14 +233,16 @@ if __name__ == "__main__":
     parser.add_argument("command", choices=["start", "stop", "status"],
                         help="start: load and serve in the background; stop: stop it; status: report")
     # data
-    parser.add_argument("--data", type=Path, nargs="+", default=[defaults.DEMO_DIR / "kg.ttl"],
+    parser.add_argument("--data", type=Path, nargs="+", default=[str(defaults.DEMO_DIR / "kg.ttl")],
                         help="RDF file(s) to serve (.ttl .nt .nq .trig .rdf ...)")
     parser.add_argument("--store", type=Path, default=defaults.DEMO_STORE_DIR,
                         help="store directory (database, data stamp, pid file and log)")
     # server
     parser.add_argument("--port", type=int, default=7878, help="TCP port to serve on")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (keep it local)")
-    parser.add_argument("--timeout-s", type=int, default=30, help="per-query timeout of the server (s)")
+    parser.add_argument("--timeout-s", type=int, default=30,
+                        help="per-query timeout of the server (s); oxigraph checks it only now and then, "
+                             "so clients should set their own read timeout too")
     parser.add_argument("--wait-s", type=float, default=60.0, help="how long to wait for the server to answer")
     try:
         main(parser.parse_args())
