@@ -179,7 +179,7 @@ def parses(query: str) -> bool:
 
 
 def infer_position(text: str, ph: Placeholder) -> str:
-    """"subject", "property", "object" or "unknown" (e.g. in FILTER, BIND, VALUES) for `ph`.
+    """The position of `ph`: "subject", "property", "object" or "unknown" (FILTER, BIND, VALUES ...).
 
     METHOD.md 3: take the prefix up to the placeholder, append terms, close the open brackets
     and parse: 3 terms parse -> subject, 2 -> property, 1 -> object. The placeholder becomes an IRI
