@@ -98,3 +98,10 @@ def test_cli_help_and_clear_errors(tmp_path):
     assert "nope.ttl does not exist" in done.stderr and "Traceback" not in done.stderr
     done = run_script("status", "--store", str(tmp_path / "s"))
     assert done.returncode != 0 and "no endpoint is running" in done.stdout
+
+
+def test_missing_oxigraph_is_reported(monkeypatch, tmp_path):
+    monkeypatch.setattr(endpoint.shutil, "which", lambda name: None)
+    monkeypatch.setattr(endpoint.sys, "executable", str(tmp_path / "bin" / "python"))
+    with pytest.raises(endpoint.EndpointError, match="pip install oxigraph"):
+        endpoint.oxigraph_binary()
