@@ -53,6 +53,11 @@ def to_alternative(item, variant: str | None = None) -> Alternative:
                        description=item.description)
 
 
+def mark_current(text: str, ph) -> str:
+    """The query with placeholder `ph` (a skeleton.Placeholder) written `<rep>label</rep>`: the one to re-rank."""
+    return text[:ph.start] + "<rep>" + ph.text[len("<iri>"):-len("</iri>")] + "</rep>" + text[ph.end:]
+
+
 def skeleton_messages(question: str) -> list[dict]:
     """Chat messages asking for the skeleton of `question`; the answer is the skeleton text."""
     return [

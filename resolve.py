@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from model import Tokenizer, Transformer, chat_prompt
-from prompts import Alternative, rerank_messages, to_alternative
+from prompts import Alternative, mark_current, rerank_messages, to_alternative
 from search import Hit, Indices
 from skeleton import (CONSTRAINT_LIMIT, Placeholder, constraint_query, find_placeholders, infer_position,
                       split_variant, substitute)
@@ -80,11 +80,6 @@ class ModelReranker:
         return logits[[t[0] for t in token_ids]].float().tolist()
 
 
-def mark(text: str, ph: Placeholder) -> str:
-    """The query with the current placeholder written `<rep>label</rep>` for the re-ranking prompt."""
-    return text[:ph.start] + "<rep>" + ph.text[len("<iri>"):-len("</iri>")] + "</rep>" + text[ph.end:]
-
-
 class Resolver:
     def __init__(self, indices: Indices, client: SparqlClient, reranker: Reranker | None, switches: Switches):
         self.indices, self.client, self.reranker, self.switches = indices, client, reranker, switches
@@ -136,7 +131,7 @@ class Resolver:
             return
         start = time.perf_counter()
         shown = [to_alternative(h, frame.placeholder.variant) for h in frame.alternatives]
-        scores = self.reranker(question, mark(frame.text, frame.placeholder), shown)
+        scores = self.reranker(question, mark_current(frame.text, frame.placeholder), shown)
         assert len(scores) == len(shown) + 1, f"re-ranker gave {len(scores)} scores for {len(shown)} + None"
         none_score = scores[-1]
         order = sorted(range(len(shown)), key=lambda i: -scores[i])

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 import defaults
-from resolve import Resolver, Switches, mark
+from prompts import mark_current
+from resolve import Resolver, Switches
 from search import load_indices
 from skeleton import find_placeholders
 from sparql import SparqlClient
@@ -152,6 +153,6 @@ def test_timeout_stops_the_search(indices, client):
     assert resolution.sparql is None and resolution.failure == "timeout"
 
 
-def test_mark_writes_the_current_placeholder():
+def test_mark_current_writes_the_current_placeholder():
     ph = find_placeholders(SKELETON)[1]
-    assert mark(SKELETON, ph) == SKELETON.replace("<iri>director (wdt)</iri>", "<rep>director (wdt)</rep>")
+    assert mark_current(SKELETON, ph) == SKELETON.replace("<iri>director (wdt)</iri>", "<rep>director (wdt)</rep>")
