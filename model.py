@@ -338,7 +338,7 @@ def load_safetensors(model_dir: Path, dtype: torch.dtype, device: str | torch.de
                                 f"(run `python get_model.py` to create the base model directory)")
     state = {}
     for name in files:
-        with safe_open(model_dir / name, framework="pt", device=str(device)) as f:
+        with safe_open(model_dir / name, framework="pt", device=str(device), backend="pread") as f:
             for key in f.keys():
                 state[key] = f.get_tensor(key).to(dtype)  # one tensor at a time: low peak memory
     return state

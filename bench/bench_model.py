@@ -1,0 +1,128 @@
+"""Speed and memory of model.py against transformers' Qwen2ForCausalLM on the same weights and CPU.
+
+Measures prefill tokens/s (one 512-token prompt), decode tokens/s at batch 1 and batch 8 (greedy steps
+with a KV cache after a 64-token prompt), load time and peak resident memory. Each implementation runs
+in its own subprocess (a fair peak RSS), the subprocesses alternate round by round (ours, theirs, ours,
+...) so that load from other processes hits both alike, and the table shows medians over the rounds
+and the ratio ours / transformers (> 1 is better for tokens/s, < 1 is better for memory and load time).
+Both compute logits only at the last position, as generation does (transformers: logits_to_keep=1).
+
+    python bench/bench_model.py
+    python bench/bench_model.py --threads 2 --repeats 5 --impls ours ours-plain transformers
+"""
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import defaults  # noqa: E402
+
+IMPLS = {"ours": "model.py after prepare_for_inference()", "ours-plain": "model.py, plain nn.Linear",
+         "transformers": "transformers Qwen2ForCausalLM (sdpa)"}
+
+
+def load(impl: str, model_dir: Path):
+    """The model and a `step(ids, cache) -> (next_ids [B, 1], cache)` closure for greedy decoding."""
+    if impl == "transformers":
+        from transformers import DynamicCache, Qwen2ForCausalLM
+        model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+
+        def step(ids, cache):
+            cache = DynamicCache() if cache is None else cache
+            logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            return logits[:, -1].argmax(-1, keepdim=True), cache
+    else:
+        import model as M
+        model = M.Transformer.from_pretrained(model_dir)
+        if impl == "ours":
+            model.prepare_for_inference()
+
+        def step(ids, cache):
+            cache = model.new_cache(ids.shape[0], 640) if cache is None else cache
+            return model(ids, cache=cache, logits_at=-1).argmax(-1, keepdim=True), cache
+    return model, step
+
+
+def decode_tokens_per_s(step, batch: int, prompt_len: int, steps: int, vocab: int) -> float:
+    """Greedy decoding of `steps` tokens per row after an (untimed) prompt; new tokens per second."""
+    ids = torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
+    next_ids, cache = step(ids, None)
+    start = time.perf_counter()
+    for _ in range(steps):
+        next_ids, cache = step(next_ids, cache)
+    return batch * steps / (time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def worker(args: argparse.Namespace) -> None:
+    """One implementation, one round: print a JSON line of measurements."""
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    model, step = load(args.worker, Path(args.model_dir))
+    load_s = time.perf_counter() - start
+    vocab = model.config.vocab_size if args.worker == "transformers" else model.args.vocab_size
+    decode_tokens_per_s(step, 1, 16, 2, vocab)  # warm-up: first calls allocate and pick kernels
+    prompt = torch.randint(0, vocab, (1, args.prefill_len), generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    step(prompt, None)
+    result = {"prefill tok/s": args.prefill_len / (time.perf_counter() - start),
+              "decode tok/s, batch 1": decode_tokens_per_s(step, 1, 64, args.decode_steps, vocab),
+              "decode tok/s, batch 8": decode_tokens_per_s(step, 8, 64, args.decode_steps, vocab),
+              "load s": load_s,
+              "peak RSS MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    print(json.dumps(result))
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.worker:
+        return worker(args)
+    if not (Path(args.model_dir) / "config.json").exists():
+        sys.exit(f"error: no model at {args.model_dir}; run `python get_model.py` or pass --model-dir")
+    print(f"model {args.model_dir}, {args.threads} threads, float32, {args.repeats} rounds, "
+          f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens")
+    results: dict[str, list[dict]] = {impl: [] for impl in args.impls}
+    for r in range(args.repeats):  # alternate implementations so background load hits all alike
+        for impl in args.impls:
+            cmd = [sys.executable, __file__, "--worker", impl, "--model-dir", args.model_dir,
+                   "--threads", str(args.threads), "--prefill-len", str(args.prefill_len),
+                   "--decode-steps", str(args.decode_steps)]
+            done = subprocess.run(cmd, capture_output=True, text=True,
+                                  env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"})
+            if done.returncode != 0:
+                sys.exit(f"error: the {impl} worker failed:\n{done.stderr[-2000:]}")
+            results[impl].append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1} {impl}: {results[impl][-1]}", file=sys.stderr)
+    # ---------------------------------------------------------------- table
+    reference = "transformers" if "transformers" in args.impls else args.impls[-1]
+    metrics = list(results[reference][0])
+    median = {impl: {m: statistics.median(x[m] for x in rows) for m in metrics} for impl, rows in results.items()}
+    others = [impl for impl in args.impls if impl != reference]
+    print("| metric | " + " | ".join([reference, *others]) + " | " + " | ".join(f"{o} / {reference}" for o in others) + " |")
+    print("|---" * (2 + 2 * len(others)) + "|")
+    for m in metrics:
+        cells = [f"{median[impl][m]:.1f}" for impl in [reference, *others]]
+        ratios = [f"{median[o][m] / median[reference][m]:.2f}x" for o in others]
+        print(f"| {m} | " + " | ".join(cells + ratios) + " |")
+    print("\n" + "; ".join(f"{impl} = {IMPLS[impl]}" for impl in args.impls))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Benchmark model.py against transformers (speed, memory).",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="Hugging Face Qwen2 model directory")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in every implementation")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds (one subprocess per implementation each)")
+    parser.add_argument("--impls", nargs="+", default=["ours", "transformers"], choices=list(IMPLS),
+                        help="implementations to compare; the ratios are against transformers")
+    # workload
+    parser.add_argument("--prefill-len", type=int, default=512, help="prompt length of the prefill measurement")
+    parser.add_argument("--decode-steps", type=int, default=32, help="timed decoding steps per batch size")
+    parser.add_argument("--worker", choices=list(IMPLS), help=argparse.SUPPRESS)  # internal: one measurement run
+    main(parser.parse_args())
