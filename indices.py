@@ -72,10 +72,16 @@ def _top_k(
     return [(int(items[i]), float(scores[i])) for i in order]
 
 
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique for int arrays by sort + neighbour test (np.unique hashes first: slower here)."""
+    values = np.sort(values)
+    return values[np.concatenate([[True], values[1:] != values[:-1]])] if len(values) else values
+
+
 def _allowed_array(allowed_ids: Iterable[int], n_items: int) -> np.ndarray:
     """Sorted unique item rows from `allowed_ids`, dropping rows outside the index. int64 [a]."""
     allowed = allowed_ids if isinstance(allowed_ids, np.ndarray) else list(allowed_ids)
-    allowed = np.unique(np.asarray(allowed, dtype=np.int64))
+    allowed = _sorted_unique(np.asarray(allowed, dtype=np.int64))
     return allowed[(allowed >= 0) & (allowed < n_items)]
 
 
@@ -214,14 +220,14 @@ class PrefixIndex:
 
         # --- candidate names: from the posting lists, or all names of the allowed items if fewer
         if allowed_ids is None:
-            names = np.unique(self.postings[_concat_ranges(starts, ends)]).astype(np.int64)
+            names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
         else:
             allowed = _allowed_array(allowed_ids, len(self.popularity))
             first, last = self.item_ptr[allowed], self.item_ptr[allowed + 1]
             if (last - first).sum() < (ends - starts).sum():
                 names = _concat_ranges(first, last)
             else:
-                names = np.unique(self.postings[_concat_ranges(starts, ends)]).astype(np.int64)
+                names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
                 names = names[_is_in_sorted(self.name_item[names], allowed)]
         if len(names) == 0:
             return []

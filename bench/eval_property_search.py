@@ -7,7 +7,7 @@ not hold (METHOD.md section 4: keywords miss "born in" -> "place of birth"). Pri
 recall@10, MRR@10 and mean query time per method; this is the measurement behind the encoder choice.
 
     python bench/eval_property_search.py                         # ../shared/data/wikidata/items.jsonl
-    python bench/eval_property_search.py --items FILE --limit 500
+    python bench/eval_property_search.py --subset 500 --qwen   # adds our Qwen model as encoder
 """
 
 import argparse
@@ -35,19 +35,49 @@ def held_out_split(items_file: Path, seed: int) -> tuple[list[list[str]], list[t
             if not item["id"].startswith("P"):
                 continue
             label, aliases = item["label"], list(dict.fromkeys(item.get("aliases") or []))
-            # an alias that normalises like another name of the same property is not held out
-            own = {tuple(normalize(n)) for n in [label] + aliases}
-            candidates = [
-                a
-                for a in aliases
-                if sum(tuple(normalize(n)) == tuple(normalize(a)) for n in [label] + aliases) == 1
-            ]
-            if candidates and len(own) > 1:
+            keys = [tuple(normalize(name)) for name in [label] + aliases]
+            # hold out an alias whose normalised text no other name of the property has
+            candidates = [a for a, key in zip(aliases, keys[1:]) if keys.count(key) == 1]
+            if candidates:
                 held = candidates[rng.integers(len(candidates))]
                 aliases.remove(held)
                 queries.append((held, len(names)))
             names.append([label] + aliases)
     return names, queries
+
+
+class QwenLastToken:
+    """Text encoder from our Qwen model (model.py): the final-norm hidden state of the last token of
+    an instruction prompt ("... means in one word: \"", as in PromptEOL), L2-normalised later."""
+
+    PROMPT = 'This knowledge graph property: "{}" means in one word: "'
+
+    def __init__(self, model_dir: Path, batch_size: int = 16):
+        from model import Tokenizer, Transformer
+
+        self.model, self.tokenizer = Transformer.from_pretrained(model_dir), Tokenizer(model_dir)
+        self.batch_size, self.last = batch_size, None
+        # with logits_at=-1 the final norm sees only the last position: [B, C]
+        self.model.model.norm.register_forward_hook(
+            lambda module, inputs, output: setattr(self, "last", output)
+        )
+
+    @torch.inference_mode()
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        ids = [self.tokenizer.encode(self.PROMPT.format(text)) for text in texts]
+        out = np.zeros((len(texts), self.model.args.hidden_size), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            T = max(len(ids[i]) for i in batch)
+            # left padding, so position -1 is every row's last real token
+            tokens = torch.tensor(
+                [[self.tokenizer.pad_id] * (T - len(ids[i])) + ids[i] for i in batch]
+            )
+            mask = torch.tensor([[0] * (T - len(ids[i])) + [1] * len(ids[i]) for i in batch])
+            self.model(tokens, mask, logits_at=-1)
+            out[batch] = self.last.float().numpy()
+        return out
 
 
 def evaluate(search, queries: list[tuple[str, int]], k: int = 10) -> dict:
@@ -69,54 +99,53 @@ def evaluate(search, queries: list[tuple[str, int]], k: int = 10) -> dict:
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     names, queries = held_out_split(Path(args.items), args.seed)
-    if args.limit:
-        queries = [
-            queries[i]
-            for i in np.random.default_rng(args.seed).permutation(len(queries))[: args.limit]
-        ]
-    popularity = np.zeros(
-        len(names), dtype=np.float32
-    )  # no popularity: measure the text match alone
+    if args.subset:  # a random subset of the properties: only their names and aliases take part
+        keep = np.sort(np.random.default_rng(args.seed).permutation(len(names))[: args.subset])
+        new_row = {int(old): new for new, old in enumerate(keep)}
+        names = [names[i] for i in keep]
+        queries = [(query, new_row[row]) for query, row in queries if row in new_row]
+    popularity = np.zeros(len(names), dtype=np.float32)  # no popularity: the text match alone
+    n_names = sum(map(len, names))
     print(
-        f"{len(names)} properties, {sum(map(len, names))} indexed names, {len(queries)} held-out alias queries"
+        f"{len(names)} properties, {n_names} indexed names, {len(queries)} held-out alias queries"
     )
 
+    # --- the indices: keywords, and embeddings of every name by each encoder
     methods = {"prefix keywords": PrefixIndex.build(names, popularity).search}
-    start = time.perf_counter()
-    encoder = load_encoder(MINILM)
-    embedding = EmbeddingIndex.build(names, popularity, encoder, MINILM)
-    print(
-        f"embedded {len(embedding.vectors)} names with {MINILM} in {time.perf_counter() - start:.0f} s"
-    )
-    methods[f"embedding ({MINILM})"] = embedding.search
+    encoders = {MINILM: lambda: load_encoder(MINILM)}
+    if args.qwen:
+        encoders["Qwen2.5 0.5B last token"] = lambda: QwenLastToken(Path(args.model_dir))
+    for name, make_encoder in encoders.items():
+        start = time.perf_counter()
+        index = EmbeddingIndex.build(names, popularity, make_encoder(), name)
+        print(f"embedded {n_names} names with {name} in {time.perf_counter() - start:.0f} s")
+        methods[f"embedding ({name})"] = index.search
 
-    print(f"\n| method | recall@1 | recall@10 | MRR@10 | ms/query |\n|---|---|---|---|---|")
+    # --- held-out alias queries
+    print("\n| method | recall@1 | recall@10 | MRR@10 | ms/query |\n|---|---|---|---|---|")
     for name, search in methods.items():
         m = evaluate(search, queries)
-        print(
-            f"| {name} | {m['recall@1']:.3f} | {m['recall@10']:.3f} | {m['mrr@10']:.3f} | {m['ms/query']:.1f} |"
+        row = (
+            f"{m['recall@1']:.3f} | {m['recall@10']:.3f} | {m['mrr@10']:.3f} | {m['ms/query']:.1f}"
         )
-    examples = [q for q, _ in queries[:8]]
-    print("\nexample queries:", "; ".join(examples))
+        print(f"| {name} | {row} |")
+    print("\nexample queries:", "; ".join(query for query, _ in queries[:8]))
 
 
 if __name__ == "__main__":
+    formatter = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=formatter
+    )
+    default_items = defaults.SHARED_DATA_DIR / "wikidata" / "items.jsonl"
+    parser.add_argument(
+        "--items", default=str(default_items), help="items JSONL with Wikidata P ids"
     )
     parser.add_argument(
-        "--items",
-        default=str(defaults.SHARED_DATA_DIR / "wikidata" / "items.jsonl"),
-        help="items JSONL with Wikidata P ids",
+        "--subset", type=int, default=0, help="a random subset of N properties (0: all)"
     )
-    parser.add_argument(
-        "--limit",
-        type=int,
-        default=0,
-        help="evaluate a random subset of this many queries (0: all)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="which alias is held out, and the subset"
-    )
-    parser.add_argument("--threads", type=int, default=2, help="torch threads for the encoder")
+    parser.add_argument("--seed", type=int, default=0, help="which alias is held out; the subset")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the encoders")
+    parser.add_argument("--qwen", action="store_true", help="also our Qwen model as an encoder")
+    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="Qwen model (--qwen)")
     main(parser.parse_args())
