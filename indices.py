@@ -274,7 +274,7 @@ class EmbeddingIndex:
     def __init__(
         self,
         arrays: dict[str, np.ndarray],
-        encoder: Callable[[list[str]], np.ndarray],
+        encoder: Callable[[list[str]], np.ndarray] | None,
         encoder_name: str,
     ):
         self.vectors, self.item_ptr, self.popularity = (arrays[n] for n in self.ARRAYS)
@@ -322,13 +322,17 @@ class EmbeddingIndex:
 
     @classmethod
     def load(cls, directory: Path, encoder=None) -> "EmbeddingIndex":
-        """Load arrays memory-mapped; `encoder` defaults to the one named in config.json."""
+        """Load arrays memory-mapped; `encoder` defaults to the one named in config.json, loaded
+        at the first search (so opening an index stays cheap)."""
         name = json.loads((Path(directory) / "config.json").read_text())["encoder"]
-        if encoder is None:
-            from encoder import load_encoder  # torch only when an embedding index is used
-
-            encoder = load_encoder(name)
         return cls(load_arrays(Path(directory), cls.ARRAYS), encoder, name)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if self.encoder is None:
+            from encoder import load_encoder  # torch only once an embedding search happens
+
+            self.encoder = load_encoder(self.encoder_name)
+        return self.encoder(texts)
 
     def search(
         self, query: str, k: int = 10, allowed_ids: Iterable[int] | None = None
@@ -342,7 +346,7 @@ class EmbeddingIndex:
             items = allowed[self.item_ptr[allowed + 1] > self.item_ptr[allowed]]
         if len(items) == 0:
             return []
-        q = np.asarray(self.encoder([query])[0], dtype=np.float32)
+        q = np.asarray(self._encode([query])[0], dtype=np.float32)
         q /= max(float(np.linalg.norm(q)), 1e-12)
         starts, ends = self.item_ptr[items], self.item_ptr[items + 1]
         if allowed_ids is None:  # all rows: one matrix product, no gather

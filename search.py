@@ -15,7 +15,7 @@ rows and rows back to item metadata, and is the only search API other modules ne
 Index directory (written by build_index.py): `manifest.json`, and per kind (`entities/`,
 `properties/`) an item store (below), `prefix/` and optionally `embedding/`; `.npy` + JSON only.
 
-    python search.py --index ~/.cache/grisp/indices/demo                 # interactive queries
+    python search.py                                                      # the demo index, interactive
     python search.py --index DIR --kind property --query "born in" --k 5  # one shot
 """
 
@@ -29,14 +29,16 @@ from typing import Iterable
 
 import numpy as np
 
+import defaults
 from indices import EmbeddingIndex, PrefixIndex, load_arrays, save_arrays
 
 KINDS = {"entity": "entities", "property": "properties"}  # search kind -> sub-directory
+ITEM_FIELDS = ("id", "label", "aliases", "description", "popularity")
 
 
 @dataclass
 class Item:
-    """One knowledge-graph item as indexed: full IRI, main label, all aliases, description, popularity."""
+    """A knowledge-graph item as indexed: full IRI, main label, all aliases, description, popularity."""
 
     id: str
     label: str
@@ -62,12 +64,9 @@ class ItemStore:
 
     def __init__(self, directory: Path):
         directory = Path(directory)
-        self._file = open(directory / "items.jsonl", "rb")
-        self._map = (
-            mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-            if directory.joinpath("items.jsonl").stat().st_size
-            else b""
-        )
+        with open(directory / "items.jsonl", "rb") as f:  # the map keeps its own file handle
+            empty = directory.joinpath("items.jsonl").stat().st_size == 0
+            self._map = b"" if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         arrays = load_arrays(directory, ["offsets", "popularity", "id_hash", "id_row"])
         self.offsets, self.popularity, self.id_hash, self.id_row = arrays.values()
 
@@ -79,13 +78,8 @@ class ItemStore:
         offsets, popularity, hashes = [0], [], []
         with open(directory / "items.jsonl", "wb") as f:
             for item in items:
-                line = json.dumps(
-                    {
-                        key: item[key]
-                        for key in ("id", "label", "aliases", "description", "popularity")
-                    },
-                    ensure_ascii=False,
-                )
+                fields = {key: item[key] for key in ITEM_FIELDS}
+                line = json.dumps(fields, ensure_ascii=False)
                 offsets.append(offsets[-1] + f.write(line.encode() + b"\n"))
                 popularity.append(item["popularity"])
                 hashes.append(_iri_hash(item["id"]))
@@ -138,21 +132,20 @@ class Indices:
 
     def __init__(self, directory: Path, encoder=None):
         directory = Path(directory).expanduser()
-        if not (directory / "manifest.json").exists():
+        manifest = directory / "manifest.json"
+        if not manifest.exists():
             raise FileNotFoundError(
-                f"no index at {directory} (manifest.json missing); build one with build_index.py"
+                f"no index at {directory} (no manifest.json); run build_index.py"
             )
-        self.directory, self.manifest = directory, json.loads(
-            (directory / "manifest.json").read_text()
-        )
-        self.stores, self.methods = {}, {}
+        self.directory, self.manifest = directory, json.loads(manifest.read_text())
+        self.stores: dict[str, ItemStore] = {}  # kind -> item metadata
+        self.methods: dict[str, dict] = {}  # kind -> {"prefix": PrefixIndex, "embedding": ...}
         for kind, sub in KINDS.items():
             self.stores[kind] = ItemStore(directory / sub / "items")
             self.methods[kind] = {"prefix": PrefixIndex.load(directory / sub / "prefix")}
             if (directory / sub / "embedding" / "config.json").exists():
-                self.methods[kind]["embedding"] = EmbeddingIndex.load(
-                    directory / sub / "embedding", encoder
-                )
+                embedding = EmbeddingIndex.load(directory / sub / "embedding", encoder)
+                self.methods[kind]["embedding"] = embedding
 
     def default_method(self, kind: str) -> str:
         """GRASP's defaults: prefix search for entities, embedding search for properties if built."""
@@ -175,9 +168,8 @@ class Indices:
             raise ValueError(f"unknown kind {kind!r}; use one of {sorted(KINDS)}")
         method = method or self.default_method(kind)
         if method not in self.methods[kind]:
-            raise ValueError(
-                f"no {method!r} index for {kind} in {self.directory}; built: {sorted(self.methods[kind])}"
-            )
+            built = sorted(self.methods[kind])
+            raise ValueError(f"no {method!r} index for {kind} in {self.directory}; built: {built}")
         store = self.stores[kind]
         rows = None if allowed_ids is None else store.rows(allowed_ids)
         results = self.methods[kind][method].search(query, k, rows)
@@ -205,9 +197,8 @@ def main(args: argparse.Namespace) -> None:
     for query in queries:
         for hit in indices.search(args.kind, query, args.k, method=args.method):
             aliases = f" [{', '.join(hit.aliases[:3])}]" if hit.aliases else ""
-            print(
-                f"{hit.score:7.3f}  {hit.id}  {hit.label}{aliases}: {hit.description} (popularity {hit.popularity:g})"
-            )
+            print(f"{hit.score:7.3f}  {hit.id}  {hit.label}{aliases}: {hit.description}", end="")
+            print(f" (popularity {hit.popularity:g})")
 
 
 def _read_queries():
@@ -224,7 +215,10 @@ if __name__ == "__main__":
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
-        "--index", type=Path, required=True, help="index directory written by build_index.py"
+        "--index",
+        type=Path,
+        default=defaults.DEMO_INDEX_DIR,
+        help="index directory (build_index.py)",
     )
     parser.add_argument(
         "--kind", choices=sorted(KINDS), default="entity", help="which items to search"
