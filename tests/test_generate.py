@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from generate import beam_search, top_p_mask
+from generate import beam_search, sample_without_replacement, top_p_mask
 from model import Transformer
 from tests.tiny import make_model_dir
 
@@ -87,3 +87,29 @@ def test_top_p_mask_keeps_smallest_set_reaching_p():
     assert top_p_mask(logprobs, 0.7).tolist() == [[True, True, False, False]]
     assert top_p_mask(logprobs, 0.45).tolist() == [[True, False, False, False]]
     assert top_p_mask(logprobs, 1.0).tolist() == [[True, True, True, True]]
+
+
+def full_sort_top_p_mask(logprobs, top_p):
+    """The reference: sort every row completely, keep a token while the mass before it is < top_p."""
+    sorted_lp, order = logprobs.sort(dim=-1, descending=True)
+    before = sorted_lp.exp().cumsum(-1) - sorted_lp.exp()
+    return torch.zeros_like(order, dtype=torch.bool).scatter(-1, order, before < top_p)
+
+
+@pytest.mark.parametrize("sharpness", [0.1, 3.0, 30.0])  # flat rows need the full sort, sharp ones 64 tokens
+def test_top_p_mask_equals_a_full_sort(sharpness):
+    g = torch.Generator().manual_seed(0)
+    logprobs = torch.log_softmax(sharpness * torch.randn(5, 3000, generator=g), dim=-1)
+    for top_p in (0.3, 0.9, 0.999):
+        assert torch.equal(top_p_mask(logprobs, top_p), full_sort_top_p_mask(logprobs, top_p))
+
+
+def test_sampling_on_the_allowed_entries_draws_what_multinomial_draws():
+    g = torch.Generator().manual_seed(0)
+    weights = 3 * torch.randn(4000, generator=g)
+    allowed = torch.randperm(4000, generator=g)[:300].sort().values
+    dense = torch.zeros(4000).index_copy(0, allowed, torch.softmax(weights[allowed], dim=0))
+    for seed in range(5):
+        ours = sample_without_replacement(weights, allowed, 16, torch.Generator().manual_seed(seed))
+        theirs = torch.multinomial(dense, 16, generator=torch.Generator().manual_seed(seed))
+        assert set(ours.tolist()) == set(theirs.tolist()) and set(ours.tolist()) <= set(allowed.tolist())
