@@ -92,7 +92,8 @@ class KVCache:
 
     Rows are left-padded: `mask[b, s]` is False where row b holds padding at position s. The buffers are
     preallocated for `max_len` positions and grow (doubling) if a forward needs more. Only inference
-    uses a cache; `Transformer.forward(cache=None)` (training, re-ranking) never touches one."""
+    uses a cache (decoding, and the re-ranker reusing a shared prompt start); training runs
+    `Transformer.forward(cache=None)`."""
 
     def __init__(self, args: ModelArgs, batch_size: int, max_len: int = 256,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
@@ -129,6 +130,12 @@ class KVCache:
         self.k[layer, :, :, start:end] = k
         self.v[layer, :, :, start:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def truncate(self, length: int) -> None:
+        """Forget the positions from `length` on; the next forward writes there (a prompt cache keeps the
+        start that successive prompts share)."""
+        assert 0 <= length <= self.length, f"cannot truncate a cache of {self.length} positions to {length}"
+        self.length = length
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep rows `rows` (LongTensor [B_new]) in this order; rows may repeat (1 prompt -> 8 beams)."""
