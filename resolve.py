@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from model import Tokenizer, Transformer, chat_prompt
-from prompts import Alternative, mark_current, rerank_messages, to_alternative
+from prompts import IDENTIFIERS, Alternative, mark_current, rerank_messages, to_alternative
 from search import Hit, Indices
 from skeleton import (CONSTRAINT_LIMIT, Placeholder, constraint_query, find_placeholders, infer_position,
                       split_variant, substitute)
@@ -64,20 +64,52 @@ class Resolution:
 
 
 class ModelReranker:
-    """List-wise re-ranking by the next-token logits of the identifiers (A, B, ...) after the prompt."""
+    """List-wise re-ranking by the next-token logits of the identifiers (A, B, ...) after the prompt.
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, show_infos: bool = True):
-        self.model, self.tokenizer, self.show_infos = model, tokenizer, show_infos
+    Successive prompts share a long start: always the system message and chat header, within one
+    question also the question line, the query up to its first changed placeholder and, on a backtrack,
+    the whole query. So the re-ranker keeps the KV cache of its previous prompt, cuts it back to the
+    tokens the new prompt shares with it and runs only the rest; cutting back is free, so reuse always
+    pays. prefix_cache=False runs every prompt in full (the reference; scores agree up to rounding).
+    `tokens` counts prompt tokens seen and tokens actually run through the model."""
 
-    @torch.inference_mode()
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, show_infos: bool = True, prefix_cache: bool = True):
+        self.model, self.tokenizer, self.show_infos, self.prefix_cache = model, tokenizer, show_infos, prefix_cache
+        self.identifier_ids = {}  # identifier letter -> its token id; the scores are these logits
+        for identifier in IDENTIFIERS:
+            ids = tokenizer.encode(identifier)
+            if len(ids) != 1:
+                raise ValueError(f"the tokenizer splits the identifier {identifier!r} into {ids}; re-ranking needs "
+                                 f"single-token identifiers (use a Qwen2 tokenizer)")
+            self.identifier_ids[identifier] = ids[0]
+        self.cache, self.cached_ids = None, []  # the KV cache of the previous prompt and its tokens
+        self.tokens = {"prompt": 0, "computed": 0}
+
     def __call__(self, question: str, marked_query: str, alternatives: list[Alternative]) -> list[float]:
         messages, identifiers = rerank_messages(question, marked_query, alternatives, self.show_infos)
-        ids = self.tokenizer.encode(chat_prompt(messages))
-        device = self.model.model.norm.weight.device
-        logits = self.model(torch.tensor([ids], device=device), logits_at=-1)[0]  # [V]
-        token_ids = [self.tokenizer.encode(identifier) for identifier in identifiers]
-        assert all(len(t) == 1 for t in token_ids), f"identifiers must be single tokens: {token_ids}"
-        return logits[[t[0] for t in token_ids]].float().tolist()
+        logits = self.next_token_logits(self.tokenizer.encode(chat_prompt(messages)))  # [V]
+        return logits[[self.identifier_ids[i] for i in identifiers]].float().tolist()
+
+    @torch.inference_mode()
+    def next_token_logits(self, ids: list[int]) -> torch.Tensor:
+        """Logits [V] of the token after the prompt `ids`, reusing the start it shares with the last prompt."""
+        tokens = torch.tensor([ids], device=self.model.model.norm.weight.device)  # [1, P]
+        self.tokens["prompt"] += len(ids)
+        if not self.prefix_cache:
+            self.tokens["computed"] += len(ids)
+            return self.model(tokens, logits_at=-1)[0]
+        # the longest common start, but at least the last token runs: its logits are the answer
+        shared, limit = 0, min(len(ids) - 1, len(self.cached_ids))
+        while shared < limit and ids[shared] == self.cached_ids[shared]:
+            shared += 1
+        if self.cache is None:
+            self.cache = self.model.new_cache(1, 2 * len(ids))
+        self.cache.truncate(shared)
+        self.cached_ids = ids[:shared]  # what the cache holds, should the forward below fail
+        logits = self.model(tokens[:, shared:], cache=self.cache, logits_at=-1)[0]  # [V]
+        self.cached_ids = ids
+        self.tokens["computed"] += len(ids) - shared
+        return logits
 
 
 class Resolver:
