@@ -130,7 +130,8 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(model_dir, tmp_path):
     val = write_jsonl(tmp_path / "v.jsonl", make_samples(2, 0, prefix="v"))
     common = ["--epochs", "3", "--lr", "5e-3", "--lora-dropout", "0.2", "--val-data", str(val), "--patience", "5"]
     train.main(train_args(model_dir, tmp_path, samples, *common, "--name", "straight"))
-    for flags in (["--stop-after", "3"], ["--resume", "--stop-after", "7"], ["--resume"]):  # stops mid-epoch 0 and 1
+    # interrupted mid-epoch 0, at the end of epoch 0 (before its validation), and mid-epoch 1
+    for flags in (["--stop-after", "3"], ["--resume", "--stop-after", "5"], ["--resume", "--stop-after", "7"], ["--resume"]):
         train.main(train_args(model_dir, tmp_path, samples, *common, "--name", "interrupted", *flags))
     straight, interrupted = log(tmp_path, "straight"), log(tmp_path, "interrupted")
     assert [r["step"] for r in interrupted] == [r["step"] for r in straight]  # no step lost or repeated
