@@ -124,6 +124,16 @@ def test_cache_reorder_equals_recomputing(ours):
     torch.testing.assert_close(ours(step, cache=cache, logits_at=-1), expected, atol=1e-5, rtol=0)
 
 
+@torch.no_grad()
+def test_cache_truncate_then_continue_equals_recomputing(ours):
+    x, y = tokens(2, 10, seed=8), tokens(2, 4, seed=9)
+    cache = ours.new_cache(2, max_len=16)
+    ours(x, cache=cache)
+    cache.truncate(6)  # keep a shared start of 6 positions, continue differently
+    assert len(cache) == 6
+    torch.testing.assert_close(ours(y, cache=cache), ours(torch.cat([x[:, :6], y], dim=1))[:, 6:], atol=1e-5, rtol=0)
+
+
 # ---------------------------------------------------------------------------- logits_at
 @torch.no_grad()
 def test_logits_at_equals_slicing_full_logits(ours):
