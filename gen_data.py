@@ -35,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import torch
+
 import benchmarks
 import defaults
 from prompts import IDENTIFIERS, rerank_messages, skeleton_messages, to_alternative
@@ -81,12 +83,18 @@ class SampleGenerator:
         if not 1 <= augment.min_k <= augment.max_k < len(IDENTIFIERS):
             raise ValueError(f"need 1 <= min-k <= max-k < {len(IDENTIFIERS)}, got {augment.min_k}..{augment.max_k}")
         self.records, self.indices, self.augment, self.seed = records, indices, augment, seed
+        self.hits = {}  # (kind, query, k) -> search results: the same placeholders recur every epoch
 
     def epoch(self, epoch: int) -> tuple[list[dict], Counter]:
         samples, stats = [], Counter()
-        for record in self.records:
-            rng = random.Random(f"{self.seed}:{epoch}:{record['id']}")  # str seeds hash with SHA-512
-            samples += self.record_samples(record, rng, stats)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the query encoder runs one short text at a time: threads only cost here
+        try:
+            for record in self.records:
+                rng = random.Random(f"{self.seed}:{epoch}:{record['id']}")  # str seeds hash with SHA-512
+                samples += self.record_samples(record, rng, stats)
+        finally:
+            torch.set_num_threads(threads)
         for sample in samples:
             sample["epoch"] = epoch
         return samples, stats
@@ -133,7 +141,9 @@ class SampleGenerator:
         gold, variant = split_variant(iris[i])
         kind = "property" if self.indices.stores["property"].get(gold) is not None else "entity"
         k = rng.randint(aug.min_k, aug.max_k) if rng.random() < aug.vary_k else aug.max_k
-        items = {hit.id: hit for hit in self.indices.search(kind, ph.label, k)}
+        if (kind, ph.label, k) not in self.hits:
+            self.hits[kind, ph.label, k] = self.indices.search(kind, ph.label, k)
+        items = {hit.id: hit for hit in self.hits[kind, ph.label, k]}
         ids = list(items)
         if gold not in ids:  # the search missed it: put it at a random rank within the top k
             stats["gold_inserted"] += 1
