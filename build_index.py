@@ -15,7 +15,8 @@ number of triples an entity occurs in; properties: number of triples using them,
 properties last. An endpoint build holds all items in memory (fine for KGs up to a few million
 items); for all of Wikidata, write the items JSONL from a dump and use --items.
 
-    python build_index.py --items ../shared/data/wikidata/items.jsonl --out ~/.cache/grisp/indices/wikidata-items
+    python build_index.py --items ../shared/data/wikidata/items.jsonl \
+        --out ~/.cache/grisp/indices/wikidata-items
     python endpoint.py start && python build_index.py --endpoint http://127.0.0.1:7878/query
     python build_index.py --endpoint URL --schema generic --lang de --out DIR   # any RDF graph
 """
@@ -274,8 +275,9 @@ def main(args: argparse.Namespace) -> None:
         "built_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    seconds = time.time() - started
     print(
-        f"indexed {counts['entity']} entities and {counts['property']} properties into {out} in {time.time() - started:.1f} s"
+        f"indexed {counts['entity']} entities, {counts['property']} properties: {out} ({seconds:.1f} s)"
     )
 
 
@@ -295,7 +297,8 @@ if __name__ == "__main__":
         "--schema",
         choices=["wikidata", "generic"],
         default="wikidata",
-        help="endpoint vocabulary: Wikidata RDF or generic RDF (rdfs:label, skos:altLabel, schema:description)",
+        help="endpoint vocabulary: Wikidata RDF, or generic RDF (rdfs:label, skos:altLabel, "
+        "schema:description, IRI local names)",
     )
     parser.add_argument(
         "--lang",
