@@ -332,7 +332,7 @@ def test_hf_source_downloads_every_model_file(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(get_model, "HF_URL", hub + "/{repo}/resolve/{revision}/{name}")
     get_model.main(get_model.parse_args(["--source", "hf", "--out", str(tmp_path)]))
     assert all((tmp_path / n).read_bytes() == n.encode() * 10 for n in get_model.MODEL_FILES)
-    assert json.loads((tmp_path / get_model.MANIFEST).read_text())["repo"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert json.loads((tmp_path / get_model.MANIFEST).read_text())["repo"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 
 
 # ----------------------------------------------------------------------------- the real model (slow)
