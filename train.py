@@ -238,10 +238,14 @@ def main(args: argparse.Namespace) -> None:
                 optimizer.zero_grad(set_to_none=True)
                 state["step"] += 1
                 state["step_in_epoch"] += 1
+                if world > 1:  # log the loss and tokens of the whole batch, not of this rank's share
+                    totals = torch.tensor([step_loss / world, float(tokens)], device=device)
+                    dist.all_reduce(totals)
+                    step_loss, tokens = totals.tolist()
                 seconds = time.time() - started
                 log({"step": state["step"], "epoch": epoch, "loss": step_loss, "lr": lr, "tokens": tokens,
-                     "s_per_step": round(seconds, 3), "tokens_per_s": round(tokens * world / seconds, 1)})
-                bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens * world / seconds:.0f}")
+                     "s_per_step": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)})
+                bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}")
                 bar.update()
                 if args.eval_every and state["step"] % args.eval_every == 0:
                     validate_and_keep_best()

@@ -18,6 +18,7 @@ import loss
 import train
 from model import Tokenizer, Transformer
 from prompts import Alternative, rerank_messages, skeleton_messages
+from tests.conftest import free_port
 from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,3 +187,23 @@ def test_bad_data_exits_non_zero_without_traceback(model_dir, tmp_path):
     run = subprocess.run([sys.executable, str(REPO / "train.py"), "--model-dir", str(model_dir), "--index", str(tmp_path),
                           "--runs-dir", str(tmp_path), "--data", "no/such.jsonl"], capture_output=True, text=True)
     assert run.returncode != 0 and "no/such.jsonl" in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+@pytest.mark.slow  # two torchrun workers: ~10-40 s of process start-up
+def test_two_process_ddp_equals_one_process(model_dir, tmp_path):
+    """torchrun with 2 CPU processes (gloo): each takes half of every batch, DDP averages the gradients,
+    so the adapter equals the single-process one (no dropout: each process draws its own masks)."""
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(4))
+    flags = ["--samples", str(samples), "--model-dir", str(model_dir), "--runs-dir", str(tmp_path / "runs"), "--val-fraction", "0",
+             "--lora-r", "4", "--batch-size", "4", "--micro-batch-size", "1", "--epochs", "2", "--lr", "5e-3",
+             "--lora-dropout", "0", "--threads", "1", "--device", "cpu"]
+    train.main(train.make_parser().parse_args(flags + ["--name", "single"]))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                          str(REPO / "train.py"), *flags, "--name", "ddp"], capture_output=True, text=True, cwd=REPO,
+                         env=os.environ | {"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    a = load_file(tmp_path / "runs" / "single" / "adapter" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "runs" / "ddp" / "adapter" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    single, ddp = log(tmp_path, "single"), log(tmp_path, "ddp")
+    assert [r["loss"] for r in ddp] == pytest.approx([r["loss"] for r in single], abs=1e-5)
