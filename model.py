@@ -98,8 +98,9 @@ class KVCache:
     def __init__(self, args: ModelArgs, batch_size: int, max_len: int = 256,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         shape = (args.num_hidden_layers, batch_size, args.num_key_value_heads, max_len, args.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H_kv, S_max, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H_kv, S_max, D]
+        # uninitialised: every position is written before attention reads it, and untouched memory is free
+        self.k = torch.empty(shape, dtype=dtype, device=device)  # [L, B, H_kv, S_max, D]
+        self.v = torch.empty(shape, dtype=dtype, device=device)  # [L, B, H_kv, S_max, D]
         self.mask = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)  # [B, S_max]
         self.length = 0  # positions filled so far (padding included), the same for every row
 
@@ -145,7 +146,7 @@ class KVCache:
         """Replace the buffers by ones holding `rows` of the filled part, with room for `size` positions."""
         n, (L, B, H, _, D) = self.length, self.k.shape
         B = B if isinstance(rows, slice) else len(rows)
-        k, v = self.k.new_zeros(L, B, H, size, D), self.v.new_zeros(L, B, H, size, D)
+        k, v = self.k.new_empty(L, B, H, size, D), self.v.new_empty(L, B, H, size, D)
         mask = self.mask.new_zeros(B, size)
         k[:, :, :, :n], v[:, :, :, :n] = self.k[:, rows, :, :n], self.v[:, rows, :, :n]
         mask[:, :n] = self.mask[rows, :n]
@@ -209,24 +210,30 @@ class Block(nn.Module):
 class SplitLinear(nn.Module):
     """Inference-only stand-in for a plain nn.Linear, made by `Transformer.prepare_for_inference()`.
 
-    Same math as F.linear, but the weight is stored transposed and split in two halves of the output
-    features, [2, in, out/2], and applied with one torch.bmm: on CPU, few-row matmuls (decoding) then keep
-    both cores busy (bench/bench_model.py measures it)."""
+    Same math as F.linear, but the weight is stored transposed in `parts` slices of the output features,
+    [P, in, out/P], and applied with one torch.bmm: on CPU, few-row matmuls (decoding) then keep both
+    cores busy. The conversion reuses the nn.Linear's memory, one slice at a time (scratch: 1/P of the
+    weight), so that Linear must not be used afterwards."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, parts: int = 2):
         super().__init__()
         out_features, in_features = linear.weight.shape
-        assert out_features % 2 == 0, f"SplitLinear needs an even number of outputs, got {out_features}"
-        w = linear.weight.detach().t().reshape(in_features, 2, out_features // 2)  # [in, 2, out/2]
-        self.register_buffer("weight_t", w.permute(1, 0, 2).contiguous())  # [2, in, out/2]
-        bias = None if linear.bias is None else linear.bias.detach().view(2, 1, out_features // 2)
-        self.register_buffer("bias", bias)  # [2, 1, out/2] or None
+        assert out_features % parts == 0, f"{out_features} outputs do not split into {parts} parts"
+        w = linear.weight.detach()  # [out, in]
+        assert w.is_contiguous(), "SplitLinear converts a contiguous weight in place"
+        slices = w.view(parts, out_features // parts, in_features)  # [P, out/P, in]
+        for p, flat in enumerate(w.view(parts, -1)):  # flat: the memory of slice p
+            flat.copy_(slices[p].t().reshape(-1))  # reshape copies the transposed slice out first
+        self.register_buffer("weight_t", w.view(parts, in_features, out_features // parts))  # [P, in, out/P]
+        bias = None if linear.bias is None else linear.bias.detach().view(parts, 1, out_features // parts)
+        self.register_buffer("bias", bias)  # [P, 1, out/P] or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         *lead, C = x.shape
-        x2 = x.reshape(1, -1, C).expand(2, -1, C)  # [2, M, in], M = all leading dims
-        y = torch.bmm(x2, self.weight_t) if self.bias is None else torch.baddbmm(self.bias, x2, self.weight_t)
-        return y.transpose(0, 1).reshape(*lead, -1)  # [2, M, out/2] -> [..., out]
+        P = self.weight_t.shape[0]
+        xp = x.reshape(1, -1, C).expand(P, -1, C)  # [P, M, in], M = all leading dims
+        y = torch.bmm(xp, self.weight_t) if self.bias is None else torch.baddbmm(self.bias, xp, self.weight_t)
+        return y.transpose(0, 1).reshape(*lead, -1)  # [P, M, out/P] -> [..., out]
 
 
 class Transformer(nn.Module):
@@ -293,16 +300,20 @@ class Transformer(nn.Module):
 
     def prepare_for_inference(self) -> "Transformer":
         """Faster CPU decoding, exact up to float rounding: swap each plain nn.Linear of the blocks (and
-        an untied lm_head) for a SplitLinear. Layers that are not plain nn.Linear (e.g. wrapped by
-        lora.py) stay as they are, so merge LoRA first. Afterwards the model is for inference only: no
-        training, no state_dict in the Hugging Face layout. Returns self."""
-        slots = [(block.self_attn, name) for block in self.model.layers for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        slots += [(block.mlp, name) for block in self.model.layers for name in ("gate_proj", "up_proj", "down_proj")]
-        if not self.args.tie_word_embeddings:  # a tied lm_head would need a second copy of the embedding
-            slots.append((self, "lm_head"))
-        for parent, name in slots:
-            if type(getattr(parent, name)) is nn.Linear:
-                setattr(parent, name, SplitLinear(getattr(parent, name)))
+        an untied lm_head) for a SplitLinear, converting the weights in place. Layers that are not plain
+        nn.Linear (e.g. wrapped by lora.py) stay as they are, so merge LoRA first. Afterwards the model is
+        for inference only: no training, no state_dict in the Hugging Face layout. Returns self."""
+        names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+        slots = [(f"model.layers.{i}.{name}", 2) for i in range(self.args.num_hidden_layers) for name in names]
+        if not self.args.tie_word_embeddings:  # a tied lm_head would overwrite the embedding
+            # 8 parts where the vocabulary allows: converting the biggest matrix needs 1/8 of it as scratch
+            slots.append(("lm_head", next(p for p in (8, 4, 2, 1) if self.args.vocab_size % p == 0)))
+        for name, parts in slots:
+            parent, _, child = name.rpartition(".")
+            module = self.get_submodule(name)
+            if type(module) is nn.Linear:
+                setattr(self.get_submodule(parent) if parent else self, child, SplitLinear(module, parts))
         return self.eval().requires_grad_(False)
 
     @classmethod
@@ -345,9 +356,10 @@ def load_safetensors(model_dir: Path, dtype: torch.dtype, device: str | torch.de
                                 f"(run `python get_model.py` to create the base model directory)")
     state = {}
     for name in files:
-        with safe_open(model_dir / name, framework="pt", device=str(device), backend="pread") as f:
+        # memory-mapped: a weight takes memory once touched (most embedding rows never are)
+        with safe_open(model_dir / name, framework="pt", device=str(device)) as f:
             for key in f.keys():
-                state[key] = f.get_tensor(key).to(dtype)  # one tensor at a time: low peak memory
+                state[key] = f.get_tensor(key).to(dtype)
     return state
 
 

@@ -210,6 +210,14 @@ def test_prepare_for_inference_is_exact_and_leaves_wrapped_layers(model_dir):
     torch.testing.assert_close(torch.cat(steps, dim=1), before, atol=1e-5, rtol=0)
 
 
+def test_prepare_for_inference_leaves_the_checkpoint_file_alone(tmp_path):
+    """The weights are memory-mapped copy-on-write: converting them in place must not touch the file."""
+    model_dir = make_model_dir(tmp_path)
+    before = (model_dir / "model.safetensors").read_bytes()
+    M.Transformer.from_pretrained(model_dir).prepare_for_inference()
+    assert (model_dir / "model.safetensors").read_bytes() == before
+
+
 # ---------------------------------------------------------------------------- tokenizer and chat
 def test_chat_prompt_exact_string():
     user = [{"role": "user", "content": "What is the capital of France?"}]
