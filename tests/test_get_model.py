@@ -1,6 +1,7 @@
-"""Tests for get_model.py: a tiny GGUF written here (quantised tensors included) converts to the right
-Hugging Face directory, its rebuilt tokenizer round-trips text, re-runs do nothing, downloads resume,
-and broken sources fail with a message. Tests marked slow check the real converted 0.5B model."""
+"""Tests for get_model.py and gguf_convert.py: a tiny GGUF written here (quantised tensors included)
+converts to the right Hugging Face directory, its rebuilt tokenizer round-trips text, re-runs do
+nothing, downloads resume, and broken sources fail with a message. Tests marked slow check the real
+converted 0.5B model."""
 import hashlib
 import http.server
 import json
@@ -20,6 +21,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 import defaults
 import get_model
+import gguf_convert
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -33,7 +35,7 @@ QTYPES = {"token_embd": "Q5_0", "output": "Q8_0", "attn_q": "Q8_0", "attn_k": "Q
 
 
 def hf_name(gguf_name: str) -> str:
-    """The Hugging Face name of a GGUF tensor, spelled out independently of get_model's tables."""
+    """The Hugging Face name of a GGUF tensor, spelled out independently of gguf_convert's tables."""
     parts = gguf_name.split(".")
     names = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm",
              "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -174,9 +176,9 @@ def test_transformers_loads_the_converted_directory(converted):
 
 
 def test_unknown_tensor_names_are_rejected():
-    assert get_model.hf_name("blk.12.ffn_down.weight") == "model.layers.12.mlp.down_proj.weight"
-    with pytest.raises(get_model.SourceError, match="blk.0.attn_qkv.weight"):
-        get_model.hf_name("blk.0.attn_qkv.weight")
+    assert gguf_convert.hf_name("blk.12.ffn_down.weight") == "model.layers.12.mlp.down_proj.weight"
+    with pytest.raises(gguf_convert.GGUFError, match="blk.0.attn_qkv.weight"):
+        gguf_convert.hf_name("blk.0.attn_qkv.weight")
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -226,7 +228,7 @@ def test_an_interrupted_write_leaves_no_file(tmp_path):
         tmp.write_bytes(b"half a file")
         raise KeyboardInterrupt
     with pytest.raises(KeyboardInterrupt):
-        get_model.write_atomic(tmp_path / "model.safetensors", crash)
+        gguf_convert.write_atomic(tmp_path / "model.safetensors", crash)
     assert not (tmp_path / "model.safetensors").exists()
 
 
