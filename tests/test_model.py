@@ -125,6 +125,24 @@ def test_cache_reorder_equals_recomputing(ours):
 
 
 @torch.no_grad()
+def test_cache_reorder_at_the_same_batch_size_equals_recomputing(ours):
+    # beam search reorders every step at a fixed batch size: buffers swap, padded rows must move with their mask
+    rows = [tokens(1, n, seed=20 + n)[0] for n in (6, 3, 4)]
+    ids, mask = left_pad(rows)
+    cache = ours.new_cache(3, max_len=12)
+    ours(ids, mask, cache=cache)
+    history = [list(range(3))]
+    for order in ([1, 1, 2], [2, 0, 0], [1, 2, 2]):  # each order picks rows of the previous state
+        cache.reorder(torch.tensor(order))
+        history.append([history[-1][r] for r in order])
+    step = tokens(3, 1, seed=7)
+    got = ours(step, cache=cache, logits_at=-1)  # [3, V]
+    for b, r in enumerate(history[-1]):
+        expected = ours(torch.cat([rows[r], step[b]])[None], logits_at=-1)[0]
+        torch.testing.assert_close(got[b], expected, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
 def test_cache_truncate_then_continue_equals_recomputing(ours):
     x, y = tokens(2, 10, seed=8), tokens(2, 4, seed=9)
     cache = ours.new_cache(2, max_len=16)
