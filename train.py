@@ -210,6 +210,8 @@ def main(args: argparse.Namespace) -> None:
 
     # --- loop: epochs -> optimiser steps of batch_size samples -> micro-batches (gradient accumulation)
     bar = tqdm(total=total_steps, initial=state["step"], disable=rank != 0, desc="train", dynamic_ncols=True)
+    if args.eval_every and state["step"] == 0:
+        validate_and_keep_best()  # the base model's loss: where training starts
     with checkpoint.StopFlag() as stop:
         while not state["done"] and state["step"] < total_steps:
             epoch = state["epoch"]
@@ -223,7 +225,7 @@ def main(args: argparse.Namespace) -> None:
                     group["lr"] = lr
                 mine = [data[i] for i in steps[state["step_in_epoch"]][rank::world]]  # this rank's share
                 micro = [mine[i:i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
-                step_loss, tokens = 0.0, 0
+                step_loss, tokens, by_task = 0.0, 0, {"skeleton": [], "rerank": []}
                 for j, batch in enumerate(micro):
                     sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
                     with sync, autocast:
@@ -231,6 +233,8 @@ def main(args: argparse.Namespace) -> None:
                         # DDP averages gradients over ranks, so scale each rank's sum by world/batch
                         (losses.sum() * world / args.batch_size).backward()
                     step_loss += losses.sum().item() / len(mine)
+                    for s, value in zip(batch, losses.tolist()):
+                        by_task["rerank" if s["choices"] else "skeleton"].append(value)
                     tokens += sum(len(s["ids"]) for s in batch)
                 if args.clip_grad:
                     torch.nn.utils.clip_grad_norm_(params, args.clip_grad)
@@ -244,6 +248,7 @@ def main(args: argparse.Namespace) -> None:
                     step_loss, tokens = totals.tolist()
                 seconds = time.time() - started
                 log({"step": state["step"], "epoch": epoch, "loss": step_loss, "lr": lr, "tokens": tokens,
+                     **{f"loss_{task}": sum(v) / len(v) for task, v in by_task.items() if v},  # this rank's share
                      "s_per_step": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)})
                 bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}")
                 bar.update()

@@ -126,15 +126,18 @@ def test_tiny_model_overfits_a_handful_of_samples(model_dir, tmp_path):
     assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
 
 
-def test_interrupted_and_resumed_run_equals_uninterrupted(model_dir, tmp_path):
+@pytest.mark.parametrize("eval_every", ["0", "4"])  # validation after each epoch / every 4 steps and at step 0
+def test_interrupted_and_resumed_run_equals_uninterrupted(model_dir, tmp_path, eval_every):
     samples = write_jsonl(tmp_path / "s.jsonl", make_samples(5, 0) + make_samples(5, 1))  # 5 steps per epoch
     val = write_jsonl(tmp_path / "v.jsonl", make_samples(2, 0, prefix="v"))
-    common = ["--epochs", "3", "--lr", "5e-3", "--lora-dropout", "0.2", "--val-data", str(val), "--patience", "5"]
+    common = ["--epochs", "3", "--lr", "5e-3", "--lora-dropout", "0.2", "--val-data", str(val), "--patience", "5",
+              "--eval-every", eval_every]
     train.main(train_args(model_dir, tmp_path, samples, *common, "--name", "straight"))
     # interrupted mid-epoch 0, at the end of epoch 0 (before its validation), and mid-epoch 1
     for flags in (["--stop-after", "3"], ["--resume", "--stop-after", "5"], ["--resume", "--stop-after", "7"], ["--resume"]):
         train.main(train_args(model_dir, tmp_path, samples, *common, "--name", "interrupted", *flags))
     straight, interrupted = log(tmp_path, "straight"), log(tmp_path, "interrupted")
+    assert sum("val_loss" in r for r in straight) == (3 if eval_every == "0" else 5)
     assert [r["step"] for r in interrupted] == [r["step"] for r in straight]  # no step lost or repeated
     for a, b in zip(straight, interrupted):
         assert a.get("loss") == pytest.approx(b.get("loss"), abs=1e-6) and a.get("val_loss") == pytest.approx(b.get("val_loss"), abs=1e-6)
