@@ -2,8 +2,8 @@
 
 Measures prefill tokens/s (one 512-token prompt), decode tokens/s at batch 1 and batch 8 (greedy steps
 with a KV cache after a 64-token prompt), load time and peak resident memory. Each implementation runs
-in its own subprocess (a fair peak RSS), the subprocesses alternate round by round (ours, theirs, ours,
-...) so that load from other processes hits both alike, and the table shows medians over the rounds
+in its own subprocess (a fair peak RSS), the subprocesses alternate round by round in a rotating order
+so that load from other processes hits all alike, and the table shows medians over the rounds
 and the ratio ours / transformers (> 1 is better for tokens/s, < 1 is better for memory and load time).
 Both compute logits only at the last position, as generation does (transformers: logits_to_keep=1).
 
@@ -28,8 +28,9 @@ IMPLS = {"ours": "model.py after prepare_for_inference()", "ours-plain": "model.
          "transformers": "transformers Qwen2ForCausalLM (sdpa)"}
 
 
-def load(impl: str, model_dir: Path):
-    """The model and a `step(ids, cache) -> (next_ids [B, 1], cache)` closure for greedy decoding."""
+def load(impl: str, model_dir: Path, room: int):
+    """The model and a `step(ids, cache) -> (next_ids [B, 1], cache)` closure for greedy decoding; our
+    cache is allocated for the prompt plus `room` new tokens, as generation does."""
     if impl == "transformers":
         from transformers import DynamicCache, Qwen2ForCausalLM
         model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
@@ -45,7 +46,7 @@ def load(impl: str, model_dir: Path):
             model.prepare_for_inference()
 
         def step(ids, cache):
-            cache = model.new_cache(ids.shape[0], 640) if cache is None else cache
+            cache = model.new_cache(ids.shape[0], ids.shape[1] + room) if cache is None else cache
             return model(ids, cache=cache, logits_at=-1).argmax(-1, keepdim=True), cache
     return model, step
 
@@ -65,7 +66,7 @@ def worker(args: argparse.Namespace) -> None:
     """One implementation, one round: print a JSON line of measurements."""
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    model, step = load(args.worker, Path(args.model_dir))
+    model, step = load(args.worker, Path(args.model_dir), args.decode_steps)
     load_s = time.perf_counter() - start
     vocab = model.config.vocab_size if args.worker == "transformers" else model.args.vocab_size
     decode_tokens_per_s(step, 1, 16, 2, vocab)  # warm-up: first calls allocate and pick kernels
@@ -88,8 +89,8 @@ def main(args: argparse.Namespace) -> None:
     print(f"model {args.model_dir}, {args.threads} threads, float32, {args.repeats} rounds, "
           f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens")
     results: dict[str, list[dict]] = {impl: [] for impl in args.impls}
-    for r in range(args.repeats):  # alternate implementations so background load hits all alike
-        for impl in args.impls:
+    for r in range(args.repeats):  # alternate implementations, rotating the order, so that background
+        for impl in args.impls[r % len(args.impls):] + args.impls[:r % len(args.impls)]:  # load hits all alike
             cmd = [sys.executable, __file__, "--worker", impl, "--model-dir", args.model_dir,
                    "--threads", str(args.threads), "--prefill-len", str(args.prefill_len),
                    "--decode-steps", str(args.decode_steps)]
