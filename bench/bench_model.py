@@ -1,10 +1,10 @@
 """Speed and memory of model.py against transformers' Qwen2ForCausalLM on the same weights and CPU.
 
 Measures prefill tokens/s (one 512-token prompt), decode tokens/s at batch 1 and batch 8 (greedy steps
-with a KV cache after a 64-token prompt), load time and peak resident memory. Each implementation runs
-in its own subprocess (a fair peak RSS), the subprocesses alternate round by round in a rotating order
-so that load from other processes hits all alike, and the table shows medians over the rounds
-and the ratio ours / transformers (> 1 is better for tokens/s, < 1 is better for memory and load time).
+with a KV cache after a 64-token prompt; the median step), load time and peak resident memory. Each
+implementation runs in its own subprocess (a fair peak RSS); the subprocesses alternate round by round
+in a rotating order so that load from other processes hits all alike. The table shows medians over the
+rounds and the ratio ours / transformers (> 1 is better for tokens/s, < 1 for memory and load time).
 Both compute logits only at the last position, as generation does (transformers: logits_to_keep=1).
 
     python bench/bench_model.py
@@ -52,13 +52,16 @@ def load(impl: str, model_dir: Path, room: int):
 
 
 def decode_tokens_per_s(step, batch: int, prompt_len: int, steps: int, vocab: int) -> float:
-    """Greedy decoding of `steps` tokens per row after an (untimed) prompt; new tokens per second."""
+    """Greedy decoding of `steps` tokens per row after an (untimed) prompt: new tokens per second of the
+    median step (robust to the odd step that another process delays)."""
     ids = torch.randint(0, vocab, (batch, prompt_len), generator=torch.Generator().manual_seed(batch))
     next_ids, cache = step(ids, None)
-    start = time.perf_counter()
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         next_ids, cache = step(next_ids, cache)
-    return batch * steps / (time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
+    return batch / statistics.median(times)
 
 
 @torch.inference_mode()

@@ -317,3 +317,12 @@ def test_real_model_chat_knows_paris():
                    "--max-new-tokens", "32")
     assert done.returncode == 0, done.stderr
     assert "Paris" in done.stdout, done.stdout
+
+
+@pytest.mark.slow
+def test_bench_model_runs_on_a_tiny_model(tmp_path):
+    done = subprocess.run([sys.executable, "bench/bench_model.py", "--model-dir", str(make_model_dir(tmp_path)),
+                           "--repeats", "1", "--prefill-len", "8", "--decode-steps", "2", "--threads", "1"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "| decode tok/s, batch 8 |" in done.stdout and "ours / transformers" in done.stdout
