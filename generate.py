@@ -26,13 +26,14 @@ class Hypothesis:
     finished: bool  # ended with an end-of-turn id (False: cut at max_new_tokens)
 
 
-def top_p_mask(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Bool mask [B, V] of the smallest set of tokens per row whose probability reaches top_p.
+def top_p_tokens(logprobs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of logprobs [B, V], the smallest set of tokens whose probability reaches top_p, as
+    LongTensors rows [M] and tokens [M].
 
     A sharp distribution's nucleus is a handful of tokens, so only the top k tokens are sorted (k = 64,
     then 8x more) until they hold top_p of every row: sorting all of 8 x 152k logits costs half a
     decoding step on a CPU. Every token past the top k has at least top_p of mass before it, so the
-    mask equals the one from a full sort."""
+    sets equal those of a full sort."""
     B, V = logprobs.shape
     k = min(V, 64)
     while True:
@@ -42,20 +43,30 @@ def top_p_mask(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
         if k == V or bool((cum[:, -1] >= top_p).all()):
             break
         k = min(V, 8 * k)
-    keep = (cum - probs) < top_p  # keep a token if the mass before it is < top_p
-    return torch.zeros_like(logprobs, dtype=torch.bool).scatter_(-1, order, keep)
+    keep = (cum - probs) < top_p  # [B, k] keep a token if the mass before it is < top_p
+    rows = torch.arange(B, device=logprobs.device)[:, None].expand(B, k)
+    return rows[keep], order[keep]
 
 
-def sample_without_replacement(weights: torch.Tensor, allowed: torch.Tensor, n: int,
+def top_p_mask(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Bool mask [B, V] of the smallest set of tokens per row whose probability reaches top_p."""
+    rows, tokens = top_p_tokens(logprobs, top_p)
+    mask = torch.zeros_like(logprobs, dtype=torch.bool)
+    mask[rows, tokens] = True
+    return mask
+
+
+def sample_without_replacement(weights: torch.Tensor, allowed: torch.Tensor, size: int, n: int,
                                generator: torch.Generator | None) -> torch.Tensor:
-    """n distinct flat indices drawn from softmax(weights[allowed]), as `torch.multinomial(probs, n)`
-    would draw them from the dense probabilities (zero outside `allowed`), with the same generator.
+    """n distinct entries of `allowed` drawn with probabilities softmax(weights), exactly as
+    `torch.multinomial(probs, n)` draws them from the dense probabilities (zero off `allowed`).
 
-    weights [N] float, allowed [M] flat indices (M >= n). torch.multinomial without replacement is an
-    exponential race, the top n of p / q with q ~ Exp(1) drawn for all N entries; the race is run here
-    on the M allowed entries only, with the same N draws, so a seed picks the same tokens."""
-    q = torch.empty_like(weights).exponential_(1, generator=generator)  # [N], the same stream as multinomial
-    probs = torch.softmax(weights[allowed], dim=0)  # [M]
+    weights [M] float, allowed [M] their flat indices into a vector of `size` entries (M >= n).
+    torch.multinomial without replacement is an exponential race: the top n of p / q with q ~ Exp(1)
+    drawn for all `size` entries. The race is run here on the M allowed entries only, with the same
+    `size` draws, so a seed picks the same tokens."""
+    q = torch.empty(size, dtype=weights.dtype, device=weights.device).exponential_(1, generator=generator)
+    probs = torch.softmax(weights, dim=0)  # [M]
     return allowed[(probs / q[allowed]).topk(n).indices]  # [n]
 
 
@@ -102,11 +113,11 @@ def beam_search(
         scores = beam_scores[:, None] + logprobs  # [W, V] score of each continuation
         V = scores.shape[1]
         if sample:
-            allowed = top_p_mask(torch.log_softmax(logits.float() / temperature, dim=-1), top_p)  # [W, V]
-            allowed &= torch.isfinite(scores)  # dead beams (score -inf) continue nothing
-            allowed = allowed.flatten().nonzero()[:, 0]  # [M] flat indices row * V + token
-            weights = scores.flatten() / temperature  # [W*V]
-            picked = sample_without_replacement(weights, allowed, min(2 * W, len(allowed)), generator)
+            rows, tokens = top_p_tokens(torch.log_softmax(logits.float() / temperature, dim=-1), top_p)
+            live = torch.isfinite(beam_scores)[rows]  # dead beams (score -inf) continue nothing
+            allowed = (rows * V + tokens)[live]  # [M] flat indices into scores
+            weights = scores.flatten()[allowed] / temperature  # [M]
+            picked = sample_without_replacement(weights, allowed, W * V, min(2 * W, len(allowed)), generator)
             picked = picked[scores.flatten()[picked].argsort(descending=True)]  # rank by score
         else:
             # the 2W best of all W*V continuations are among the 2W best of each row
