@@ -163,6 +163,8 @@ def test_resume_refuses_changed_settings(model_dir, tmp_path, capsys):
         train.main(train_args(model_dir, tmp_path, samples, "--resume", "--lr", "3e-4"))
     with pytest.raises(SystemExit, match="exists; continue it with --resume"):
         train.main(train_args(model_dir, tmp_path, samples))
+    train.main(train_args(model_dir, tmp_path, samples, "--resume", "--micro-batch-size", "2"))  # same math: allowed
+    assert [r["step"] for r in log(tmp_path)] == list(range(1, 9))  # 4 epochs of 2 steps, none repeated
 
 
 # ---------------------------------------------------------------------------- command line
