@@ -1,0 +1,201 @@
+"""Inference speed of GRISP on this CPU: beam search, the re-ranker's prefix cache, time per question.
+
+1. beam: 8 beams x N new tokens (sampling, temperature 0.4, top-p 0.9) after the skeleton prompt of a
+   demo question, no end-of-turn (both run exactly N steps): generate.beam_search on model.py (after
+   prepare_for_inference, and with plain nn.Linear) against transformers' `generate(num_beams=8,
+   do_sample=True, temperature=0.4, top_p=0.9)` on the same weights. Round-robin, median over rounds.
+2. rerank: the re-ranking calls of oracle-skeleton resolutions of the demo questions, replayed with the
+   prefix cache and without it (one full forward per prompt, the reference), alternating; prompt
+   tokens, tokens run, time per call, and how far the scores differ.
+3. e2e: per-question timings (generate, search, constraint, rerank, validate, total) with oracle (gold)
+   skeletons and with generated skeletons.
+
+    python bench/bench_infer.py --adapter none
+    python bench/bench_infer.py --adapter none --parts beam --rounds 5 --new-tokens 60
+    python bench/bench_infer.py --adapter none --parts rerank e2e --questions 5
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import defaults  # noqa: E402
+from generate import beam_search  # noqa: E402
+from grisp import Grisp, GrispError, Options  # noqa: E402
+from model import Transformer, chat_prompt  # noqa: E402
+from prompts import rerank_messages, skeleton_messages  # noqa: E402
+from resolve import ModelReranker  # noqa: E402
+from skeleton import skeletonize  # noqa: E402
+from sparql import SparqlError  # noqa: E402
+
+STAGES = ["generate", "search", "constraint", "rerank", "validate", "total"]
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    """A plain text table, numbers right-aligned."""
+    cells = [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in row] for row in [header] + rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = [" | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in cells]
+    return "\n".join([lines[0], "-" * len(lines[0])] + lines[1:])
+
+
+def speedup(reference: list[float], times: list[float]) -> float:
+    """Median over rounds of reference / time: each round's pair ran back to back under the same load."""
+    return statistics.median(r / t for r, t in zip(reference, times))
+
+
+def oracle_skeleton(grisp: Grisp, sparql: str) -> str:
+    """The gold query with every IRI the index knows turned into a placeholder with its label."""
+    indices = grisp.indices
+    return skeletonize(sparql, lambda iri: indices.item(iri).label if iri in indices else None).skeleton
+
+
+# ---------------------------------------------------------------------------- 1. beam search
+def bench_beam(grisp: Grisp, args: argparse.Namespace, question: str) -> None:
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    prompt = grisp.tokenizer.encode(chat_prompt(skeleton_messages(question)))
+    plain = Transformer.from_pretrained(args.model_dir)  # nn.Linear everywhere: isolates the search itself
+    hf = Qwen2ForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
+    W, N = args.num_beams, args.new_tokens
+
+    def ours(model, steps):
+        return lambda: beam_search(model, prompt, [], num_beams=W, max_new_tokens=steps, sample=True, temperature=0.4,
+                                   top_p=0.9, generator=torch.Generator().manual_seed(0))
+
+    def theirs(steps):
+        config = GenerationConfig(num_beams=W, do_sample=True, temperature=0.4, top_p=0.9, top_k=0, max_new_tokens=steps,
+                                  min_new_tokens=steps, pad_token_id=grisp.tokenizer.pad_id, eos_token_id=grisp.tokenizer.eos_ids)
+        ids = torch.tensor([prompt])
+        return lambda: hf.generate(ids, generation_config=config)
+
+    impls = {"beam_search, model.py prepared": ours(grisp.model, N), "beam_search, model.py plain": ours(plain, N),
+             "transformers generate": theirs(N)}
+    warmups = [ours(grisp.model, 3), ours(plain, 3), theirs(3)]
+    with torch.inference_mode():
+        for run in warmups:
+            run()
+        times = {name: [] for name in impls}
+        for _ in range(args.rounds):
+            for name, run in impls.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+    reference = times["transformers generate"]
+    print(f"\n## beam search: {W} beams x {N} new tokens after a {len(prompt)}-token prompt, {args.rounds} rounds "
+          f"(speedup = median over rounds of transformers s / ours s in the same round)")
+    rows = [[name, statistics.median(t), min(t), f"{speedup(reference, t):.2f}x"] for name, t in times.items()]
+    print(table(["implementation", "median s", "best s", "speedup"], rows))
+
+
+# ---------------------------------------------------------------------------- 2. re-ranking
+def bench_rerank(grisp: Grisp, args: argparse.Namespace, questions: list[dict]) -> None:
+    calls = []  # (question, marked query, alternatives) of every re-rank in the oracle resolutions
+    reranker = grisp.resolver.reranker
+
+    def recording(question, marked_query, alternatives):
+        calls.append((question, marked_query, alternatives))
+        return reranker(question, marked_query, alternatives)
+
+    grisp.resolver.reranker = recording
+    for sample in questions:
+        grisp.answer_from_skeletons(sample["question"], [oracle_skeleton(grisp, sample["sparql"])])
+    grisp.resolver.reranker = reranker
+    if not calls:
+        print("\n## re-ranking: no re-ranking calls (no placeholder had search hits)")
+        return
+
+    per_call, scores, counts = {True: [], False: []}, {}, {}
+    for _ in range(args.rounds):
+        for prefix_cache in (False, True):
+            reranker = ModelReranker(grisp.model, grisp.tokenizer, prefix_cache=prefix_cache)
+            start = time.perf_counter()
+            scores[prefix_cache] = [reranker(*call) for call in calls]
+            per_call[prefix_cache].append((time.perf_counter() - start) / len(calls))
+            counts[prefix_cache] = reranker.tokens
+    diff = max(abs(a - b) for x, y in zip(scores[True], scores[False]) for a, b in zip(x, y))
+    lengths = [len(grisp.tokenizer.encode(chat_prompt(rerank_messages(*call)[0]))) for call in calls]
+    full, cached = statistics.median(per_call[False]), statistics.median(per_call[True])
+    print(f"\n## re-ranking: {len(calls)} calls from {len(questions)} oracle resolutions, {args.rounds} rounds "
+          f"(median; speedup = median over rounds of full / cached)")
+    print(f"prompt tokens per call: mean {statistics.mean(lengths):.0f}, min {min(lengths)}, max {max(lengths)}; "
+          f"run through the model with the prefix cache: mean {counts[True]['computed'] / len(calls):.0f}")
+    print(table(["re-ranker", "ms per call", "tokens run per call", "speedup"],
+                [["full forward (reference)", 1000 * full, f"{counts[False]['computed'] / len(calls):.0f}", "1.00x"],
+                 ["prefix cache", 1000 * cached, f"{counts[True]['computed'] / len(calls):.0f}",
+                  f"{speedup(per_call[False], per_call[True]):.2f}x"]]))
+    print(f"max |score difference| prefix cache vs full forward: {diff:.2e}")
+
+
+# ---------------------------------------------------------------------------- 3. end to end
+def bench_e2e(grisp: Grisp, questions: list[dict]) -> None:
+    rows = []
+    for mode in ("oracle", "generated"):
+        for sample in questions:
+            start = time.perf_counter()
+            if mode == "oracle":
+                answer = grisp.answer_from_skeletons(sample["question"], [oracle_skeleton(grisp, sample["sparql"])])
+            else:
+                answer = grisp.answer(sample["question"])
+            timings = answer.timings | {"total": time.perf_counter() - start}
+            rerank_calls = sum("reranked" in e for e in answer.trace)
+            rows.append([f"{sample['id']} {mode}", *(timings.get(stage, 0.0) for stage in STAGES), rerank_calls,
+                         answer.backtracks, "yes" if answer.sparql else answer.failure])
+    print("\n## end to end: seconds per question (oracle = gold skeleton, generated = beam search)")
+    print(table(["question", *STAGES, "reranks", "backtracks", "answer"], rows))
+    for mode in ("oracle", "generated"):
+        mine = [r for r in rows if r[0].endswith(mode)]
+        means = [statistics.mean(r[1 + i] for r in mine) for i in range(len(STAGES))]
+        print(f"mean {mode}: " + ", ".join(f"{s} {m:.2f}" for s, m in zip(STAGES, means)))
+
+
+def main(args: argparse.Namespace) -> int:
+    # --- setup
+    torch.set_num_threads(args.threads)
+    adapter = None if args.adapter.lower() == "none" else args.adapter
+    options = Options(max_new_tokens=args.max_new_tokens, time_budget=args.time_budget)
+    try:
+        grisp = Grisp(args.model_dir, adapter, args.index, args.endpoint, options, "cpu")
+    except (GrispError, SparqlError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    questions = [json.loads(line) for line in open(args.questions_file, encoding="utf-8")][:args.questions]
+    print(f"config: {json.dumps(vars(args))}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+    # --- the parts, cheapest first
+    if "rerank" in args.parts:
+        bench_rerank(grisp, args, questions)
+    if "e2e" in args.parts:
+        bench_e2e(grisp, questions)
+    if "beam" in args.parts:
+        bench_beam(grisp, args, max((q["question"] for q in questions), key=len))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # model, index and knowledge graph
+    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (get_model.py)")
+    parser.add_argument("--adapter", default=str(defaults.ADAPTER_DIR), help="LoRA adapter directory, or 'none'")
+    parser.add_argument("--index", default=str(defaults.DEMO_INDEX_DIR), help="search index directory (build_index.py)")
+    parser.add_argument("--endpoint", default=defaults.ENDPOINT_URL, help="SPARQL endpoint URL (python endpoint.py start)")
+    parser.add_argument("--questions-file", default=str(defaults.DEMO_DIR / "questions.jsonl"), help="benchmark JSONL")
+    # what to measure
+    parser.add_argument("--parts", nargs="+", default=["rerank", "e2e", "beam"], choices=["rerank", "e2e", "beam"],
+                        help="which measurements to run")
+    parser.add_argument("--questions", type=int, default=3, help="first N questions of --questions-file")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per implementation (median)")
+    parser.add_argument("--num-beams", type=int, default=8, help="beam width of the beam part")
+    parser.add_argument("--new-tokens", type=int, default=60, help="new tokens per beam in the beam part")
+    parser.add_argument("--max-new-tokens", type=int, default=160, help="skeleton length limit in the e2e part")
+    parser.add_argument("--time-budget", type=float, default=60.0, help="seconds per question in the e2e part")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    sys.exit(main(parser.parse_args()))
