@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny import make_model_dir
 from transformers import Qwen2ForCausalLM
 
 import defaults
 import model as M
+from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
