@@ -210,6 +210,10 @@ def main(args: argparse.Namespace) -> None:
         if improved and rank == 0:
             lora.save_adapter(checkpoint.unwrap(model), run_dir / "best", str(args.model_dir))
 
+    def save_checkpoint() -> None:
+        state["checkpointed_step"] = state["step"]
+        checkpoint.save(run_dir, model, optimizer, state, config, rank, world)
+
     # --- loop: epochs -> optimiser steps of batch_size samples -> micro-batches (gradient accumulation)
     bar = tqdm(total=total_steps, initial=state["step"], disable=rank != 0, desc="train", dynamic_ncols=True)
     if args.eval_every and state["step"] == 0:
@@ -265,7 +269,7 @@ def main(args: argparse.Namespace) -> None:
                     stopping = bool(flag.item())
                 if stopping or state["step"] % args.checkpoint_every == 0:
                     state["done"] = state["bad_evals"] >= args.patience
-                    checkpoint.save(run_dir, model, optimizer, state, config, rank, world)
+                    save_checkpoint()
                 if stopping:
                     break
             if stop.requested:
@@ -277,10 +281,11 @@ def main(args: argparse.Namespace) -> None:
                 if not args.eval_every:
                     validate_and_keep_best()
                 state["done"] = state["done"] or state["bad_evals"] >= args.patience
-                checkpoint.save(run_dir, model, optimizer, state, config, rank, world)
+                save_checkpoint()
         if state.get("evaluated_step") != state["step"]:  # e.g. --max-steps ended mid-epoch
             validate_and_keep_best()
-            checkpoint.save(run_dir, model, optimizer, state, config, rank, world)
+        if state.get("checkpointed_step") != state["step"]:  # the end of training is always resumable
+            save_checkpoint()
     bar.close()
 
     # --- save: the best adapter by validation loss (or the last one without validation data)
