@@ -313,22 +313,25 @@ class Transformer(nn.Module):
         w = self.model.norm.weight
         return KVCache(self.args, batch_size, max_len, w.dtype, w.device)
 
-    def prepare_for_inference(self) -> "Transformer":
-        """Faster CPU decoding, exact up to float rounding: swap each plain nn.Linear of the blocks (and
-        an untied lm_head) for a SplitLinear, converting the weights in place. Layers that are not plain
-        nn.Linear (e.g. wrapped by lora.py) stay as they are, so merge LoRA first. Afterwards the model is
-        for inference only: no training, no state_dict in the Hugging Face layout. Returns self."""
-        names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-        slots = [(f"model.layers.{i}.{name}", 2) for i in range(self.args.num_hidden_layers) for name in names]
-        if not self.args.tie_word_embeddings:  # a tied lm_head would overwrite the embedding
-            # 8 parts where the vocabulary allows: converting the biggest matrix needs 1/8 of it as scratch
-            slots.append(("lm_head", next(p for p in (8, 4, 2, 1) if self.args.vocab_size % p == 0)))
-        for name, parts in slots:
-            parent, _, child = name.rpartition(".")
-            module = self.get_submodule(name)
-            if type(module) is nn.Linear:
-                setattr(self.get_submodule(parent) if parent else self, child, SplitLinear(module, parts))
+    def prepare_for_inference(self, split_matmuls: bool = True) -> "Transformer":
+        """Switch to inference: eval mode, no gradients, and (split_matmuls) the CPU decoding lever of
+        CPU_SPEED.md: each plain nn.Linear of the blocks (and an untied lm_head) becomes a SplitLinear,
+        its weight converted in place (exact up to float rounding). Layers that are not plain nn.Linear
+        (e.g. wrapped by lora.py) stay as they are, so merge LoRA first. Afterwards the model cannot be
+        trained or saved in the Hugging Face layout. Returns self. Measure both settings with
+        `bench/bench_model.py --impls ours ours-plain transformers`: the lever is CPU- and load-dependent."""
+        if split_matmuls:
+            names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+            slots = [(f"model.layers.{i}.{name}", 2) for i in range(self.args.num_hidden_layers) for name in names]
+            if not self.args.tie_word_embeddings:  # a tied lm_head would overwrite the embedding
+                # 8 parts where the vocabulary allows: converting the biggest matrix needs 1/8 of it as scratch
+                slots.append(("lm_head", next(p for p in (8, 4, 2, 1) if self.args.vocab_size % p == 0)))
+            for name, parts in slots:
+                parent, _, child = name.rpartition(".")
+                if type(self.get_submodule(name)) is nn.Linear:
+                    setattr(self.get_submodule(parent) if parent else self, child,
+                            SplitLinear(self.get_submodule(name), parts))
         return self.eval().requires_grad_(False)
 
     @classmethod

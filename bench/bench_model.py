@@ -8,7 +8,7 @@ rounds and the ratio ours / transformers (> 1 is better for tokens/s, < 1 for me
 Both compute logits only at the last position, as generation does (transformers: logits_to_keep=1).
 
     python bench/bench_model.py
-    python bench/bench_model.py --threads 2 --repeats 5 --impls ours ours-plain transformers
+    python bench/bench_model.py --impls ours ours-plain transformers --repeats 5
 """
 import argparse
 import json
@@ -24,8 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 
-IMPLS = {"ours": "model.py after prepare_for_inference()", "ours-plain": "model.py, plain nn.Linear",
-         "transformers": "transformers Qwen2ForCausalLM (sdpa)"}
+IMPLS = {"ours": "model.py, prepare_for_inference() (split matmuls)",
+         "ours-plain": "model.py, prepare_for_inference(split_matmuls=False) (plain nn.Linear)",
+         "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)"}
 
 
 def load(impl: str, model_dir: Path, room: int):
@@ -37,13 +38,11 @@ def load(impl: str, model_dir: Path, room: int):
 
         def step(ids, cache):
             cache = DynamicCache() if cache is None else cache
-            logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits
             return logits[:, -1].argmax(-1, keepdim=True), cache
     else:
         import model as M
-        model = M.Transformer.from_pretrained(model_dir)
-        if impl == "ours":
-            model.prepare_for_inference()
+        model = M.Transformer.from_pretrained(model_dir).prepare_for_inference(split_matmuls=impl == "ours")
 
         def step(ids, cache):
             cache = model.new_cache(ids.shape[0], ids.shape[1] + room) if cache is None else cache

@@ -1,5 +1,5 @@
 """Tests for model.py: exactness against transformers' Qwen2ForCausalLM, the KV cache (incremental
-decoding, left padding, reordering), logits_at, strict and sharded loading, the inference fast path,
+decoding, left padding, reordering), logits_at, strict and sharded loading, memory-mapped weights,
 the tokenizer's special ids and the hand-written chat prompt. Tiny random models from tests/tiny.py;
 the tests marked slow use the real base model at defaults.MODEL_DIR.
 """
@@ -210,30 +210,38 @@ def test_bfloat16_loading(model_dir):
     torch.testing.assert_close(ours16(x).float(), reference, atol=0.3, rtol=0.05)
 
 
-# ---------------------------------------------------------------------------- inference fast path
+# ---------------------------------------------------------------------------- inference switch, memory map
 @torch.no_grad()
-def test_prepare_for_inference_is_exact_and_leaves_wrapped_layers(model_dir):
+@pytest.mark.parametrize("split", [True, False], ids=["split", "plain"])
+def test_prepare_for_inference_is_exact_and_leaves_wrapped_layers(model_dir, split):
     model = M.Transformer.from_pretrained(model_dir)
     x = tokens(2, 9, seed=7)
     before = model(x)
     wrapped = torch.nn.Sequential(model.model.layers[0].self_attn.q_proj)  # stands in for a LoRA wrapper
     model.model.layers[0].self_attn.q_proj = wrapped
-    model.prepare_for_inference()
+    assert model.prepare_for_inference(split_matmuls=split) is model and not model.training
+    assert not any(p.requires_grad for p in model.parameters())
     assert model.model.layers[0].self_attn.q_proj is wrapped and type(wrapped[0]) is torch.nn.Linear
-    assert isinstance(model.model.layers[1].mlp.down_proj, M.SplitLinear)
-    assert isinstance(model.lm_head, M.SplitLinear) != model.args.tie_word_embeddings
+    assert isinstance(model.model.layers[1].mlp.down_proj, M.SplitLinear) == split
+    assert isinstance(model.lm_head, M.SplitLinear) == (split and not model.args.tie_word_embeddings)
     torch.testing.assert_close(model(x), before, atol=1e-5, rtol=0)
     cache = model.new_cache(2)
     steps = [model(x[:, :4], cache=cache)] + [model(x[:, t:t + 1], cache=cache) for t in range(4, 9)]
     torch.testing.assert_close(torch.cat(steps, dim=1), before, atol=1e-5, rtol=0)
 
 
-def test_prepare_for_inference_leaves_the_checkpoint_file_alone(tmp_path):
-    """The weights are memory-mapped copy-on-write: converting them in place must not touch the file."""
+def test_editing_loaded_weights_in_place_leaves_the_checkpoint_file_alone(tmp_path):
+    """Weights are memory-mapped copy-on-write: in-place edits (merging LoRA, split_matmuls) stay in memory."""
     model_dir = make_model_dir(tmp_path)
     before = (model_dir / "model.safetensors").read_bytes()
-    M.Transformer.from_pretrained(model_dir).prepare_for_inference()
+    model = M.Transformer.from_pretrained(model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    model.prepare_for_inference(split_matmuls=True)  # converts the weights in place, too
     assert (model_dir / "model.safetensors").read_bytes() == before
+    reloaded = M.Transformer.from_pretrained(model_dir)
+    assert torch.equal(reloaded.model.norm.weight + 1.0, model.model.norm.weight)
 
 
 # ---------------------------------------------------------------------------- tokenizer and chat
