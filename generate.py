@@ -7,7 +7,9 @@ decides which continuations are explored. With `sample=False` the search is the 
 beam search, and width 1 is greedy decoding.
 
 The prompt is prefilled once; its KV cache is copied into the W beam rows and reordered whenever
-beams move (`KVCache.reorder`), so each step runs W new tokens only.
+beams move (`KVCache.reorder`), so each step runs W new tokens only. Choosing the continuations
+takes a few linear passes over the W x V scores (top-p from a partial top-k, no full sort), so a
+step costs little more than the model's forward (bench/bench_infer.py measures it).
 
     from generate import beam_search
     hyps = beam_search(model, prompt_ids, eos_ids, num_beams=8, sample=True, temperature=0.4, top_p=0.9)

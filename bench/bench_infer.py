@@ -146,10 +146,12 @@ def bench_e2e(grisp: Grisp, questions: list[dict]) -> None:
                 answer = grisp.answer(sample["question"])
             timings = answer.timings | {"total": time.perf_counter() - start}
             rerank_calls = sum("reranked" in e for e in answer.trace)
-            rows.append([f"{sample['id']} {mode}", *(timings.get(stage, 0.0) for stage in STAGES), rerank_calls,
-                         answer.backtracks, "yes" if answer.sparql else answer.failure])
-    print("\n## end to end: seconds per question (oracle = gold skeleton, generated = beam search)")
-    print(table(["question", *STAGES, "reranks", "backtracks", "answer"], rows))
+            beams = [len(grisp.tokenizer.encode(e["skeleton"])) for e in answer.trace if e["event"] == "skeleton"]
+            rows.append([f"{sample['id']} {mode}", *(timings.get(stage, 0.0) for stage in STAGES), max(beams, default=0),
+                         rerank_calls, answer.backtracks, "yes" if answer.sparql else answer.failure])
+    print("\n## end to end: seconds per question (oracle = gold skeleton, generated = beam search; "
+          "beam tokens = the longest beam's length, about the decoding steps)")
+    print(table(["question", *STAGES, "beam tokens", "reranks", "backtracks", "answer"], rows))
     for mode in ("oracle", "generated"):
         mine = [r for r in rows if r[0].endswith(mode)]
         means = [statistics.mean(r[1 + i] for r in mine) for i in range(len(STAGES))]

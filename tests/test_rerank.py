@@ -100,11 +100,9 @@ def test_identifiers_are_single_tokens(model, tokenizer):
     # each alternatives line of a prompt starts with its identifier's token (what the answer token means)
     messages, identifiers = rerank_messages("q?", "SELECT ?x WHERE { <rep>a</rep> ?p ?x }", alternatives(3))
     ids = tokenizer.encode(chat_prompt(messages))
-    newline = tokenizer.encode("\n")
     for identifier in identifiers:
-        line = tokenizer.encode(f"\n{identifier}. ")
-        assert line[len(newline)] == reranker.identifier_ids[identifier]
-        assert any(ids[i:i + len(line)] == line for i in range(len(ids)))
+        line = tokenizer.encode(f"{identifier}.")
+        assert line[0] == reranker.identifier_ids[identifier] and any(ids[i:i + len(line)] == line for i in range(len(ids)))
 
 
 def test_a_tokenizer_that_splits_identifiers_is_refused(model, tokenizer):
@@ -147,3 +145,31 @@ def test_scores_order_the_alternatives_and_none_is_last(model, tokenizer):
     assert [h.id for h in frame.alternatives] == [f"{WD}Q1", f"{WD}Q3", f"{WD}Q4"]  # above None, best first
     assert [iri for iri, _ in event["reranked"]] == [f"{WD}Q1", f"{WD}Q3", f"{WD}Q4", None, f"{WD}Q0", f"{WD}Q2"]
     assert [s for _, s in event["reranked"]] == pytest.approx([9.0, 7.0, 5.0, 4.0, 2.0, -1.0], abs=1e-3)
+
+
+def real_model_dir():
+    import defaults
+    if not (defaults.MODEL_DIR / "config.json").exists():
+        pytest.skip(f"no base model at {defaults.MODEL_DIR} (python get_model.py)")
+    return defaults.MODEL_DIR
+
+
+@pytest.mark.slow
+def test_qwen_identifiers_are_single_tokens_in_the_prompt():
+    tokenizer = Tokenizer(real_model_dir())
+    messages, identifiers = rerank_messages("who directed pulp fiction?", CALLS[0][1], alternatives(len(IDENTIFIERS) - 1))
+    ids = tokenizer.encode(chat_prompt(messages))
+    for identifier in identifiers:
+        [token] = tokenizer.encode(identifier)
+        line = tokenizer.encode(f"{identifier}.")
+        assert line[0] == token and any(ids[i:i + len(line)] == line for i in range(len(ids)))
+
+
+@pytest.mark.slow
+def test_prefix_cache_on_the_real_model():
+    model_dir = real_model_dir()
+    model, tokenizer = Transformer.from_pretrained(model_dir).prepare_for_inference(), Tokenizer(model_dir)
+    reranker = ModelReranker(model, tokenizer)
+    for question, query, alts in CALLS[:3]:
+        assert reranker(question, query, alts) == pytest.approx(full_scores(model, tokenizer, question, query, alts), abs=1e-3)
+    assert reranker.tokens["computed"] < reranker.tokens["prompt"]
