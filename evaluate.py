@@ -8,18 +8,20 @@ on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Wri
     predictions.jsonl  one record per question: id, question, predicted sparql, answers, skeletons,
                        trace summary, timings, seconds, backtracks, error, pipeline failure,
                        gold status, failure kind (no_skeleton, dead_end, timeout, error,
-                       wrong_answer or null when correct), f1, em
+                       wrong_answer or null when correct), f1, em, reused_skeletons
     summary.json       F1, EM, scored/skipped samples, seconds per question, backtracks per sample,
                        and where failures arise (no skeleton, resolution dead end, wrong answer)
 
 Runs resume: ids already in predictions.jsonl are skipped; each record is appended and flushed as
 soon as it is scored. `--oracle-skeleton` feeds the gold query's skeleton to the resolver (the
-paper's skeleton-vs-resolution error split); `--score-only` re-scores a predictions file without
-loading the model (the endpoint is still needed: gold and predicted queries are executed again).
+paper's skeleton-vs-resolution error split); `--skeletons-from` resolves the skeletons an earlier
+run generated (ablations of the resolution only, without decoding again); `--score-only` re-scores a
+predictions file without loading the model (the endpoint is still needed: gold and predicted queries
+are executed again).
 
     python evaluate.py                                  # demo questions on the demo KG
-    python evaluate.py --ablation no-rerank --limit 50  # one row of the ablation table
-    python evaluate.py --score-only ~/.cache/grisp/eval/demo-full/predictions.jsonl
+    python evaluate.py --ablation no-rerank --skeletons-from ~/.cache/grisp/eval/demo-none
+    python evaluate.py --score-only ~/.cache/grisp/eval/demo-none/predictions.jsonl
 """
 import argparse
 import json
@@ -52,7 +54,8 @@ KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed")  # passed
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error")  # grisp.Answer.failure values
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
-            "endpoint")  # a resumed run must agree with the saved config on these
+            "endpoint", "skeletons_from")  # a resumed run must agree with the saved config on these
+GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed")  # what decides stage 1's output
 
 
 def pipeline_options(args: argparse.Namespace) -> dict:
@@ -81,6 +84,34 @@ def load_skeletonizer(index_dir: Path) -> Callable[[str], str]:
     def label(iri: str) -> str | None:
         return indices.item(iri).label if iri in indices else None
     return lambda query: skeleton.skeletonize(query, label).skeleton
+
+
+def load_generated_skeletons(run_dir: Path, config: dict) -> dict[str, dict]:
+    """Stage 1's output per question id from an earlier run of the same benchmark, model, adapter and
+    generation settings (--skeletons-from). Skeleton generation is deterministic for a seed and is most
+    of a question's time on a CPU, so ablations that change only the resolution reuse it."""
+    if not (run_dir / "config.json").is_file():
+        raise FileNotFoundError(f"--skeletons-from {run_dir}: no evaluation run there (config.json missing)")
+    saved = json.loads((run_dir / "config.json").read_text())
+    differs = [key for key in ("benchmark", "model_dir", "adapter", "oracle_skeleton") if saved.get(key) != config[key]]
+    differs += [key for key in GENERATION_OPTIONS if saved["options"].get(key) != config["options"].get(key)]
+    if differs or saved.get("skeletons_from"):
+        raise ValueError(f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
+                         f"({', '.join(differs) or 'it reused skeletons itself'}); generate them here instead")
+    return {record["id"]: record for record in read_predictions(run_dir / "predictions.jsonl")}
+
+
+def answer_with_generated(pipeline, question: str, source: dict):
+    """A grisp.Answer resolving the skeletons an earlier run generated, timed as if generated here:
+    the recorded generation seconds count against the time budget and in the timings."""
+    generation = source["timings"].get("generate", 0.0)
+    start = time.perf_counter()
+    deadline = time.monotonic() + pipeline.options.time_budget - generation
+    answer = pipeline.answer_from_skeletons(question, [tuple(s) for s in source["skeletons"]], deadline=deadline)
+    answer.trace[:0] = [step for step in source["trace"] if step.get("event") == "skeleton"]
+    answer.timings["generate"] = generation
+    answer.timings["total"] = time.perf_counter() - start + generation
+    return answer
 
 
 def to_json(result: sparql.Result) -> dict:
@@ -200,6 +231,8 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     # --- setup
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be positive, not {args.limit}")
+    if args.skeletons_from and args.oracle_skeleton:
+        raise ValueError("--skeletons-from and --oracle-skeleton both choose the skeletons; pass one")
     samples = benchmarks.load_benchmark(args.benchmark)[: args.limit]
     gold_by_id = {sample["id"]: sample["sparql"] for sample in samples}
     client = sparql.SparqlClient(args.endpoint, read_timeout_s=args.query_timeout)
@@ -230,7 +263,8 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "oracle_skeleton": args.oracle_skeleton, "model_dir": str(args.model_dir),
               "adapter": str(args.adapter), "index": str(args.index), "endpoint": args.endpoint,
-              "device": args.device, "limit": args.limit, "out": str(out)}
+              "device": args.device, "limit": args.limit, "out": str(out),
+              "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     print(f"config: {json.dumps(config)}")
     out.mkdir(parents=True, exist_ok=True)
     if (out / "config.json").exists():
@@ -247,6 +281,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     todo = [sample for sample in samples if sample["id"] not in done]
     print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
     if todo:
+        generated = load_generated_skeletons(Path(config["skeletons_from"]), config) if args.skeletons_from else {}
         pipeline = pipeline or load_pipeline(args, options)
         skeletonize = load_skeletonizer(args.index) if args.oracle_skeleton else None
         with open(predictions_path, "a", encoding="utf-8") as file:
@@ -254,9 +289,12 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
                 start = time.perf_counter()
                 if skeletonize is not None:
                     answer = pipeline.answer_from_skeletons(sample["question"], [skeletonize(sample["sparql"])])
-                else:
+                elif sample["id"] in generated:
+                    answer = answer_with_generated(pipeline, sample["question"], generated[sample["id"]])
+                else:  # (with --skeletons-from: a question that run has not reached yet)
                     answer = pipeline.answer(sample["question"])
-                record = answer_record(sample, answer, time.perf_counter() - start)
+                record = answer_record(sample, answer, answer.timings.get("total", time.perf_counter() - start))
+                record["reused_skeletons"] = sample["id"] in generated
                 score_record(record, sample["sparql"], client)
                 file.write(json.dumps(record, ensure_ascii=False) + "\n")
                 file.flush()
@@ -301,6 +339,10 @@ if __name__ == "__main__":
                         help="switch off GRISP mechanisms as in the paper's ablation table")
     parser.add_argument("--oracle-skeleton", action="store_true",
                         help="resolve the gold query's skeleton instead of generating skeletons")
+    parser.add_argument("--skeletons-from", default=None, metavar="RUN_DIR",
+                        help="reuse the skeletons (and their recorded generation time) of an earlier run "
+                             "with the same model and generation settings; for ablations that change "
+                             "only resolution (no-rerank, no-constrained, no-kg-guidance, no-backtracking)")
     parser.add_argument("--num-beams", type=int, default=None, help="beam width of skeleton generation")
     parser.add_argument("--num-skeletons", type=int, default=None, help="skeletons kept for resolution")
     parser.add_argument("--top-k", type=int, default=None, help="search results re-ranked per placeholder")
