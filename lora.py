@@ -19,8 +19,13 @@ Usage (see train.py / infer.py):
     save_adapter(model, "adapters/run1", base_model_name_or_path="Qwen/...", dtype=torch.bfloat16)
     load_adapter(base_model, "adapters/run1")  # inference with the LoRA path, or for full speed:
     merge_lora(base_model); unload_lora(base_model); base_model.prepare_for_inference()
+
+A trained adapter is shipped as a smaller copy (bf16 weights, a Hub id as its base model):
+    python lora.py convert ~/.cache/grisp/runs/NAME/best adapters/NAME --dtype bfloat16 \
+        --base-model Qwen/Qwen2.5-Coder-0.5B-Instruct
 Tests: python -m pytest tests/test_lora.py
 """
+import argparse
 import json
 import math
 import re
@@ -341,3 +346,45 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> dict:
         raise
     return config
 
+
+
+def convert_adapter(src_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None,
+                    base_model_name_or_path: str | None = None) -> Path:
+    """Copy an adapter directory with its weights cast to `dtype` and, if given, another base model name
+    in its config (a Hub id instead of the local path training saw). Returns the directory."""
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"cannot save LoRA weights as {dtype}; use a float dtype such as torch.bfloat16")
+    config = read_adapter_config(src_dir)
+    tensors = {key: t.to(dtype or t.dtype).contiguous() for key, t in load_file(Path(src_dir) / WEIGHTS_NAME).items()}
+    if base_model_name_or_path is not None:
+        config["base_model_name_or_path"] = base_model_name_or_path
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out_dir / WEIGHTS_NAME, metadata={"format": "pt"})
+    (out_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def main(args: argparse.Namespace) -> None:
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    out = convert_adapter(args.src, args.out, dtype, args.base_model)
+    size = (out / WEIGHTS_NAME).stat().st_size
+    print(f"wrote {out} ({size / 1e6:.1f} MB of weights)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Adapter files (PEFT layout).",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    convert = commands.add_parser("convert", help="copy an adapter with another weight dtype or base model name",
+                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    convert.add_argument("src", type=Path, help="adapter directory to read (e.g. a run's best/)")
+    convert.add_argument("out", type=Path, help="adapter directory to write")
+    convert.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
+                         help="weight dtype of the copy (None: keep the source's)")
+    convert.add_argument("--base-model", default=None,
+                         help="base_model_name_or_path written into the copy's config (None: keep)")
+    try:
+        main(parser.parse_args())
+    except (FileNotFoundError, ValueError) as error:
+        raise SystemExit(f"error: {error}")

@@ -1,11 +1,14 @@
 """Tests for lora.py on a tiny random Qwen2: exactness, merging, training mask, and adapters that
 round-trip with Hugging Face PEFT in both directions."""
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import defaults
 import lora
 from model import Transformer
 from tests.tiny import make_model_dir
@@ -285,6 +288,26 @@ def test_bf16_save_round_trips(model_dir, tmp_path):
         assert torch.equal(p, lora.lora_state_dict(model)[name].to(torch.bfloat16).float())
     peft_model = peft.PeftModel.from_pretrained(hf_model(model_dir), tmp_path).eval()
     torch.testing.assert_close(logits(peft_model, IDS), logits(fresh, IDS), atol=1e-5, rtol=0)
+
+
+def test_convert_casts_weights_and_renames_the_base_model(model_dir, tmp_path):
+    model = host_model(model_dir)
+    lora.inject_lora(model, r=4, alpha=8, layers=[1, 2])
+    randomize_b(model)
+    lora.save_adapter(model, tmp_path / "fp32", base_model_name_or_path="/local/path")
+    result = subprocess.run([sys.executable, "lora.py", "convert", str(tmp_path / "fp32"), str(tmp_path / "bf16"),
+                             "--dtype", "bfloat16", "--base-model", "org/tiny-qwen2"],
+                            cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    config = lora.read_adapter_config(tmp_path / "bf16")
+    assert config["base_model_name_or_path"] == "org/tiny-qwen2" and config["layers_to_transform"] == [1, 2]
+    saved = load_file(tmp_path / "bf16" / lora.WEIGHTS_NAME)
+    original = load_file(tmp_path / "fp32" / lora.WEIGHTS_NAME)
+    assert saved.keys() == original.keys()
+    assert all(saved[k].dtype == torch.bfloat16 and torch.equal(saved[k], original[k].to(torch.bfloat16)) for k in saved)
+    missing = subprocess.run([sys.executable, "lora.py", "convert", str(tmp_path / "none"), str(tmp_path / "x")],
+                             cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "is not an adapter directory" in missing.stderr
 
 
 # --- strict loading
