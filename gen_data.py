@@ -213,7 +213,7 @@ def read_samples(path: str | Path) -> dict[int, list[dict]]:
 
 def length_stats(samples: list[dict], model_dir: Path) -> dict:
     """Token lengths (prompt + answer) per task, with the base model's tokenizer."""
-    from model import Tokenizer, chat_prompt
+    from tokenizer import Tokenizer, chat_prompt
     tokenizer = Tokenizer(model_dir)
     lengths = {}
     for s in samples:

@@ -18,12 +18,13 @@ import torch
 
 import lora
 from generate import beam_search
-from model import Tokenizer, Transformer, chat_prompt
+from model import Transformer
 from prompts import skeleton_messages
 from resolve import ModelReranker, Resolver, Switches
 from search import load_indices
 from skeleton import find_placeholders, parses
 from sparql import Result, SparqlClient, with_prefixes
+from tokenizer import Tokenizer, chat_prompt
 
 
 class GrispError(Exception):

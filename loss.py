@@ -14,7 +14,7 @@ large lm_head matmul everywhere else. Used by train.py; tested in tests/test_tra
 import torch
 import torch.nn.functional as F
 
-from model import Tokenizer, chat_prompt
+from tokenizer import Tokenizer, chat_prompt
 
 
 def encode(sample: dict, tokenizer: Tokenizer) -> dict:

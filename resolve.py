@@ -21,12 +21,13 @@ from typing import Callable
 
 import torch
 
-from model import Tokenizer, Transformer, chat_prompt
+from model import Transformer
 from prompts import IDENTIFIERS, Alternative, mark_current, rerank_messages, to_alternative
 from search import Hit, Indices
 from skeleton import (CONSTRAINT_LIMIT, Placeholder, constraint_query, find_placeholders, infer_position,
                       split_variant, substitute)
 from sparql import EndpointUnreachable, Result, SparqlClient, SparqlError
+from tokenizer import Tokenizer, chat_prompt
 
 # scores for `alternatives` + a final None alternative (higher is better)
 Reranker = Callable[[str, str, list[Alternative]], list[float]]

@@ -34,7 +34,8 @@ import defaults
 import gen_data
 import lora
 import loss
-from model import Tokenizer, Transformer
+from model import Transformer
+from tokenizer import Tokenizer
 
 # flags that may differ on --resume: they change neither the samples nor the math (a different
 # --micro-batch-size only changes float rounding and peak memory)

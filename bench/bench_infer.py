@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 from generate import beam_search  # noqa: E402
 from grisp import Grisp, GrispError, Options  # noqa: E402
-from model import Transformer, chat_prompt  # noqa: E402
+from model import Transformer  # noqa: E402
+from tokenizer import chat_prompt  # noqa: E402
 from prompts import rerank_messages, skeleton_messages  # noqa: E402
 from resolve import ModelReranker  # noqa: E402
 from skeleton import skeletonize  # noqa: E402

@@ -53,7 +53,8 @@ class QwenLastToken:
     PROMPT = 'This knowledge graph property: "{}" means in one word: "'
 
     def __init__(self, model_dir: Path, batch_size: int = 16):
-        from model import Tokenizer, Transformer
+        from model import Transformer
+        from tokenizer import Tokenizer
 
         self.model, self.tokenizer = Transformer.from_pretrained(model_dir), Tokenizer(model_dir)
         self.batch_size, self.last = batch_size, None

@@ -15,6 +15,7 @@ from transformers import Qwen2ForCausalLM
 
 import defaults
 import model as M
+from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -247,22 +248,22 @@ def test_editing_loaded_weights_in_place_leaves_the_checkpoint_file_alone(tmp_pa
 # ---------------------------------------------------------------------------- tokenizer and chat
 def test_chat_prompt_exact_string():
     user = [{"role": "user", "content": "What is the capital of France?"}]
-    assert M.chat_prompt(user) == (
+    assert chat_prompt(user) == (
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     turns = [{"role": "system", "content": "Be brief."}, *user, {"role": "assistant", "content": "Paris."}]
-    assert M.chat_prompt(turns, add_generation_prompt=False) == (
+    assert chat_prompt(turns, add_generation_prompt=False) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
         "<|im_start|>assistant\nParis.<|im_end|>\n")
     with pytest.raises(ValueError, match="tool"):
-        M.chat_prompt([{"role": "tool", "content": "x"}])
+        chat_prompt([{"role": "tool", "content": "x"}])
 
 
 def test_tokenizer_special_ids_and_round_trip(model_dir):
-    tok = M.Tokenizer(model_dir)
+    tok = Tokenizer(model_dir)
     assert (tok.endoftext_id, tok.im_start_id, tok.im_end_id) == (0, 1, 2)
     assert tok.eos_ids == [0, 2] and tok.pad_id == 0  # from generation_config.json
-    ids = tok.encode(M.chat_prompt([{"role": "user", "content": "Paris?"}]))
+    ids = tok.encode(chat_prompt([{"role": "user", "content": "Paris?"}]))
     assert ids[0] == tok.im_start_id and ids.count(tok.im_end_id) == 2 and ids.count(tok.im_start_id) == 3
     assert tok.decode(ids) == "system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\nuser\nParis?\nassistant\n"
     text = "SELECT ?x WHERE { wd:Q42 wdt:P19 ?x . } # größer"
@@ -276,7 +277,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_rejects_a_missing_model_and_an_empty_question(tmp_path):
-    args = argparse.Namespace(chat="hi", model_dir=str(tmp_path / "nothing"), system=M.DEFAULT_SYSTEM,
+    args = argparse.Namespace(chat="hi", model_dir=str(tmp_path / "nothing"), system=DEFAULT_SYSTEM,
                               max_new_tokens=4, device="cpu", dtype="auto", threads=0)
     with pytest.raises(SystemExit, match="get_model.py"):
         M.main(args)
@@ -305,12 +306,12 @@ def real_model_dir() -> Path:
 def test_real_model_logits_equal_transformers():
     from transformers import AutoTokenizer
     model_dir = real_model_dir()
-    tok = M.Tokenizer(model_dir)
+    tok = Tokenizer(model_dir)
     messages = [{"role": "user", "content": "Write a SPARQL query: who directed Pulp Fiction?"}]
     reference_tok = AutoTokenizer.from_pretrained(model_dir)
-    assert M.chat_prompt(messages) == reference_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = torch.tensor([tok.encode(M.chat_prompt(messages))])
-    assert ids[0].tolist() == reference_tok(M.chat_prompt(messages))["input_ids"]
+    assert chat_prompt(messages) == reference_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = torch.tensor([tok.encode(chat_prompt(messages))])
+    assert ids[0].tolist() == reference_tok(chat_prompt(messages))["input_ids"]
     theirs = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
     expected = theirs(ids).logits
     del theirs

@@ -3,7 +3,8 @@ full forward, identifiers are single tokens, the scores order the alternatives, 
 import pytest
 import torch
 
-from model import Tokenizer, Transformer, chat_prompt
+from model import Transformer
+from tokenizer import Tokenizer, chat_prompt
 from prompts import IDENTIFIERS, NONE_TEXT, RERANK_SYSTEM, Alternative, rerank_messages
 from resolve import Frame, ModelReranker, Resolver, Switches
 from search import Hit

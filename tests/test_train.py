@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 import checkpoint
 import loss
 import train
-from model import Tokenizer, Transformer
+from model import Transformer
+from tokenizer import Tokenizer
 from prompts import Alternative, rerank_messages, skeleton_messages
 from tests.conftest import free_port
 from tests.tiny import make_model_dir

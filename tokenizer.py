@@ -1,0 +1,65 @@
+"""Qwen2.5's tokenizer and chat prompt: text <-> token ids for every GRISP stage.
+
+`Tokenizer` wraps the model directory's tokenizer.json (byte-level BPE, read by the `tokenizers`
+library) and finds Qwen's special ids; `chat_prompt` writes Qwen's chat format by hand, so prompts need
+no chat-template engine. tests/test_model.py checks both against transformers' tokenizer.
+
+    tokenizer = Tokenizer(model_dir)
+    ids = tokenizer.encode(chat_prompt([{"role": "user", "content": "Who directed Pulp Fiction?"}]))
+"""
+import json
+from pathlib import Path
+
+import tokenizers
+
+DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+
+def chat_prompt(messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                default_system: str = DEFAULT_SYSTEM) -> str:
+    """Qwen's chat format, by hand: each turn is `<|im_start|>{role}\\n{content}<|im_end|>\\n`; a system
+    turn with `default_system` comes first unless the messages start with one; the generation prompt
+    `<|im_start|>assistant\\n` asks the model to answer."""
+    if not messages or messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": default_system}, *messages]
+    for m in messages:
+        if m["role"] not in ("system", "user", "assistant"):
+            raise ValueError(f"unknown chat role {m['role']!r}; use system, user or assistant")
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+class Tokenizer:
+    """The model directory's tokenizer.json (byte-level BPE) plus Qwen's special token ids.
+
+    im_start_id, im_end_id, endoftext_id: the chat and document markers.
+    eos_ids: ids that end an answer (generation_config.json / config.json eos_token_id, plus im_end).
+    pad_id: the padding id (pad_token_id from the same files, else <|endoftext|>)."""
+
+    def __init__(self, model_dir: str | Path):
+        model_dir = Path(model_dir)
+        if not (model_dir / "tokenizer.json").exists():
+            raise FileNotFoundError(f"{model_dir / 'tokenizer.json'} is missing (run `python get_model.py`)")
+        self.tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.im_start_id, self.im_end_id, self.endoftext_id = (
+            self.special_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+        config = {}  # generation_config.json overrides config.json, as in transformers
+        for name in ("config.json", "generation_config.json"):
+            if (model_dir / name).exists():
+                config.update({k: v for k, v in json.loads((model_dir / name).read_text()).items() if v is not None})
+        eos = config.get("eos_token_id", [])
+        self.eos_ids = sorted({*(eos if isinstance(eos, list) else [eos]), self.im_end_id})
+        self.pad_id = config.get("pad_token_id", self.endoftext_id)
+
+    def special_id(self, token: str) -> int:
+        token_id = self.tokenizer.token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"tokenizer.json has no {token} token: not a Qwen2 tokenizer")
+        return token_id
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`; special tokens written in the text (e.g. <|im_start|>) map to their ids."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
