@@ -19,13 +19,14 @@ import torch
 import lora
 from generate import beam_search
 from model import Transformer
-from prompts import skeleton_messages
+from prompts import IDENTIFIERS, skeleton_messages
 from resolve import ModelReranker, Resolver, Switches
 from search import load_indices
 from skeleton import find_placeholders, parses
 from sparql import Result, SparqlClient, with_prefixes
 from tokenizer import Tokenizer, chat_prompt
 
+MAX_TOP_K = (len(IDENTIFIERS) - 1) // 2  # 12: the union of two top-k lists fits one re-ranking prompt
 
 class GrispError(Exception):
     """A setup problem the user can fix (missing model, adapter or index); the message says how."""
@@ -47,8 +48,22 @@ class Options:
     constrained: bool = True
     kg_guidance: bool = True  # constraints and final validation
     backtracking: bool = True
-    time_budget: float = 60.0  # seconds per question for resolution (generation included)
+    time_budget: float = 60.0  # seconds per question for resolution (after generation, whose cost is hardware-bound)
     seed: int = 0
+
+    def __post_init__(self):
+        problems = [f"{name} = {value} must be {rule}" for name, value, ok, rule in [
+            ("num_beams", self.num_beams, self.num_beams >= 1, ">= 1"),
+            ("num_skeletons", self.num_skeletons, self.num_skeletons >= 1, ">= 1"),
+            ("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
+            ("temperature", self.temperature, self.temperature > 0, "> 0"),
+            ("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
+            # a placeholder of unknown position re-ranks the union of two top-k lists, and the
+            # re-ranking prompt names at most len(IDENTIFIERS) - 1 alternatives
+            ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"in [1, {MAX_TOP_K}]"),
+            ("time_budget", self.time_budget, self.time_budget > 0, "> 0")] if not ok]
+        if problems:
+            raise GrispError("bad settings: " + "; ".join(problems))
 
 
 @dataclass
@@ -124,7 +139,7 @@ class Grisp:
         start = time.perf_counter()
         skeletons, trace = self.skeletons(question)
         generation = time.perf_counter() - start
-        answer = self.answer_from_skeletons(question, skeletons, deadline=time.monotonic() + self.options.time_budget - generation)
+        answer = self.answer_from_skeletons(question, skeletons)
         answer.trace[:0] = trace
         answer.timings["generate"] = generation
         answer.timings["total"] = time.perf_counter() - start

@@ -45,7 +45,8 @@ def describe(event: dict) -> str:
         return f"  backtrack to {event['to']} ({event['left']} alternatives left)"
     if kind == "validate":
         outcome = "ok" if event["ok"] else "rejected"
-        detail = event.get("error") or (f"boolean {event['boolean']}" if event.get("boolean") is not None
+        detail = event.get("error") or (f"accepted despite {event['accepted_error']}" if "accepted_error" in event
+                                        else f"boolean {event['boolean']}" if event.get("boolean") is not None
                                         else f"{event['rows']} rows")
         return f"  validate: {outcome} ({detail})"
     return f"  {kind}"
@@ -81,14 +82,14 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    options = Options(beam_search=not args.no_beam_search, num_beams=args.num_beams, temperature=args.temperature,
-                      top_p=args.top_p, sample=not args.deterministic, num_skeletons=args.num_skeletons,
-                      rerank=not args.no_rerank, top_k=args.top_k, constrained=not args.no_constrained,
-                      kg_guidance=not args.no_kg_guidance, backtracking=not args.no_backtracking,
-                      time_budget=args.time_budget, seed=args.seed)
     adapter = None if args.adapter.lower() == "none" else args.adapter
     start = time.perf_counter()
     try:
+        options = Options(beam_search=not args.no_beam_search, num_beams=args.num_beams, temperature=args.temperature,
+                          top_p=args.top_p, sample=not args.deterministic, num_skeletons=args.num_skeletons,
+                          rerank=not args.no_rerank, top_k=args.top_k, constrained=not args.no_constrained,
+                          kg_guidance=not args.no_kg_guidance, backtracking=not args.no_backtracking,
+                          time_budget=args.time_budget, seed=args.seed)
         grisp = Grisp(args.model_dir, adapter, args.index, args.endpoint, options, args.device)
         loaded = time.perf_counter() - start
         answer = grisp.answer(args.question)
@@ -140,7 +141,8 @@ if __name__ == "__main__":
     parser.add_argument("--no-constrained", action="store_true", help="search without KG constraints")
     parser.add_argument("--no-kg-guidance", action="store_true", help="no constraints and no final validation")
     parser.add_argument("--no-backtracking", action="store_true", help="a dead end fails the skeleton")
-    parser.add_argument("--time-budget", type=float, default=60.0, help="seconds per question")
+    parser.add_argument("--time-budget", type=float, default=60.0,
+                        help="seconds per question for resolving its skeletons (generation not counted)")
     # output and runtime
     parser.add_argument("--json", help="write the answer, trace and timings to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="print only the query and the answers")

@@ -47,6 +47,15 @@ def test_empty_question_is_a_clear_error():
     assert out.returncode == 2 and "question is empty" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_bad_settings_are_clear_errors(tiny_model):
+    out = run_infer("q?", "--model-dir", str(tiny_model), "--adapter", "none", "--top-k", "13", "--num-beams", "0")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "num_beams = 0 must be >= 1" in out.stderr and "top_k = 13 must be in [1, 12]" in out.stderr
+    with pytest.raises(GrispError, match="top_p = 0"):
+        Options(top_p=0)
+    Options(top_k=12)  # the largest that fits a re-ranking prompt
+
+
 def test_missing_model_is_a_clear_error(tmp_path):
     out = run_infer("who directed pulp fiction?", "--model-dir", str(tmp_path / "nothing"))
     assert out.returncode == 2 and "get_model.py" in out.stderr and "Traceback" not in out.stderr

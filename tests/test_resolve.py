@@ -10,7 +10,7 @@ from prompts import mark_current
 from resolve import Resolver, Switches
 from search import load_indices
 from skeleton import find_placeholders
-from sparql import SparqlClient
+from sparql import BadQuery, QueryTimeout, ServerError, SparqlClient
 
 WD = "http://www.wikidata.org/entity/"
 FILM, GENRE, TARANTINO, KNOXVILLE = WD + "Q104123", WD + "Q351718", WD + "Q3772", WD + "Q185582"
@@ -111,6 +111,33 @@ def test_final_validation_rejects_an_empty_result(indices, client):
     assert [v["ok"] for v in validations] == [False, True]
     assert validations[0]["query"] == "SELECT ?x WHERE { wd:Q3772 wdt:P20 ?x . }" and validations[0]["rows"] == 0
     assert resolution.backtracks == 1
+
+
+@pytest.mark.parametrize("error", [QueryTimeout("read timed out"), ServerError("HTTP 503")])
+def test_final_validation_accepts_a_busy_endpoint(indices, client, error):
+    # as in the reference: a timeout or 5xx on the final query means the KG was busy, not the query wrong
+    class BusyOnFullQueries:
+        def query(self, sparql):
+            if "wdt:P19" in sparql and "<" not in sparql:  # the resolved query; constraints pass through
+                raise error
+            return client.query(sparql)
+
+    skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
+    reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, BusyOnFullQueries(), reranker, Switches(constrained=False)).resolve("q", skeleton)
+    assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }" and resolution.result is None
+    [validation] = events(resolution, "validate")
+    assert validation["ok"] and type(error).__name__ in validation["accepted_error"]
+
+
+def test_final_validation_rejects_a_bad_query(indices, client):
+    class Rejecting:
+        def query(self, sparql):
+            raise BadQuery("parse error")
+    skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
+    reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, Rejecting(), reranker, Switches(constrained=False)).resolve("q", skeleton)
+    assert resolution.sparql is None and not any(v["ok"] for v in events(resolution, "validate"))
 
 
 def test_exhausted_skeleton_fails_without_backtracking_past_the_first_placeholder(indices, client):
