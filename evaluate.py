@@ -232,6 +232,16 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
         raise ValueError(f"--limit must be positive, not {args.limit}")
     if args.skeletons_from and args.oracle_skeleton:
         raise ValueError("--skeletons-from and --oracle-skeleton both choose the skeletons; pass one")
+    saved_run = {}  # --score-only: the run's own benchmark and endpoint unless given on the command line
+    if args.score_only:
+        path = Path(args.score_only).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"predictions file {path} does not exist; pass the "
+                                    f"predictions.jsonl of an earlier run to --score-only")
+        if (path.parent / "config.json").is_file():
+            saved_run = json.loads((path.parent / "config.json").read_text())
+    args.benchmark = args.benchmark or saved_run.get("benchmark") or "demo"
+    args.endpoint = args.endpoint or saved_run.get("endpoint") or defaults.ENDPOINT_URL
     samples = benchmarks.load_benchmark(args.benchmark)[: args.limit]
     gold_by_id = {sample["id"]: sample["sparql"] for sample in samples}
     client = sparql.SparqlClient(args.endpoint, read_timeout_s=args.query_timeout)
@@ -242,15 +252,13 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
 
     # --- score an existing predictions file only
     if args.score_only:
-        path = Path(args.score_only).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"predictions file {path} does not exist; pass the "
-                                    f"predictions.jsonl of an earlier run to --score-only")
-        records = [r for r in read_predictions(path) if r["id"] in gold_by_id]
-        for record in tqdm(records, desc="scoring", unit="q"):
+        records = read_predictions(path)  # all are written back; those of this selection are re-scored
+        selected = [r for r in records if r["id"] in gold_by_id]
+        for record in tqdm(selected, desc="scoring", unit="q"):
             score_record(record, gold_by_id[record["id"]], client)
         write_jsonl(path, records)
-        summary = {**summarize(records), "config": {"score_only": str(path), "benchmark": args.benchmark}}
+        summary = {**summarize(selected), "config": {**saved_run, "score_only": str(path),
+                                                     "benchmark": args.benchmark, "endpoint": args.endpoint}}
         (path.parent / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print_summary(summary, name)
         return summary
@@ -313,9 +321,10 @@ if __name__ == "__main__":
                     "with the GRASP protocol (row F1 with assignment, EM); resumable.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # data
-    parser.add_argument("--benchmark", default="demo",
+    parser.add_argument("--benchmark", default=None,
                         help="benchmark name (demo, wwq-dev-kg, wwq-dev, wwq-train) or a JSONL file "
-                             "({id, question, sparql, paraphrases, info} per line)")
+                             "({id, question, sparql, paraphrases, info} per line); default: demo, or "
+                             "with --score-only the run's own")
     parser.add_argument("--out", default=None,
                         help="run directory; default ~/.cache/grisp/eval/<benchmark>-<ablation>[-oracle]")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
@@ -323,7 +332,9 @@ if __name__ == "__main__":
                         help="re-score this predictions.jsonl (gold and predicted queries are "
                              "executed again) without loading the model")
     # knowledge graph
-    parser.add_argument("--endpoint", default=defaults.ENDPOINT_URL, help="SPARQL endpoint URL")
+    parser.add_argument("--endpoint", default=None,
+                        help=f"SPARQL endpoint URL; default: {defaults.ENDPOINT_URL}, or with --score-only "
+                             f"the run's own")
     parser.add_argument("--index", type=Path, default=defaults.DEMO_INDEX_DIR,
                         help="search index directory (build_index.py)")
     parser.add_argument("--query-timeout", type=float, default=60.0,

@@ -204,8 +204,8 @@ def test_score_only_rescores_without_a_pipeline(bench, tmp_path, endpoint_url):
             record["sparql"] = SPOUSES
         record["f1"] = record["em"] = record["answers"] = None
     predictions.write_text("".join(json.dumps(r) + "\n" for r in records))
-    result = subprocess.run([sys.executable, "evaluate.py", "--score-only", str(predictions),
-                             "--benchmark", str(bench), "--endpoint", endpoint_url],
+    # benchmark and endpoint come from the run's config.json
+    result = subprocess.run([sys.executable, "evaluate.py", "--score-only", str(predictions)],
                             cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "F1 / EM            60.0 / 60.0" in result.stdout  # (1 + 1 + 0 + 0 + 1) / 5
@@ -213,6 +213,9 @@ def test_score_only_rescores_without_a_pipeline(bench, tmp_path, endpoint_url):
     assert summary["f1"] == pytest.approx(3 / 5) and summary["failures"]["wrong_answer"] == 0
     rescored = {r["id"]: r for r in map(json.loads, predictions.open())}
     assert rescored["partial"]["em"] is True and rescored["exact"]["answers"] is not None
+    # scoring a selection re-scores those records and keeps every other one in the file
+    summary = evaluate.main(make_args(bench, tmp_path, None, benchmark=None, limit=2, score_only=str(predictions)))
+    assert summary["samples"] == 2 and len(predictions.read_text().splitlines()) == 7
 
 
 def test_failure_kind_of_single_records(endpoint_url):
