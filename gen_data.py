@@ -39,7 +39,7 @@ import torch
 
 import benchmarks
 import defaults
-from prompts import IDENTIFIERS, rerank_messages, skeleton_messages, to_alternative
+from prompts import IDENTIFIERS, mark_current, rerank_messages, skeleton_messages, to_alternative
 from search import Indices, load_indices
 from skeleton import find_placeholders, skeletonize, split_variant, substitute
 
@@ -135,7 +135,7 @@ class SampleGenerator:
         i = rng.randrange(len(iris))
         # the query as the resolver sees it at step i: later edits first, so earlier offsets stay valid
         ph = placeholders[i]
-        marked = skeleton[:ph.start] + "<rep>" + ph.text[len("<iri>"):-len("</iri>")] + "</rep>" + skeleton[ph.end:]
+        marked = mark_current(skeleton, ph)
         for j in reversed(range(i)):
             marked = substitute(marked, placeholders[j], iris[j])
         gold, variant = split_variant(iris[i])

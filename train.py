@@ -6,8 +6,8 @@ identifier tokens (A, B, ...) present in the prompt, read at the first answer po
 from gen_data.py, fresh for every epoch (online) or precomputed (`--samples`). Logits are computed
 only at those loss positions, the batch of 8 is built by gradient accumulation, and a run lives in
 `defaults.RUNS_DIR/<name>`: log.jsonl, config.json, checkpoint-*/ (adapter, optimiser, RNG states,
-data position) every N steps and on SIGINT/SIGTERM, best/ (lowest validation loss) and adapter/ (the
-final adapter in the PEFT layout, for infer.py or `PeftModel.from_pretrained`).
+data position) every N steps and on SIGINT/SIGTERM, best/ (lowest validation loss) and, at the end,
+adapter/ (a copy of best/ in the PEFT layout, for infer.py or `PeftModel.from_pretrained`).
 
     python train.py --data wwq                                   # the paper's setup, CPU or GPU
     python train.py --data wwq --lora-layers 8 --max-steps 40    # a short fast run on CPU

@@ -76,12 +76,16 @@ def test_samples_have_the_documented_structure(tiny):
     assert skeletons[0]["target"] == ("SELECT ?x WHERE { <iri>Alpha Berlin</iri> <iri>birth relation (wdt)</iri> ?x . "
                                       "?x <iri>work relation (wdt)</iri> <iri>Alpha Paris</iri> . }")
     assert skeletons[0]["messages"][1]["content"] in (record["question"], record["paraphrases"][0])
-    for s in reranks:
+    for s, skeleton in zip(reranks, skeletons):  # one of each per record, in record order
         query = sparql_line(s)
         assert query.count("<rep>") == 1
         before, after = query.split("<rep>")
-        assert "<iri>" not in before, "earlier placeholders are resolved"
-        assert re.search(r"wd:Q\d+|wdt:P\d+", before) or before.startswith("SELECT ?x WHERE { ")
+        # earlier placeholders are resolved to IRIs, later ones are not: same shape as the skeleton
+        placeholder = r"<iri>[^<]*</iri>"
+        shape = re.sub(r"wdt?:[PQ]\d+", "I", before) + "R" + re.sub(placeholder, "L", after.split("</rep>", 1)[1])
+        n_before = len(re.findall(r"wdt?:[PQ]\d+", before))
+        letters = iter("I" * n_before + "R" + "L" * 10)  # resolved, the marked one, later ones
+        assert shape == re.sub(placeholder, lambda _: next(letters), skeleton["target"])
         lines = alternative_lines(s)
         assert len(lines) == 5 and lines[-1] == f"{s['identifiers'][-1]}. {NONE_TEXT}"
         assert s["identifiers"] == list("ABCDE") and s["target"] == "A"  # exact label: the gold ranks first
