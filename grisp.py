@@ -18,7 +18,7 @@ import torch
 
 import lora
 from generate import beam_search
-from model import Transformer
+from model import Transformer, pick_device
 from prompts import IDENTIFIERS, skeleton_messages
 from resolve import ModelReranker, Resolver, Switches
 from search import load_indices
@@ -79,12 +79,6 @@ class Answer:
     failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "error"
 
 
-def pick_device(device: str) -> str:
-    if device != "auto":
-        return device
-    return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-
-
 class Grisp:
     def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None, index_dir: str | Path,
                  endpoint_url: str, options: Options, device: str = "auto"):
@@ -100,7 +94,7 @@ class Grisp:
         if options.kg_guidance:  # fail fast, before loading the model: is the endpoint up?
             self.client.query("ASK { }")
         self.options, self.device = options, pick_device(device)
-        dtype = torch.float32 if self.device == "cpu" else torch.bfloat16
+        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.tokenizer = Tokenizer(model_dir)
         self.model = Transformer.from_pretrained(model_dir, dtype, self.device)
         if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed

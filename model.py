@@ -353,6 +353,15 @@ class Transformer(nn.Module):
         return model.eval()
 
 
+def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
+    """`name` as a torch.device; "auto" = cuda (this process's GPU under torchrun), then mps, then cpu."""
+    if name != "auto":
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank)
+    return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
+
+
 def attention_mask(key_mask: torch.Tensor, start: int, T: int) -> torch.Tensor:
     """[B, 1, T, S] bool, True = may attend: query t (at position start + t) sees the real keys up to
     itself. Every query also sees itself, so padding queries get finite (ignored) outputs, not NaN."""
@@ -406,9 +415,8 @@ def main(args: argparse.Namespace) -> None:
         sys.exit('error: --chat is empty; ask something, e.g. --chat "What is the capital of France?"')
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = args.device if args.device != "auto" else \
-        "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else torch.float32 if device == "cpu" else torch.bfloat16
+    device = pick_device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else torch.float32 if device.type == "cpu" else torch.bfloat16
     print(f"model {model_dir} on {device} in {dtype}", file=sys.stderr)
     tokenizer = Tokenizer(model_dir)
     model = Transformer.from_pretrained(model_dir, dtype, device).prepare_for_inference()

@@ -34,7 +34,7 @@ import defaults
 import gen_data
 import lora
 import loss
-from model import Transformer
+from model import Transformer, pick_device
 from tokenizer import Tokenizer
 
 # flags that may differ on --resume: they change neither the samples nor the math (a different
@@ -119,14 +119,6 @@ def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, auto
 
 def to_device(batch: dict, device) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
-
-
-def pick_device(name: str, local_rank: int) -> torch.device:
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank)
-    return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
 
 
 # ---------------------------------------------------------------------------- main
