@@ -42,7 +42,8 @@ def describe(event: dict) -> str:
     if kind == "choose":
         return f"    -> {compact(event['iri'])} ({event['label']})"
     if kind == "backtrack":
-        return f"  backtrack to {event['to']} ({event['left']} alternatives left)"
+        ranked = f", {len(event['kept'])} still above None after re-ranking" if "kept" in event else ""
+        return f"  backtrack to {event['to']} ({event['left']} alternatives left{ranked})"
     if kind == "validate":
         outcome = "ok" if event["ok"] else "rejected"
         detail = event.get("error") or (f"accepted despite {event['accepted_error']}" if "accepted_error" in event
