@@ -28,6 +28,7 @@ from tokenizer import Tokenizer, chat_prompt
 
 MAX_TOP_K = (len(IDENTIFIERS) - 1) // 2  # 12: the union of two top-k lists fits one re-ranking prompt
 
+
 class GrispError(Exception):
     """A setup problem the user can fix (missing model, adapter or index); the message says how."""
 

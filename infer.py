@@ -57,7 +57,7 @@ def answer_table(grisp: Grisp, answer: Answer, limit: int = 20) -> str:
     """The result rows with labels for IRIs the index knows."""
     result = answer.result
     if result is None:
-        return "(not executed: KG guidance is off)"
+        return "(no result: KG guidance is off, or the endpoint timed out on the final query)"
     if result.boolean is not None:
         return f"ASK: {'yes' if result.boolean else 'no'}"
 
