@@ -285,11 +285,21 @@ def save_adapter(model: nn.Module, out_dir: str | Path, base_model_name_or_path:
                  dtype: torch.dtype | None = None) -> Path:
     """Write adapter_config.json + adapter_model.safetensors (PEFT layout); dtype e.g. torch.bfloat16
     halves the file. Returns the directory."""
+    _check_float(dtype)
+    config = _adapter_config(model, base_model_name_or_path)
+    tensors = {_peft_key(n): p.detach().cpu() for n, p in lora_state_dict(model).items()}
+    return _write_adapter(out_dir, tensors, config, dtype)
+
+
+def _check_float(dtype: torch.dtype | None) -> None:
     if dtype is not None and not dtype.is_floating_point:
         raise ValueError(f"cannot save LoRA weights as {dtype}; use a float dtype such as torch.bfloat16")
-    config = _adapter_config(model, base_model_name_or_path)
-    tensors = {_peft_key(n): p.detach().to(device="cpu", dtype=dtype or p.dtype).contiguous()
-               for n, p in lora_state_dict(model).items()}
+
+
+def _write_adapter(out_dir: str | Path, tensors: dict[str, torch.Tensor], config: dict,
+                   dtype: torch.dtype | None) -> Path:
+    """The two files of a PEFT adapter directory: weights (under PEFT's keys, cast to dtype) and config."""
+    tensors = {key: t.to(dtype or t.dtype).contiguous() for key, t in tensors.items()}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out_dir / WEIGHTS_NAME, metadata={"format": "pt"})
@@ -352,17 +362,11 @@ def convert_adapter(src_dir: str | Path, out_dir: str | Path, dtype: torch.dtype
                     base_model_name_or_path: str | None = None) -> Path:
     """Copy an adapter directory with its weights cast to `dtype` and, if given, another base model name
     in its config (a Hub id instead of the local path training saw). Returns the directory."""
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"cannot save LoRA weights as {dtype}; use a float dtype such as torch.bfloat16")
+    _check_float(dtype)
     config = read_adapter_config(src_dir)
-    tensors = {key: t.to(dtype or t.dtype).contiguous() for key, t in load_file(Path(src_dir) / WEIGHTS_NAME).items()}
     if base_model_name_or_path is not None:
         config["base_model_name_or_path"] = base_model_name_or_path
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, out_dir / WEIGHTS_NAME, metadata={"format": "pt"})
-    (out_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
-    return out_dir
+    return _write_adapter(out_dir, load_file(Path(src_dir) / WEIGHTS_NAME), config, dtype)
 
 
 def main(args: argparse.Namespace) -> None:
