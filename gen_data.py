@@ -10,7 +10,8 @@ For every benchmark record and epoch it makes one sample of each task:
   above" get single-token identifiers (prompts.py); the target is the gold item's identifier. The gold
   item is put at a random place in the list when the search misses it.
   Augmentations, each with its own probability: vary k (uniform in 2..10, else 10), drop the infos,
-  drop the gold item (target = None), shuffle the alternatives (else they keep the index's order).
+  drop the gold item (target = None; the next hit takes its place, so the list length tells nothing),
+  shuffle the alternatives (else they keep the index's order).
 
 A sample is a pure function of (seed, epoch, record), so online generation (train.py) is reproducible
 and resumable, and this script can precompute N epochs offline. Records whose query has an IRI the
@@ -52,7 +53,7 @@ class Augment:
     """Probabilities of the sample variations (METHOD.md section 2: "small, such as 0.05-0.2")."""
 
     alias: float = 0.2  # a placeholder shows a random alias instead of the main label
-    vary_k: float = 0.2  # re-rank k uniform in [min_k, max_k] alternatives instead of max_k
+    vary_k: float = 0.5  # re-rank k uniform in [min_k, max_k] alternatives instead of max_k (constrained lists vary)
     drop_infos: float = 0.1  # show alternatives without description and aliases
     drop_gold: float = 0.1  # remove the gold item: the target becomes "None of the above"
     shuffle: float = 0.2  # shuffle the alternatives (else they keep the search order)
@@ -141,18 +142,22 @@ class SampleGenerator:
         gold, variant = split_variant(iris[i])
         kind = "property" if self.indices.stores["property"].get(gold) is not None else "entity"
         k = rng.randint(aug.min_k, aug.max_k) if rng.random() < aug.vary_k else aug.max_k
-        if (kind, ph.label, k) not in self.hits:
-            self.hits[kind, ph.label, k] = self.indices.search(kind, ph.label, k)
-        items = {hit.id: hit for hit in self.hits[kind, ph.label, k]}
+        # one hit more than k, so that a list without the gold item still has k alternatives: a list one
+        # shorter than usual would tell the model "None of the above" without reading it
+        if (kind, ph.label, k + 1) not in self.hits:
+            self.hits[kind, ph.label, k + 1] = self.indices.search(kind, ph.label, k + 1)
+        items = {hit.id: hit for hit in self.hits[kind, ph.label, k + 1]}
         ids = list(items)
-        if gold not in ids:  # the search missed it: put it at a random rank within the top k
+        if rng.random() < aug.drop_gold:
+            ids = [iri for iri in ids if iri != gold][:k]
+            stats["gold_dropped"] += 1
+        elif gold in ids[:k]:
+            ids = ids[:k]
+        else:  # the search missed it: put it at a random rank within the top k
             stats["gold_inserted"] += 1
-            ids = ids[:k - 1]
+            ids = [iri for iri in ids if iri != gold][:k - 1]
             ids.insert(rng.randint(0, len(ids)), gold)
             items[gold] = self.indices.item(gold)
-        if rng.random() < aug.drop_gold:
-            ids.remove(gold)
-            stats["gold_dropped"] += 1
         if rng.random() < aug.shuffle:
             rng.shuffle(ids)
             stats["shuffled"] += 1

@@ -97,7 +97,7 @@ def test_samples_have_the_documented_structure(tiny):
 
 def test_augmentations_appear_at_their_rates(tiny):
     indices, _, records = tiny
-    augment = gen_data.Augment(alias=0.3, vary_k=0.4, drop_infos=0.15, drop_gold=0.25, shuffle=0.5, min_k=2, max_k=6)
+    augment = gen_data.Augment(alias=0.3, vary_k=0.4, drop_infos=0.15, drop_gold=0.25, shuffle=0.5, min_k=2, max_k=5)
     generator = gen_data.SampleGenerator(records, indices, augment, seed=0)
     samples = [s for epoch in range(4) for s in generator.epoch(epoch)[0]]
     skeletons = [s for s in samples if s["task"] == "skeleton"]
@@ -112,9 +112,9 @@ def test_augmentations_appear_at_their_rates(tiny):
     assert within(len(dropped), len(reranks), 0.25), "drop-gold rate"
     assert all(s["iri"] is None for s in dropped)
 
-    n_searched = [len(s["identifiers"]) - 1 + (s["iri"] is None) for s in reranks]  # k before the drop
-    assert set(n_searched) == {2, 3, 4, 5, 6}
-    assert within(sum(n < 6 for n in n_searched), len(reranks), 0.4 * 4 / 5), "vary-k rate (k=6 is drawn 1/5 of the time)"
+    n_searched = [len(s["identifiers"]) - 1 for s in reranks]  # k: a dropped gold is replaced by the next hit
+    assert set(n_searched) == {2, 3, 4, 5}  # every search has k + 1 >= 6 hits
+    assert within(sum(n < 5 for n in n_searched), len(reranks), 0.4 * 3 / 4), "vary-k rate (k=5 is drawn 1/4 of the time)"
 
     with_infos = [any(re.match(r"\w\. .*\): ", line) for line in alternative_lines(s)) for s in reranks]
     assert within(len(reranks) - sum(with_infos), len(reranks), 0.15), "drop-infos rate"
@@ -125,6 +125,18 @@ def test_augmentations_appear_at_their_rates(tiny):
     p_moved = [0.5 * (1 - 1 / (len(s["identifiers"]) - 1)) for s in kept]
     expected, sigma = sum(p_moved), math.sqrt(sum(p * (1 - p) for p in p_moved))
     assert abs(moved - expected) <= 4 * sigma, f"shuffle rate: {moved} moved, {expected:.0f} expected"
+
+
+def test_list_length_does_not_tell_a_dropped_gold(tiny):
+    """A list without the gold item is filled up with the next hit: a list one shorter than usual would
+    teach "None of the above" from its length alone."""
+    indices, _, records = tiny
+    augment = gen_data.Augment(vary_k=0.0, drop_gold=0.5, max_k=4)
+    reranks = [s for s in gen_data.SampleGenerator(records, indices, augment, seed=0).epoch(0)[0] if s["task"] == "rerank"]
+    dropped = [s for s in reranks if s["iri"] is None]
+    assert within(len(dropped), len(reranks), 0.5)
+    assert {len(s["identifiers"]) for s in reranks} == {5}  # 4 alternatives + None, with or without the gold
+    assert all(s["target"] == "E" for s in dropped)
 
 
 def test_samples_are_a_function_of_seed_epoch_record(tiny):
