@@ -348,7 +348,7 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> dict:
     inject_lora(model, r=config["r"], alpha=config["lora_alpha"], dropout=config.get("lora_dropout") or 0.0,
                 target_modules=config["target_modules"], layers=layers,
                 layers_pattern=config.get("layers_pattern"))
-    state = {_our_name(k): v for k, v in load_file(Path(adapter_dir) / WEIGHTS_NAME).items()}
+    state = read_adapter_weights(adapter_dir)
     try:
         load_lora_state_dict(model, state)
     except ValueError:
@@ -356,6 +356,10 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> dict:
         raise
     return config
 
+
+def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
+    """The adapter's LoRA weights under this module's names (for load_lora_state_dict)."""
+    return {_our_name(k): v for k, v in load_file(Path(adapter_dir) / WEIGHTS_NAME).items()}
 
 
 def convert_adapter(src_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None,

@@ -151,6 +151,15 @@ def main(args: argparse.Namespace) -> None:
     model = Transformer.from_pretrained(args.model_dir, dtype, device)
     layers = lora.last_layers(model, args.lora_layers) if args.lora_layers else None
     lora.inject_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_targets, layers)
+    if args.init_adapter:  # continue from a trained adapter: its weights, a fresh optimiser and schedule
+        saved = lora.read_adapter_config(Path(args.init_adapter).expanduser())
+        if (saved["r"], saved["lora_alpha"]) != (args.lora_r, args.lora_alpha):
+            sys.exit(f"error: --init-adapter has r={saved['r']}, alpha={saved['lora_alpha']}; pass the same "
+                     f"--lora-r and --lora-alpha (and --lora-layers, --lora-targets)")
+        try:
+            lora.load_lora_state_dict(model, lora.read_adapter_weights(Path(args.init_adapter).expanduser()))
+        except ValueError as error:
+            sys.exit(f"error: --init-adapter {args.init_adapter}: {error}")
     n_trainable = lora.mark_only_lora_trainable(model)
     for p in lora.lora_state_dict(model).values():
         p.data = p.data.float()
@@ -298,6 +307,8 @@ def check_args(args: argparse.Namespace, world: int) -> None:
         (not (Path(args.model_dir).expanduser() / "config.json").exists(),
          f"--model-dir {args.model_dir} has no config.json; run `python get_model.py` or pass --model-dir"),
         (args.samples and not Path(args.samples).expanduser().is_file(), f"--samples {args.samples} does not exist"),
+        (args.init_adapter and not (Path(args.init_adapter).expanduser() / lora.CONFIG_NAME).is_file(),
+         f"--init-adapter {args.init_adapter} is no adapter directory (no {lora.CONFIG_NAME})"),
         (args.batch_size < 1 or args.batch_size % world, f"--batch-size {args.batch_size} must be a positive multiple of the {world} processes"),
         (args.micro_batch_size < 1, f"--micro-batch-size must be at least 1, got {args.micro_batch_size}"),
         (args.epochs < 1, f"--epochs must be at least 1, got {args.epochs}"),
@@ -332,6 +343,7 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--lora-alpha", type=float, default=32, help="scaling alpha (update scaled by alpha / r)")
     group.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the LoRA input")
     group.add_argument("--lora-targets", nargs="+", default=list(lora.DEFAULT_TARGETS), help="module names that get LoRA (default: all linear layers of the blocks)")
+    group.add_argument("--init-adapter", default=None, help="start from this trained adapter's weights (same r, alpha, targets, layers) instead of LoRA's zero update")
     group.add_argument("--lora-layers", type=int, default=0, help="LoRA on the last N blocks only (faster on CPU; 0 = all blocks)")
     # optimisation
     group = parser.add_argument_group("optimisation")

@@ -2,6 +2,7 @@
 reproducibility, skipped records and the command line."""
 import json
 import math
+import random
 import re
 import subprocess
 import sys
@@ -189,3 +190,47 @@ def test_command_line_bad_input(tmp_path, flags, message):
 def test_help():
     run = subprocess.run([sys.executable, str(REPO / "gen_data.py"), "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "--drop-gold" in run.stdout
+
+
+class FakeItem:
+    def __init__(self, label, aliases=()):
+        self.label, self.aliases = label, list(aliases)
+
+
+class FakeIndices:
+    def __init__(self, items):
+        self.items = items
+
+    def item(self, iri):
+        return self.items[iri.rsplit("/", 1)[1]]
+
+
+def one_hop(record_id, question, subject, prop):
+    return {"id": record_id, "question": question, "paraphrases": [], "info": {},
+            "sparql": f"PREFIX wd: <{WD}> SELECT DISTINCT ?x WHERE {{ wd:{subject} wdt:{prop} ?x . }}"}
+
+
+def test_composed_records_chain_two_one_hop_records_of_fitting_types():
+    indices = FakeIndices({"Q1": FakeItem("Pulp Fiction"), "Q2": FakeItem("Brad Pitt", ["William Bradley Pitt"]),
+                           "Q3": FakeItem("Nobody")})
+    records = [one_hop("work", "who starred in pulp fiction?", "Q1", "P161"),
+               one_hop("person", "where was brad pitt born?", "Q2", "P19"),
+               one_hop("unnamed", "who is it?", "Q3", "P19"),  # its question does not name Q3: never used
+               {"id": "two", "question": "q", "sparql": "SELECT ?x WHERE { wd:Q1 wdt:P57 ?y . ?y wdt:P19 ?x . }"}]
+    composed = gen_data.compose_records(records * 25, indices, 0.5, random.Random(0))
+    assert len(composed) == 50
+    pattern = re.compile(r"SELECT DISTINCT \?x WHERE \{ wd:(Q\d) wdt:(P\d+) \?y \. \?y wdt:(P\d+) \?x \. \}$")
+    seen = set()
+    for record in composed:
+        subject, first, second = pattern.search(record["sparql"]).groups()
+        subject_type, object_type, phrases = gen_data.NOUN_PHRASES[first]
+        # Q1 is only known as a work, Q2 as a person; the second hop fits the first hop's object type
+        assert (subject, subject_type) in {("Q1", "work"), ("Q2", "person")}
+        assert gen_data.SUBJECT_TYPE[second] == object_type
+        name = {"Q1": "pulp fiction", "Q2": "brad pitt"}[subject]
+        assert any(p.format(name).removeprefix("the ") in record["question"] for p in phrases)
+        seen.add((first, record["question"]))
+    assert ("P57", "who starred in the director of pulp fiction?") not in seen  # person -> work never joins
+    assert any(q == "where was the director of pulp fiction born?" for _, q in seen)
+    assert composed == gen_data.compose_records(records * 25, indices, 0.5, random.Random(0))
+    assert gen_data.compose_records(records[:1], indices, 0.5, random.Random(0)) == []  # no person to join

@@ -170,6 +170,23 @@ def test_resume_refuses_changed_settings(model_dir, tmp_path, capsys):
     assert [r["step"] for r in log(tmp_path)] == list(range(1, 9))  # 4 epochs of 2 steps, none repeated
 
 
+def test_init_adapter_starts_from_a_trained_adapter(model_dir, tmp_path):
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
+    train.main(train_args(model_dir, tmp_path, samples, "--epochs", "2", "--lr", "1e-2", "--name", "first"))
+    first = load_file(tmp_path / "runs" / "first" / "adapter" / "adapter_model.safetensors")
+    assert any(float(v.abs().max()) > 0 for k, v in first.items() if "lora_B" in k)
+    # a second run from it with a vanishing learning rate ends where the first one ended
+    train.main(train_args(model_dir, tmp_path, samples, "--epochs", "1", "--lr", "1e-12", "--name", "second",
+                          "--init-adapter", str(tmp_path / "runs" / "first" / "adapter")))
+    second = load_file(tmp_path / "runs" / "second" / "adapter" / "adapter_model.safetensors")
+    assert first.keys() == second.keys() and all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
+    with pytest.raises(SystemExit, match="pass the same --lora-r"):
+        train.main(train_args(model_dir, tmp_path, samples, "--name", "third", "--lora-r", "8",
+                              "--init-adapter", str(tmp_path / "runs" / "first" / "adapter")))
+    with pytest.raises(SystemExit, match="no adapter directory"):
+        train.main(train_args(model_dir, tmp_path, samples, "--name", "fourth", "--init-adapter", str(tmp_path)))
+
+
 # ---------------------------------------------------------------------------- command line
 def test_help_explains_every_flag(capsys):
     with pytest.raises(SystemExit) as exit_info:
