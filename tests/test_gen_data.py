@@ -234,3 +234,21 @@ def test_composed_records_chain_two_one_hop_records_of_fitting_types():
     assert any(q == "where was the director of pulp fiction born?" for _, q in seen)
     assert composed == gen_data.compose_records(records * 25, indices, 0.5, random.Random(0))
     assert gen_data.compose_records(records[:1], indices, 0.5, random.Random(0)) == []  # no person to join
+
+
+def test_an_epoch_adds_samples_of_composed_records(tiny, monkeypatch):
+    indices, _, _ = tiny
+    monkeypatch.setattr(gen_data, "NOUN_PHRASES", {"P10": ("city", "city", ["the twin of {}"])})
+    monkeypatch.setattr(gen_data, "SUBJECT_TYPE", {"P10": "city", "P11": "city"})
+    records = [one_hop(f"r{i}", f"what is near alpha {c.lower()}?", f"Q{i + 1}", "P11") for i, c in enumerate(CITIES)]
+    augment = gen_data.Augment(compose=0.5, alias=0.0)
+    samples, stats = gen_data.SampleGenerator(records, indices, augment, seed=0).epoch(0)
+    composed = [s for s in samples if s["id"].startswith("composed:")]
+    assert stats["composed"] == 4 and len(composed) == 8  # a skeleton and a re-ranking sample each
+    for s in composed:
+        if s["task"] == "skeleton":
+            assert re.fullmatch(r"what is near the twin of alpha \w+\?", s["messages"][1]["content"])
+            assert re.fullmatch(r"SELECT DISTINCT \?x WHERE \{ <iri>Alpha \w+</iri> <iri>birth relation \(wdt\)</iri> \?y \. "
+                                r"\?y <iri>death relation \(wdt\)</iri> \?x \. \}", s["target"]), s["target"]
+    no_compose = gen_data.SampleGenerator(records, indices, gen_data.Augment(compose=0.0, alias=0.0), seed=0).epoch(0)[0]
+    assert [s for s in samples if not s["id"].startswith("composed:")] == no_compose
