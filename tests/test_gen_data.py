@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import compose
 import gen_data
 from prompts import NONE_TEXT
 
@@ -217,29 +218,29 @@ def test_composed_records_chain_two_one_hop_records_of_fitting_types():
                one_hop("person", "where was brad pitt born?", "Q2", "P19"),
                one_hop("unnamed", "who is it?", "Q3", "P19"),  # its question does not name Q3: never used
                {"id": "two", "question": "q", "sparql": "SELECT ?x WHERE { wd:Q1 wdt:P57 ?y . ?y wdt:P19 ?x . }"}]
-    composed = gen_data.compose_records(records * 25, indices, 0.5, random.Random(0))
+    composed = compose.compose_records(records * 25, indices, 0.5, random.Random(0))
     assert len(composed) == 50
     pattern = re.compile(r"SELECT DISTINCT \?x WHERE \{ wd:(Q\d) wdt:(P\d+) \?y \. \?y wdt:(P\d+) \?x \. \}$")
     seen = set()
     for record in composed:
         subject, first, second = pattern.search(record["sparql"]).groups()
-        subject_type, object_type, phrases = gen_data.NOUN_PHRASES[first]
+        subject_type, object_type, phrases = compose.NOUN_PHRASES[first]
         # Q1 is only known as a work, Q2 as a person; the second hop fits the first hop's object type
         assert (subject, subject_type) in {("Q1", "work"), ("Q2", "person")}
-        assert gen_data.SUBJECT_TYPE[second] == object_type
+        assert compose.SUBJECT_TYPE[second] == object_type
         name = {"Q1": "pulp fiction", "Q2": "brad pitt"}[subject]
         assert any(p.format(name).removeprefix("the ") in record["question"] for p in phrases)
         seen.add((first, record["question"]))
     assert ("P57", "who starred in the director of pulp fiction?") not in seen  # person -> work never joins
     assert any(q == "where was the director of pulp fiction born?" for _, q in seen)
-    assert composed == gen_data.compose_records(records * 25, indices, 0.5, random.Random(0))
-    assert gen_data.compose_records(records[:1], indices, 0.5, random.Random(0)) == []  # no person to join
+    assert composed == compose.compose_records(records * 25, indices, 0.5, random.Random(0))
+    assert compose.compose_records(records[:1], indices, 0.5, random.Random(0)) == []  # no person to join
 
 
 def test_an_epoch_adds_samples_of_composed_records(tiny, monkeypatch):
     indices, _, _ = tiny
-    monkeypatch.setattr(gen_data, "NOUN_PHRASES", {"P10": ("city", "city", ["the twin of {}"])})
-    monkeypatch.setattr(gen_data, "SUBJECT_TYPE", {"P10": "city", "P11": "city"})
+    monkeypatch.setattr(compose, "NOUN_PHRASES", {"P10": ("city", "city", ["the twin of {}"])})
+    monkeypatch.setattr(compose, "SUBJECT_TYPE", {"P10": "city", "P11": "city"})
     records = [one_hop(f"r{i}", f"what is near alpha {c.lower()}?", f"Q{i + 1}", "P11") for i, c in enumerate(CITIES)]
     augment = gen_data.Augment(compose=0.5, alias=0.0)
     samples, stats = gen_data.SampleGenerator(records, indices, augment, seed=0).epoch(0)
