@@ -53,7 +53,8 @@ WIKIDATA_INDEX_DIR = defaults.GRISP_HOME / "indices" / "wikidata-items"  # built
 
 @dataclass
 class Augment:
-    """Probabilities of the sample variations (METHOD.md section 2: "small, such as 0.05-0.2")."""
+    """Probabilities of the sample variations (METHOD.md section 2: "small, such as 0.05-0.2"; vary_k is
+    higher because METHOD draws k at random and constrained lists at inference have any length)."""
 
     alias: float = 0.2  # a placeholder shows a random alias instead of the main label
     vary_k: float = 0.5  # re-rank k uniform in [min_k, max_k] alternatives instead of max_k (constrained lists vary)
