@@ -118,3 +118,13 @@ def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint,
         assert torch.allclose(grisp.model(tokens), expected, atol=1e-4)
     with pytest.raises(GrispError, match="no adapter"):
         Grisp(tiny_model, tmp_path / "missing", demo_index, demo_endpoint, Options())
+
+
+@pytest.mark.slow  # the real 0.5B model with the shipped adapter: ~30 s
+def test_shipped_adapter_answers_the_readme_question(demo_endpoint):
+    if not (defaults.MODEL_DIR / "config.json").exists() or not (defaults.DEMO_INDEX_DIR / "manifest.json").exists():
+        pytest.skip("needs the base model and the demo index (bash demo.sh makes both)")
+    out = run_infer("Where was the Pulp Fiction director born?", "--endpoint", demo_endpoint, "--threads", "2", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert "SELECT DISTINCT ?x WHERE { wd:Q104123 wdt:P57 ?y . ?y wdt:P19 ?x . }" in out.stdout
+    assert "Knoxville (wd:Q185582)" in out.stdout
