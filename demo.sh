@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded offline demo, from a fresh clone: installs the runtime packages, gets the base model,
 # serves the demo Wikidata subset on a local SPARQL endpoint, builds its search index and answers the
-# README question with the shipped adapter (provisional: see README Status). Every step is idempotent.
+# README question with the shipped adapter. Every step is idempotent.
 #   bash demo.sh                                   # the README question
 #   bash demo.sh "Who composed the music for Jaws?"
 set -euo pipefail
