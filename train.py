@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 import checkpoint
@@ -151,13 +152,18 @@ def main(args: argparse.Namespace) -> None:
     model = Transformer.from_pretrained(args.model_dir, dtype, device)
     layers = lora.last_layers(model, args.lora_layers) if args.lora_layers else None
     lora.inject_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_targets, layers)
-    if args.init_adapter:  # continue from a trained adapter: its weights, a fresh optimiser and schedule
-        saved = lora.read_adapter_config(Path(args.init_adapter).expanduser())
+    if args.init_adapter:  # continue from trained LoRA weights, with a fresh optimiser and schedule
+        init = Path(args.init_adapter).expanduser()
+        if (init / "lora.safetensors").is_file():  # a checkpoint of a run: its config.json has r and alpha
+            saved = json.loads((init / "config.json").read_text())
+            saved, weights = {"r": saved["lora_r"], "lora_alpha": saved["lora_alpha"]}, load_file(init / "lora.safetensors")
+        else:
+            saved, weights = lora.read_adapter_config(init), lora.read_adapter_weights(init)
         if (saved["r"], saved["lora_alpha"]) != (args.lora_r, args.lora_alpha):
             sys.exit(f"error: --init-adapter has r={saved['r']}, alpha={saved['lora_alpha']}; pass the same "
                      f"--lora-r and --lora-alpha (and --lora-layers, --lora-targets)")
         try:
-            lora.load_lora_state_dict(model, lora.read_adapter_weights(Path(args.init_adapter).expanduser()))
+            lora.load_lora_state_dict(model, weights)
         except ValueError as error:
             sys.exit(f"error: --init-adapter {args.init_adapter}: {error}")
     n_trainable = lora.mark_only_lora_trainable(model)
@@ -307,8 +313,9 @@ def check_args(args: argparse.Namespace, world: int) -> None:
         (not (Path(args.model_dir).expanduser() / "config.json").exists(),
          f"--model-dir {args.model_dir} has no config.json; run `python get_model.py` or pass --model-dir"),
         (args.samples and not Path(args.samples).expanduser().is_file(), f"--samples {args.samples} does not exist"),
-        (args.init_adapter and not (Path(args.init_adapter).expanduser() / lora.CONFIG_NAME).is_file(),
-         f"--init-adapter {args.init_adapter} is no adapter directory (no {lora.CONFIG_NAME})"),
+        (args.init_adapter and not any((Path(args.init_adapter).expanduser() / name).is_file()
+                                       for name in (lora.CONFIG_NAME, "lora.safetensors")),
+         f"--init-adapter {args.init_adapter} is neither an adapter nor a checkpoint directory"),
         (args.batch_size < 1 or args.batch_size % world, f"--batch-size {args.batch_size} must be a positive multiple of the {world} processes"),
         (args.micro_batch_size < 1, f"--micro-batch-size must be at least 1, got {args.micro_batch_size}"),
         (args.epochs < 1, f"--epochs must be at least 1, got {args.epochs}"),
@@ -343,7 +350,7 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--lora-alpha", type=float, default=32, help="scaling alpha (update scaled by alpha / r)")
     group.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the LoRA input")
     group.add_argument("--lora-targets", nargs="+", default=list(lora.DEFAULT_TARGETS), help="module names that get LoRA (default: all linear layers of the blocks)")
-    group.add_argument("--init-adapter", default=None, help="start from this trained adapter's weights (same r, alpha, targets, layers) instead of LoRA's zero update")
+    group.add_argument("--init-adapter", default=None, help="start from these LoRA weights, an adapter or a run's checkpoint-* directory (same r, alpha, targets, layers), instead of LoRA's zero update")
     group.add_argument("--lora-layers", type=int, default=0, help="LoRA on the last N blocks only (faster on CPU; 0 = all blocks)")
     # optimisation
     group = parser.add_argument_group("optimisation")

@@ -180,10 +180,15 @@ def test_init_adapter_starts_from_a_trained_adapter(model_dir, tmp_path):
                           "--init-adapter", str(tmp_path / "runs" / "first" / "adapter")))
     second = load_file(tmp_path / "runs" / "second" / "adapter" / "adapter_model.safetensors")
     assert first.keys() == second.keys() and all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
+    # ... and so does one from the first run's last checkpoint
+    train.main(train_args(model_dir, tmp_path, samples, "--epochs", "1", "--lr", "1e-12", "--name", "from-checkpoint",
+                          "--init-adapter", str(tmp_path / "runs" / "first" / "checkpoint-0000004")))
+    third = load_file(tmp_path / "runs" / "from-checkpoint" / "adapter" / "adapter_model.safetensors")
+    assert all(torch.allclose(first[k], third[k], atol=1e-6) for k in first)
     with pytest.raises(SystemExit, match="pass the same --lora-r"):
         train.main(train_args(model_dir, tmp_path, samples, "--name", "third", "--lora-r", "8",
                               "--init-adapter", str(tmp_path / "runs" / "first" / "adapter")))
-    with pytest.raises(SystemExit, match="no adapter directory"):
+    with pytest.raises(SystemExit, match="neither an adapter nor a checkpoint"):
         train.main(train_args(model_dir, tmp_path, samples, "--name", "fourth", "--init-adapter", str(tmp_path)))
 
 
