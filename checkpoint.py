@@ -19,6 +19,8 @@ from safetensors.torch import load_file, save_file
 
 import lora
 
+LORA_FILE = "lora.safetensors"  # the LoRA weights: our parameter names, float32 (resuming is exact)
+
 
 def save(run_dir: Path, model, optimizer, state: dict, config: dict, rank: int, world: int) -> Path:
     """Write checkpoint-<step>/ under a temporary name and rename it, then point `latest` at it."""
@@ -35,7 +37,7 @@ def save(run_dir: Path, model, optimizer, state: dict, config: dict, rank: int, 
         dist.barrier()
     if rank == 0:
         save_file({n: p.detach().cpu().contiguous() for n, p in lora.lora_state_dict(unwrap(model)).items()},
-                  tmp / "lora.safetensors")  # our parameter names, float32: resuming is exact
+                  tmp / LORA_FILE)
         opt = optimizer.state_dict()  # tensors to safetensors, the rest to JSON: no pickle
         save_file({f"{i}.{k}": v.detach().cpu().contiguous() for i, s in opt["state"].items() for k, v in s.items()},
                   tmp / "optimizer.safetensors")
@@ -56,9 +58,15 @@ def save(run_dir: Path, model, optimizer, state: dict, config: dict, rank: int, 
     return final
 
 
+def read_lora(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A checkpoint's LoRA rank and alpha (named as in an adapter config: r, lora_alpha) and weights."""
+    config = json.loads((path / "config.json").read_text())
+    return {"r": config["lora_r"], "lora_alpha": config["lora_alpha"]}, load_file(path / LORA_FILE)
+
+
 def load(path: Path, model, optimizer, rank: int, device: torch.device) -> dict:
     """Restore LoRA weights, optimiser and this rank's RNG states; returns the saved training state."""
-    lora.load_lora_state_dict(unwrap(model), load_file(path / "lora.safetensors"))
+    lora.load_lora_state_dict(unwrap(model), load_file(path / LORA_FILE))
     groups = json.loads((path / "optimizer.json").read_text())
     for group in groups:
         group["betas"] = tuple(group["betas"])

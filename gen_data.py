@@ -157,14 +157,15 @@ class SampleGenerator:
             self.hits[kind, ph.label, k + 1] = self.indices.search(kind, ph.label, k + 1)
         items = {hit.id: hit for hit in self.hits[kind, ph.label, k + 1]}
         ids = list(items)
+        others = [iri for iri in ids if iri != gold]
         if rng.random() < aug.drop_gold:
-            ids = [iri for iri in ids if iri != gold][:k]
+            ids = others[:k]
             stats["gold_dropped"] += 1
         elif gold in ids[:k]:
             ids = ids[:k]
         else:  # the search missed it: put it at a random rank within the top k
             stats["gold_inserted"] += 1
-            ids = [iri for iri in ids if iri != gold][:k - 1]
+            ids = others[:k - 1]
             ids.insert(rng.randint(0, len(ids)), gold)
             items[gold] = self.indices.item(gold)
         if rng.random() < aug.shuffle:

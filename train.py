@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 from tqdm import tqdm
 
 import checkpoint
@@ -154,9 +153,8 @@ def main(args: argparse.Namespace) -> None:
     lora.inject_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_targets, layers)
     if args.init_adapter:  # continue from trained LoRA weights, with a fresh optimiser and schedule
         init = Path(args.init_adapter).expanduser()
-        if (init / "lora.safetensors").is_file():  # a checkpoint of a run: its config.json has r and alpha
-            saved = json.loads((init / "config.json").read_text())
-            saved, weights = {"r": saved["lora_r"], "lora_alpha": saved["lora_alpha"]}, load_file(init / "lora.safetensors")
+        if (init / checkpoint.LORA_FILE).is_file():  # a run's checkpoint directory
+            saved, weights = checkpoint.read_lora(init)
         else:
             saved, weights = lora.read_adapter_config(init), lora.read_adapter_weights(init)
         if (saved["r"], saved["lora_alpha"]) != (args.lora_r, args.lora_alpha):
@@ -314,7 +312,7 @@ def check_args(args: argparse.Namespace, world: int) -> None:
          f"--model-dir {args.model_dir} has no config.json; run `python get_model.py` or pass --model-dir"),
         (args.samples and not Path(args.samples).expanduser().is_file(), f"--samples {args.samples} does not exist"),
         (args.init_adapter and not any((Path(args.init_adapter).expanduser() / name).is_file()
-                                       for name in (lora.CONFIG_NAME, "lora.safetensors")),
+                                       for name in (lora.CONFIG_NAME, checkpoint.LORA_FILE)),
          f"--init-adapter {args.init_adapter} is neither an adapter nor a checkpoint directory"),
         (args.batch_size < 1 or args.batch_size % world, f"--batch-size {args.batch_size} must be a positive multiple of the {world} processes"),
         (args.micro_batch_size < 1, f"--micro-batch-size must be at least 1, got {args.micro_batch_size}"),
