@@ -11,10 +11,4 @@ python -m pip install -q -r requirements.txt
 python get_model.py                                   # -> ~/.cache/grisp/models/qwen2.5-coder-0.5b-instruct
 python endpoint.py start                              # data/demo/kg.ttl on http://127.0.0.1:7878/query
 python build_index.py --endpoint http://127.0.0.1:7878/query   # -> ~/.cache/grisp/indices/demo
-adapter=adapters/grisp-wwq-0.5b
-if [ ! -f "$adapter/adapter_config.json" ]; then
-  echo "note: no trained adapter is shipped yet (training in progress); running the base model, which" \
-       "does not write parsing skeletons, so expect 'no answer' (see README, Training)" >&2
-  adapter=none
-fi
-python infer.py "$question" --adapter "$adapter"
+python infer.py "$question"                            # adapters/grisp-wwq-0.5b, the shipped adapter
