@@ -113,13 +113,6 @@ def answer_with_generated(pipeline, question: str, source: dict):
     return answer
 
 
-def to_json(result: sparql.Result) -> dict:
-    """A sparql.Result as a SPARQL 1.1 JSON results document (what predictions.jsonl stores)."""
-    if result.boolean is not None:
-        return {"head": {}, "boolean": result.boolean}
-    return {"head": {"vars": result.variables}, "results": {"bindings": result.rows}}
-
-
 def summarize_trace(trace: list[dict], max_chars: int = 200) -> list[dict]:
     """Each trace step with only its scalar fields (long candidate lists dropped, text cut)."""
     return [{key: value[:max_chars] if isinstance(value, str) else value
@@ -149,7 +142,7 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
     record["gold_status"] = "failed" if gold is None else "empty" if gold.is_empty else "ok"
     record["gold_error"] = gold_error
     pred, record["pred_error"] = execute(client, record["sparql"]) if record["sparql"] else (None, None)
-    record["answers"] = to_json(pred) if pred is not None else None
+    record["answers"] = pred.to_json() if pred is not None else None  # a SPARQL 1.1 JSON results document
     f1 = metrics.sample_score(metrics.from_result(pred) if pred is not None else None,
                               metrics.from_result(gold) if gold is not None else None)
     record["f1"], record["em"] = f1, None if f1 is None else metrics.exact_match(f1)

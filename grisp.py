@@ -167,9 +167,5 @@ class Grisp:
 
 
 def answer_to_json(answer: Answer) -> dict:
-    """Everything of an Answer as plain JSON (the result in SPARQL JSON results form)."""
-    data = asdict(answer)
-    if answer.result is not None:
-        data["result"] = {"variables": answer.result.variables, "rows": answer.result.rows,
-                          "boolean": answer.result.boolean}
-    return data
+    """Everything of an Answer as plain JSON (the result as a SPARQL 1.1 JSON results document)."""
+    return asdict(answer) | {"result": answer.result.to_json() if answer.result is not None else None}

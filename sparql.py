@@ -222,6 +222,12 @@ class Result:
         values = [row[variable]["value"] for row in self.rows if row.get(variable, {}).get("type") == "uri"]
         return list(dict.fromkeys(values))
 
+    def to_json(self) -> dict:
+        """The result as a SPARQL 1.1 JSON results document (what parse_results reads back)."""
+        if self.boolean is not None:
+            return {"head": {}, "boolean": self.boolean}
+        return {"head": {"vars": self.variables}, "results": {"bindings": self.rows}}
+
 
 _TERM_KEYS = {"type", "value", "datatype", "xml:lang"}
 

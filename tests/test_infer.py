@@ -8,9 +8,9 @@ import torch
 
 import defaults
 import lora
-from grisp import Grisp, GrispError, Options
+from grisp import Answer, Grisp, GrispError, Options, answer_to_json
 from model import Transformer
-from sparql import EndpointUnreachable, SparqlClient
+from sparql import EndpointUnreachable, Result, SparqlClient, parse_results
 from tests.tiny import make_model_dir
 
 torch.set_num_threads(1)
@@ -40,6 +40,16 @@ def test_help_explains_every_flag():
     for flag in ("--no-rerank", "--no-constrained", "--no-kg-guidance", "--no-backtracking", "--no-beam-search",
                  "--top-k", "--num-beams", "--num-skeletons", "--time-budget", "--json", "--adapter", "--endpoint"):
         assert flag in out.stdout
+
+
+def test_answer_json_holds_the_result_as_a_sparql_json_document():
+    # the one shape of a result in JSON: infer.py --json and evaluate.py's predictions.jsonl both write it
+    result = Result(["x"], [{"x": {"type": "uri", "value": "http://www.wikidata.org/entity/Q3772"}}])
+    data = json.loads(json.dumps(answer_to_json(Answer("q?", "SELECT ...", result, [("S", -1.0)]))))
+    assert data["result"] == result.to_json() and parse_results(json.dumps(data["result"])) == result
+    assert data["skeletons"] == [["S", -1.0]] and data["sparql"] == "SELECT ..."
+    assert answer_to_json(Answer("q?", "ASK {}", Result(boolean=False), []))["result"] == {"head": {}, "boolean": False}
+    assert answer_to_json(Answer("q?", None, None, []))["result"] is None
 
 
 def test_empty_question_is_a_clear_error():
