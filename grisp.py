@@ -20,7 +20,8 @@ import lora
 from generate import beam_search
 from model import Transformer, pick_device
 from prompts import IDENTIFIERS, skeleton_messages
-from resolve import ModelReranker, Resolver, Switches
+from rerank import ModelReranker
+from resolve import Resolver, Switches
 from search import load_indices
 from skeleton import find_placeholders, parses
 from sparql import Result, SparqlClient, with_prefixes

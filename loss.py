@@ -6,7 +6,8 @@ The model is trained jointly on two tasks with one loss per sample:
 - re-ranking: cross-entropy restricted to the logits of the identifier tokens present in the prompt
   (A, B, ..., and the one of "None of the above"), read at the first answer position.
 Logits are computed only at these loss positions (model.forward's `logits_at`), which saves the
-large lm_head matmul everywhere else. Used by train.py; tested in tests/test_train.py.
+large lm_head matmul everywhere else. The identifier tokens and their logits come from rerank.py, the
+scoring rule inference uses. Used by train.py; tested in tests/test_train.py.
 
     encoded = [encode(sample, tokenizer) for sample in samples]   # gen_data.py samples
     losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id))  # [B], [B]
@@ -14,6 +15,7 @@ large lm_head matmul everywhere else. Used by train.py; tested in tests/test_tra
 import torch
 import torch.nn.functional as F
 
+from rerank import identifier_logits, identifier_token_ids
 from tokenizer import Tokenizer, chat_prompt
 
 
@@ -24,9 +26,7 @@ def encode(sample: dict, tokenizer: Tokenizer) -> dict:
     if sample["task"] == "skeleton":
         answer = tokenizer.encode(sample["target"]) + [tokenizer.im_end_id]
         return {"ids": prompt + answer, "n_prompt": len(prompt), "choices": [], "target": -1}
-    choices = [tokenizer.encode(identifier) for identifier in sample["identifiers"]]
-    assert all(len(c) == 1 for c in choices), f"identifiers {sample['identifiers']} are not single tokens"
-    return {"ids": prompt, "n_prompt": len(prompt), "choices": [c[0] for c in choices],
+    return {"ids": prompt, "n_prompt": len(prompt), "choices": identifier_token_ids(tokenizer, sample["identifiers"]),
             "target": sample["identifiers"].index(sample["target"])}
 
 
@@ -59,9 +59,7 @@ def collate(batch: list[dict], pad_id: int) -> dict:
 def restricted_cross_entropy(logits: torch.Tensor, choices: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over only the identifier tokens present: logits [N, V], choices [N, K] token ids
     (-1 = absent), targets [N] column in `choices`. Returns [N]."""
-    restricted = logits.gather(1, choices.clamp(min=0))  # [N, K]
-    restricted = restricted.masked_fill(choices < 0, float("-inf"))
-    return F.cross_entropy(restricted.float(), targets, reduction="none")
+    return F.cross_entropy(identifier_logits(logits, choices).float(), targets, reduction="none")
 
 
 def sample_losses(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,6 +76,6 @@ def sample_losses(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, to
     if rerank.any():
         choices, targets = batch["choices"][rerank], batch["targets"][rerank]
         losses = losses.index_add(0, batch["rows"][rerank], restricted_cross_entropy(logits[rerank], choices, targets))
-        best = logits[rerank].gather(1, choices.clamp(min=0)).masked_fill(choices < 0, float("-inf")).argmax(-1)
+        best = identifier_logits(logits[rerank], choices).argmax(-1)
         correct[batch["rows"][rerank]] = best == targets
     return losses, correct

@@ -19,17 +19,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
-
-from model import Transformer
-from prompts import IDENTIFIERS, Alternative, mark_current, rerank_messages, to_alternative
+from prompts import Alternative, mark_current, to_alternative
 from search import Hit, Indices
 from skeleton import (CONSTRAINT_LIMIT, Placeholder, constraint_query, find_placeholders, infer_position,
                       split_variant, substitute)
 from sparql import EndpointUnreachable, QueryTimeout, Result, ServerError, SparqlClient, SparqlError
-from tokenizer import Tokenizer, chat_prompt
 
-# scores for `alternatives` + a final None alternative (higher is better)
+# scores for `alternatives` + a final None alternative (higher is better); rerank.ModelReranker is one
 Reranker = Callable[[str, str, list[Alternative]], list[float]]
 
 
@@ -62,55 +58,6 @@ class Resolution:
     failure: str | None = None  # None, "dead_end" or "timeout"
     trace: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
-
-
-class ModelReranker:
-    """List-wise re-ranking by the next-token logits of the identifiers (A, B, ...) after the prompt.
-
-    Successive prompts share a long start: always the system message and chat header, within one
-    question also the question line, the query up to its first changed placeholder and, on a backtrack,
-    the whole query. So the re-ranker keeps the KV cache of its previous prompt, cuts it back to the
-    tokens the new prompt shares with it and runs only the rest; cutting back is free, so reuse always
-    pays. prefix_cache=False runs every prompt in full (the reference; scores agree up to rounding).
-    `tokens` counts prompt tokens seen and tokens actually run through the model."""
-
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, show_infos: bool = True, prefix_cache: bool = True):
-        self.model, self.tokenizer, self.show_infos, self.prefix_cache = model, tokenizer, show_infos, prefix_cache
-        self.identifier_ids = {}  # identifier letter -> its token id; the scores are these logits
-        for identifier in IDENTIFIERS:
-            ids = tokenizer.encode(identifier)
-            if len(ids) != 1:
-                raise ValueError(f"the tokenizer splits the identifier {identifier!r} into {ids}; re-ranking needs "
-                                 f"single-token identifiers (use a Qwen2 tokenizer)")
-            self.identifier_ids[identifier] = ids[0]
-        self.cache, self.cached_ids = None, []  # the KV cache of the previous prompt and its tokens
-        self.tokens = {"prompt": 0, "computed": 0}
-
-    def __call__(self, question: str, marked_query: str, alternatives: list[Alternative]) -> list[float]:
-        messages, identifiers = rerank_messages(question, marked_query, alternatives, self.show_infos)
-        logits = self.next_token_logits(self.tokenizer.encode(chat_prompt(messages)))  # [V]
-        return logits[[self.identifier_ids[i] for i in identifiers]].float().tolist()
-
-    @torch.inference_mode()
-    def next_token_logits(self, ids: list[int]) -> torch.Tensor:
-        """Logits [V] of the token after the prompt `ids`, reusing the start it shares with the last prompt."""
-        tokens = torch.tensor([ids], device=self.model.model.norm.weight.device)  # [1, P]
-        self.tokens["prompt"] += len(ids)
-        if not self.prefix_cache:
-            self.tokens["computed"] += len(ids)
-            return self.model(tokens, logits_at=-1)[0]
-        # the longest common start, but at least the last token runs: its logits are the answer
-        shared, limit = 0, min(len(ids) - 1, len(self.cached_ids))
-        while shared < limit and ids[shared] == self.cached_ids[shared]:
-            shared += 1
-        if self.cache is None:
-            self.cache = self.model.new_cache(1, 2 * len(ids))
-        self.cache.truncate(shared)
-        self.cached_ids = ids[:shared]  # what the cache holds, should the forward below fail
-        logits = self.model(tokens[:, shared:], cache=self.cache, logits_at=-1)[0]  # [V]
-        self.cached_ids = ids
-        self.tokens["computed"] += len(ids) - shared
-        return logits
 
 
 class Resolver:

@@ -18,7 +18,7 @@ import defaults  # noqa: E402
 import lora  # noqa: E402
 from model import Transformer  # noqa: E402
 from prompts import to_alternative  # noqa: E402
-from resolve import ModelReranker  # noqa: E402
+from rerank import ModelReranker  # noqa: E402
 from search import load_indices  # noqa: E402
 from tokenizer import Tokenizer  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The model re-ranker (resolve.ModelReranker) on a tiny random model: the prefix-cached forward equals a
+"""The model re-ranker (rerank.ModelReranker) on a tiny random model: the prefix-cached forward equals a
 full forward, identifiers are single tokens, the scores order the alternatives, None comes last."""
 import pytest
 import torch
@@ -6,7 +6,9 @@ import torch
 from model import Transformer
 from tokenizer import Tokenizer, chat_prompt
 from prompts import IDENTIFIERS, NONE_TEXT, RERANK_SYSTEM, Alternative, rerank_messages
-from resolve import Frame, ModelReranker, Resolver, Switches
+import loss
+from rerank import ModelReranker, identifier_logits
+from resolve import Frame, Resolver, Switches
 from search import Hit
 from skeleton import find_placeholders
 from tests.tiny import make_model_dir
@@ -113,6 +115,24 @@ def test_a_tokenizer_that_splits_identifiers_is_refused(model, tokenizer):
 
     with pytest.raises(ValueError, match="single-token identifiers"):
         ModelReranker(model, Splitting())
+
+
+def test_identifier_logits_gather_and_mask_absent_ones():
+    logits = torch.arange(12.0).reshape(2, 6)  # [N=2, V=6]
+    ids = torch.tensor([[5, 0, 2], [1, 3, -1]])  # row 1: two identifiers present
+    assert identifier_logits(logits, ids).tolist() == [[5.0, 0.0, 2.0], [7.0, 9.0, float("-inf")]]
+
+
+def test_training_refuses_a_splitting_tokenizer_as_inference_does(tokenizer):
+    class Splitting:
+        def encode(self, text):
+            return tokenizer.encode(text) * 2
+
+    messages, identifiers = rerank_messages("q?", "SELECT ?x WHERE { <rep>a</rep> ?p ?x }", alternatives(2))
+    sample = {"task": "rerank", "messages": messages, "identifiers": identifiers, "target": identifiers[0]}
+    assert loss.encode(sample, tokenizer)["choices"] == [tokenizer.encode(i)[0] for i in identifiers]
+    with pytest.raises(ValueError, match="single-token identifiers"):
+        loss.encode(sample, Splitting())
 
 
 def rig_lm_head(model, tokenizer, question, query, alts, wanted):

@@ -1,0 +1,86 @@
+"""Model re-ranking: the scoring rule and the re-ranker that resolve.py calls (paper section 3).
+
+The re-ranking prompt (prompts.rerank_messages) lists the alternatives with identifier letters A, B, ...
+and "None of the above" last. An alternative's score is the logit of its identifier's token at the
+position after the prompt: one forward pass scores the whole list. Training uses the same rule
+(loss.py: cross-entropy restricted to these logits), so both share the two helpers below:
+`identifier_token_ids` (letters -> single token ids, or a clear error) and `identifier_logits` (gather
+the identifiers' logits, absent ones masked).
+
+`ModelReranker` adds the speed-up: it keeps the KV cache of its previous prompt and runs only the
+tokens after the start the two prompts share (tests/test_rerank.py: same scores as a full forward).
+
+    reranker = ModelReranker(model, tokenizer)
+    scores = reranker(question, marked_query, alternatives)   # len(alternatives) + 1, None's last
+"""
+from typing import Iterable
+
+import torch
+
+from model import Transformer
+from prompts import IDENTIFIERS, Alternative, rerank_messages
+from tokenizer import Tokenizer, chat_prompt
+
+
+def identifier_token_ids(tokenizer: Tokenizer, identifiers: Iterable[str]) -> list[int]:
+    """The token id of each identifier letter; ValueError if the tokenizer splits one (its logit
+    would then not be one answer token)."""
+    token_ids = []
+    for identifier in identifiers:
+        ids = tokenizer.encode(identifier)
+        if len(ids) != 1:
+            raise ValueError(f"the tokenizer splits the identifier {identifier!r} into {ids}; re-ranking needs "
+                             f"single-token identifiers (use a Qwen2 tokenizer)")
+        token_ids.append(ids[0])
+    return token_ids
+
+
+def identifier_logits(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The identifiers' logits: logits [N, V], ids [N, K] token ids (-1 = no identifier there) ->
+    [N, K], -inf where absent (a softmax or argmax over a row sees only the identifiers present)."""
+    return logits.gather(1, ids.clamp(min=0)).masked_fill(ids < 0, float("-inf"))
+
+
+class ModelReranker:
+    """List-wise re-ranking by the next-token logits of the identifiers (A, B, ...) after the prompt.
+
+    Successive prompts share a long start: always the system message and chat header, within one
+    question also the question line, the query up to its first changed placeholder and, on a backtrack,
+    the whole query. So the re-ranker keeps the KV cache of its previous prompt, cuts it back to the
+    tokens the new prompt shares with it and runs only the rest; cutting back is free, so reuse always
+    pays. prefix_cache=False runs every prompt in full (the reference; scores agree up to rounding).
+    `tokens` counts prompt tokens seen and tokens actually run through the model."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, show_infos: bool = True, prefix_cache: bool = True):
+        self.model, self.tokenizer, self.show_infos, self.prefix_cache = model, tokenizer, show_infos, prefix_cache
+        # identifier letter -> its token id; the scores are these logits
+        self.identifier_ids = dict(zip(IDENTIFIERS, identifier_token_ids(tokenizer, IDENTIFIERS)))
+        self.cache, self.cached_ids = None, []  # the KV cache of the previous prompt and its tokens
+        self.tokens = {"prompt": 0, "computed": 0}
+
+    def __call__(self, question: str, marked_query: str, alternatives: list[Alternative]) -> list[float]:
+        messages, identifiers = rerank_messages(question, marked_query, alternatives, self.show_infos)
+        logits = self.next_token_logits(self.tokenizer.encode(chat_prompt(messages)))  # [V]
+        ids = torch.tensor([[self.identifier_ids[i] for i in identifiers]], device=logits.device)  # [1, K]
+        return identifier_logits(logits[None], ids)[0].float().tolist()
+
+    @torch.inference_mode()
+    def next_token_logits(self, ids: list[int]) -> torch.Tensor:
+        """Logits [V] of the token after the prompt `ids`, reusing the start it shares with the last prompt."""
+        tokens = torch.tensor([ids], device=self.model.model.norm.weight.device)  # [1, P]
+        self.tokens["prompt"] += len(ids)
+        if not self.prefix_cache:
+            self.tokens["computed"] += len(ids)
+            return self.model(tokens, logits_at=-1)[0]
+        # the longest common start, but at least the last token runs: its logits are the answer
+        shared, limit = 0, min(len(ids) - 1, len(self.cached_ids))
+        while shared < limit and ids[shared] == self.cached_ids[shared]:
+            shared += 1
+        if self.cache is None:
+            self.cache = self.model.new_cache(1, 2 * len(ids))
+        self.cache.truncate(shared)
+        self.cached_ids = ids[:shared]  # what the cache holds, should the forward below fail
+        logits = self.model(tokens[:, shared:], cache=self.cache, logits_at=-1)[0]  # [V]
+        self.cached_ids = ids
+        self.tokens["computed"] += len(ids) - shared
+        return logits
