@@ -38,19 +38,20 @@ import benchmarks
 import defaults
 import metrics
 import sparql
+from options import GrispError, Options, add_flags, preset
 
-# paper table 5: ablation name -> grisp.Options fields it switches off (w/o KG guidance also drops
-# constrained search; "all disabled" leaves plain index search, "re-ranking only" adds re-ranking)
+# paper table 5: ablation name -> the options.Options fields it switches off (w/o KG guidance also
+# drops constrained search; "all disabled" leaves plain index search, "re-ranking only" adds re-ranking)
 _ALL_OFF = {"beam_search": False, "rerank": False, "constrained": False, "kg_guidance": False,
             "backtracking": False}
 ABLATIONS = {
-    "none": {}, "no-beam-search": {"beam_search": False}, "no-rerank": {"rerank": False},
-    "no-constrained": {"constrained": False},
-    "no-kg-guidance": {"kg_guidance": False, "constrained": False},
-    "no-backtracking": {"backtracking": False},
-    "all-disabled": _ALL_OFF, "rerank-only": {**_ALL_OFF, "rerank": True},
+    "none": preset(), "no-beam-search": preset(beam_search=False), "no-rerank": preset(rerank=False),
+    "no-constrained": preset(constrained=False),
+    "no-kg-guidance": preset(kg_guidance=False, constrained=False),
+    "no-backtracking": preset(backtracking=False),
+    "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
-KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed")  # passed through if set
+KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed")  # options.Options fields, passed if set
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error")  # grisp.Answer.failure values
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
@@ -59,7 +60,7 @@ GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed")  # wh
 
 
 def pipeline_options(args: argparse.Namespace) -> dict:
-    """grisp.Options fields for this run: the ablation preset plus the knobs given on the CLI."""
+    """options.Options fields for this run: the ablation preset plus the knobs given on the CLI."""
     return {**ABLATIONS[args.ablation],
             **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob) is not None}}
 
@@ -68,9 +69,9 @@ def load_pipeline(args: argparse.Namespace, options: dict):
     import grisp  # the model stack is only imported when questions are really answered
     adapter = None if str(args.adapter).lower() == "none" else args.adapter
     try:
-        return grisp.Grisp(args.model_dir, adapter, args.index, args.endpoint, grisp.Options(**options),
+        return grisp.Grisp(args.model_dir, adapter, args.index, args.endpoint, Options(**options),
                            device=args.device)
-    except grisp.GrispError as error:  # a missing model, adapter or index: a message, no traceback
+    except GrispError as error:  # a missing model, adapter or index: a message, no traceback
         raise ValueError(str(error)) from None
 
 
@@ -337,7 +338,7 @@ if __name__ == "__main__":
     parser.add_argument("--adapter", default=str(defaults.ADAPTER_DIR),
                         help="LoRA adapter directory (PEFT layout), or 'none' for the base model")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, mps")
-    # pipeline: ablations (paper table 5) and knobs; unset knobs keep grisp.Options' defaults
+    # pipeline: ablations (paper table 5) and knobs; unset knobs keep the options.Options defaults
     parser.add_argument("--ablation", default="none", choices=list(ABLATIONS),
                         help="switch off GRISP mechanisms as in the paper's ablation table")
     parser.add_argument("--oracle-skeleton", action="store_true",
@@ -346,12 +347,7 @@ if __name__ == "__main__":
                         help="reuse the skeletons (and their recorded generation time) of an earlier run "
                              "with the same model and generation settings; for ablations that change "
                              "only resolution (no-rerank, no-constrained, no-kg-guidance, no-backtracking)")
-    parser.add_argument("--num-beams", type=int, default=None, help="beam width of skeleton generation")
-    parser.add_argument("--num-skeletons", type=int, default=None, help="skeletons kept for resolution")
-    parser.add_argument("--top-k", type=int, default=None, help="search results re-ranked per placeholder")
-    parser.add_argument("--time-budget", type=float, default=None,
-                        help="seconds per question for resolving its skeletons (generation not counted)")
-    parser.add_argument("--seed", type=int, default=None, help="random seed of the sampling")
+    add_flags(parser, KNOBS, unset=True)
     try:
         main(parser.parse_args())
     except (FileNotFoundError, ValueError) as error:

@@ -3,8 +3,8 @@
 Stage 1 decodes skeletons with beam search over the fine-tuned model, drops duplicates and those that
 do not parse, and keeps the best `num_skeletons`. Stage 2 resolves them one after the other with the
 KG-guided depth-first search of resolve.py and returns the first that yields a valid query. Every
-mechanism is a switch in `Options`, matching the paper's ablations; infer.py and evaluate.py are thin
-command-line fronts over this class.
+mechanism is a switch in `options.Options`, matching the paper's ablations; infer.py and evaluate.py
+are thin command-line fronts over this class.
 
     grisp = Grisp(model_dir, adapter_dir, index_dir, endpoint_url, Options())
     answer = grisp.answer("Where was the Pulp Fiction director born?")
@@ -19,53 +19,14 @@ import torch
 import lora
 from generate import beam_search
 from model import Transformer, pick_device
-from prompts import IDENTIFIERS, skeleton_messages
+from options import GrispError, Options
+from prompts import skeleton_messages
 from rerank import ModelReranker
-from resolve import Resolver, Switches
+from resolve import Resolver
 from search import load_indices
 from skeleton import find_placeholders, parses
 from sparql import Result, SparqlClient, with_prefixes
 from tokenizer import Tokenizer, chat_prompt
-
-MAX_TOP_K = (len(IDENTIFIERS) - 1) // 2  # 12: the union of two top-k lists fits one re-ranking prompt
-
-
-class GrispError(Exception):
-    """A setup problem the user can fix (missing model, adapter or index); the message says how."""
-
-
-@dataclass
-class Options:
-    """Ablation switches and knobs (paper section 4 and Table 5; defaults = the paper's settings)."""
-
-    beam_search: bool = True  # off: one greedy skeleton
-    num_beams: int = 8
-    temperature: float = 0.4
-    top_p: float = 0.9
-    sample: bool = True  # sample the beams' continuations (off: deterministic beam search)
-    num_skeletons: int = 3
-    max_new_tokens: int = 160
-    rerank: bool = True
-    top_k: int = 10
-    constrained: bool = True
-    kg_guidance: bool = True  # constraints and final validation
-    backtracking: bool = True
-    time_budget: float = 60.0  # seconds per question for resolution (after generation, whose cost is hardware-bound)
-    seed: int = 0
-
-    def __post_init__(self):
-        problems = [f"{name} = {value} must be {rule}" for name, value, ok, rule in [
-            ("num_beams", self.num_beams, self.num_beams >= 1, ">= 1"),
-            ("num_skeletons", self.num_skeletons, self.num_skeletons >= 1, ">= 1"),
-            ("max_new_tokens", self.max_new_tokens, self.max_new_tokens >= 1, ">= 1"),
-            ("temperature", self.temperature, self.temperature > 0, "> 0"),
-            ("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]"),
-            # a placeholder of unknown position re-ranks the union of two top-k lists, and the
-            # re-ranking prompt names at most len(IDENTIFIERS) - 1 alternatives
-            ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"in [1, {MAX_TOP_K}]"),
-            ("time_budget", self.time_budget, self.time_budget > 0, "> 0")] if not ok]
-        if problems:
-            raise GrispError("bad settings: " + "; ".join(problems))
 
 
 @dataclass
@@ -105,10 +66,8 @@ class Grisp:
             lora.unload_lora(self.model)
         self.model.prepare_for_inference()
         self.indices = load_indices(index_dir)
-        switches = Switches(options.rerank, options.top_k, options.constrained, options.kg_guidance,
-                            options.backtracking)
         reranker = ModelReranker(self.model, self.tokenizer) if options.rerank else None
-        self.resolver = Resolver(self.indices, self.client, reranker, switches)
+        self.resolver = Resolver(self.indices, self.client, reranker, options)
 
     def skeletons(self, question: str) -> tuple[list[tuple[str, float]], list[dict]]:
         """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of all beams."""

@@ -17,7 +17,8 @@ import time
 import torch
 
 import defaults
-from grisp import Answer, Grisp, GrispError, Options, answer_to_json
+from grisp import Answer, Grisp, GrispError, answer_to_json
+from options import add_flags, from_flags
 from sparql import SparqlError, compact
 
 
@@ -86,11 +87,7 @@ def main(args: argparse.Namespace) -> int:
     adapter = None if args.adapter.lower() == "none" else args.adapter
     start = time.perf_counter()
     try:
-        options = Options(beam_search=not args.no_beam_search, num_beams=args.num_beams, temperature=args.temperature,
-                          top_p=args.top_p, sample=not args.deterministic, num_skeletons=args.num_skeletons,
-                          rerank=not args.no_rerank, top_k=args.top_k, constrained=not args.no_constrained,
-                          kg_guidance=not args.no_kg_guidance, backtracking=not args.no_backtracking,
-                          time_budget=args.time_budget, seed=args.seed)
+        options = from_flags(args)
         grisp = Grisp(args.model_dir, adapter, args.index, args.endpoint, options, args.device)
         loaded = time.perf_counter() - start
         answer = grisp.answer(args.question)
@@ -128,22 +125,8 @@ if __name__ == "__main__":
                         help="LoRA adapter directory (PEFT layout), or 'none' for the base model")
     parser.add_argument("--index", default=str(defaults.DEMO_INDEX_DIR), help="search index directory (build_index.py)")
     parser.add_argument("--endpoint", default=defaults.ENDPOINT_URL, help="SPARQL endpoint URL")
-    # skeleton generation
-    parser.add_argument("--no-beam-search", action="store_true", help="one greedy skeleton instead of beam search")
-    parser.add_argument("--num-beams", type=int, default=8, help="beam width")
-    parser.add_argument("--num-skeletons", type=int, default=3, help="skeletons kept for resolution")
-    parser.add_argument("--temperature", type=float, default=0.4, help="sampling temperature of the beams")
-    parser.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling threshold of the beams")
-    parser.add_argument("--deterministic", action="store_true", help="plain beam search, no sampling")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the beam sampling")
-    # placeholder resolution (the paper's ablations)
-    parser.add_argument("--top-k", type=int, default=10, help="search hits re-ranked per placeholder")
-    parser.add_argument("--no-rerank", action="store_true", help="take the index order, no model re-ranking")
-    parser.add_argument("--no-constrained", action="store_true", help="search without KG constraints")
-    parser.add_argument("--no-kg-guidance", action="store_true", help="no constraints and no final validation")
-    parser.add_argument("--no-backtracking", action="store_true", help="a dead end fails the skeleton")
-    parser.add_argument("--time-budget", type=float, default=60.0,
-                        help="seconds per question for resolving its skeletons (generation not counted)")
+    # skeleton generation and placeholder resolution (the paper's ablations): one flag per options.Options field
+    add_flags(parser)
     # output and runtime
     parser.add_argument("--json", help="write the answer, trace and timings to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="print only the query and the answers")

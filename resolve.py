@@ -1,43 +1,36 @@
 """Placeholder resolution: GRISP's KG-guided depth-first search over a skeleton (paper section 3).
 
-Placeholders are resolved left to right. At each one the resolver
-  1. infers its position (subject/object -> entity index, property -> property index, unknown -> both),
-  2. constrains the search: the triple patterns of the resolved prefix connected to the placeholder
-     become a single-column query whose answers are the only allowed IRIs (KG-constrained search),
-  3. searches the index with the placeholder's label (top-k) and re-ranks the hits plus a None
-     alternative with the model in one forward pass (identifier-logit re-ranking),
-  4. keeps the alternatives ranked above None on a stack and takes the best one.
-A dead end (no candidates, or None ranked first) backtracks to the previous placeholder, drops the
-alternative that led there and re-ranks what remains. A fully resolved query must execute and return
-a non-empty result (final validation), else the search backtracks one step. The search is an explicit
-stack of frames (no recursion), so every step is visible in the trace.
+Placeholders are resolved left to right. For the next one the resolver
+  1. position:   infers where it stands (subject/object -> entity index, property -> property index,
+                 unknown -> both),
+  2. constraint: turns the triple patterns of the resolved prefix connected to it into a single-column
+                 query whose answers are the only allowed IRIs (KG-constrained search),
+  3. search:     searches the index with the placeholder's label (top-k, within the allowed IRIs),
+  4. re-rank:    scores the hits plus a None alternative with the model in one forward pass (rerank.py)
+                 and keeps the alternatives ranked above None, best first, on a stack,
+and takes the best one. A dead end (no candidates, or None ranked first) backtracks to the previous
+placeholder, drops the alternative that led there and re-ranks what remains. A fully resolved query
+must execute and return a non-empty result (final validation), else the search backtracks one step.
+The search is an explicit stack of frames (no recursion); every step is recorded in the trace
+(tracing.py), which infer.py prints.
 
-    resolver = Resolver(indices, client, ModelReranker(model, tokenizer), Switches())
+    resolver = Resolver(indices, client, ModelReranker(model, tokenizer), Options())
     resolution = resolver.resolve("where was the pulp fiction director born?", skeleton)
 """
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from options import Options
 from prompts import Alternative, mark_current, to_alternative
 from search import Hit, Indices
 from skeleton import (CONSTRAINT_LIMIT, Placeholder, constraint_query, find_placeholders, infer_position,
                       split_variant, substitute)
 from sparql import EndpointUnreachable, QueryTimeout, Result, ServerError, SparqlClient, SparqlError
+from tracing import Trace
 
 # scores for `alternatives` + a final None alternative (higher is better); rerank.ModelReranker is one
 Reranker = Callable[[str, str, list[Alternative]], list[float]]
-
-
-@dataclass
-class Switches:
-    """The mechanisms of the resolver, each switchable for the paper's ablations (Table 5)."""
-
-    rerank: bool = True  # re-rank search hits with the model (off: index order, no None)
-    top_k: int = 10  # search hits per placeholder
-    constrained: bool = True  # restrict searches to the IRIs the resolved prefix allows
-    kg_guidance: bool = True  # constraints and final validation (off: neither)
-    backtracking: bool = True  # on a dead end go back (off: the skeleton fails)
 
 
 @dataclass
@@ -61,123 +54,135 @@ class Resolution:
 
 
 class Resolver:
-    def __init__(self, indices: Indices, client: SparqlClient, reranker: Reranker | None, switches: Switches):
-        self.indices, self.client, self.reranker, self.switches = indices, client, reranker, switches
+    """The depth-first search. Reads the options rerank, top_k, constrained, kg_guidance, backtracking."""
 
-    # --- one step: candidates for the next placeholder of `text`
-    def expand(self, question: str, text: str, trace: list[dict], timings: dict[str, float]) -> Frame:
-        ph = find_placeholders(text)[0]
-        position = infer_position(text, ph)
+    def __init__(self, indices: Indices, client: SparqlClient, reranker: Reranker | None, options: Options):
+        self.indices, self.client, self.reranker, self.options = indices, client, reranker, options
+
+    def resolve(self, question: str, skeleton: str, deadline: float = float("inf")) -> Resolution:
+        """Resolve every placeholder of `skeleton`; Resolution.sparql is None if the skeleton failed."""
+        trace, backtracks = Trace(), 0
+
+        def finish(sparql: str | None, result: Result | None, failure: str | None = None) -> Resolution:
+            return Resolution(sparql, result, backtracks, failure, trace.events, trace.timings)
+
+        if not find_placeholders(skeleton):  # nothing to resolve: only validate
+            ok, result = self.validate(skeleton, trace) if self.options.kg_guidance else (True, None)
+            return finish(skeleton if ok else None, result, None if ok else "dead_end")
+        stack = [self.candidates(question, skeleton, trace)]
+        while stack:
+            if time.monotonic() > deadline:
+                trace.event("timeout")
+                return finish(None, None, "timeout")
+            frame = stack[-1]
+            if frame.alternatives:  # take the best alternative left
+                choice = frame.alternatives.pop(0)
+                text = substitute(frame.text, frame.placeholder, choice.id)
+                trace.event("choose", placeholder=frame.placeholder.text, iri=choice.id, label=choice.label)
+                if find_placeholders(text):  # go deeper: the next placeholder
+                    stack.append(self.candidates(question, text, trace))
+                    continue
+                if not self.options.kg_guidance:
+                    return finish(text, None)
+                ok, result = self.validate(text, trace)  # final validation
+                if ok:
+                    return finish(text, result)
+                # an invalid query: back to this placeholder's next alternative
+            else:  # dead end: no candidates, None on top, or all tried
+                stack.pop()
+            # backtrack: re-rank the alternatives left at the top of the stack (not their old order)
+            if not stack or not self.options.backtracking:
+                break
+            backtracks += 1
+            back = stack[-1]
+            trace.event("backtrack", to=back.placeholder.text, left=len(back.alternatives))
+            self.rerank(question, back, trace)
+        trace.event("exhausted")
+        return finish(None, None, "dead_end")
+
+    # --- one placeholder: its candidates, in the four steps of the paper
+    def candidates(self, question: str, text: str, trace: Trace) -> Frame:
+        """The frame of the first unresolved placeholder of `text`, its alternatives re-ranked."""
+        placeholder = find_placeholders(text)[0]
+        position, kind = self.position(text, placeholder)
+        trace.event("placeholder", placeholder=placeholder.text, position=position, kind=kind)
+        allowed = self.constraint(text, placeholder, trace)
+        frame = Frame(text, placeholder, kind, self.search(placeholder, kind, allowed, trace))
+        self.rerank(question, frame, trace)
+        return frame
+
+    def position(self, text: str, placeholder: Placeholder) -> tuple[str, str]:
+        """Step 1: the placeholder's position and the index to search ("entity", "property", "both")."""
+        position = infer_position(text, placeholder)
         kind = {"subject": "entity", "object": "entity", "property": "property"}.get(position, "both")
-        if kind == "both" and ph.variant is not None:
+        if kind == "both" and placeholder.variant is not None:
             kind = "property"  # a variant hint (wdt, p, ps, pq) only fits a property
-        event = {"event": "placeholder", "placeholder": ph.text, "position": position, "kind": kind}
-        trace.append(event)
+        return position, kind
 
-        allowed = None
-        query = constraint_query(text, ph) if self.switches.constrained and self.switches.kg_guidance else None
-        if query is not None:
-            start = time.perf_counter()
+    def constraint(self, text: str, placeholder: Placeholder, trace: Trace) -> set[str] | None:
+        """Step 2: the IRIs the resolved prefix allows here (from the constraint query), None = any."""
+        if not (self.options.constrained and self.options.kg_guidance):
+            return None
+        query = constraint_query(text, placeholder)
+        if query is None:  # nothing resolved is connected to the placeholder
+            return None
+        with trace.timed("constraint"):
             try:
                 rows = self.client.query(query)
-                if len(rows.rows) < CONSTRAINT_LIMIT:
-                    # a property is bound in one variant (wdt:P57); the index knows its entity IRI
-                    allowed = {split_variant(iri)[0] for iri in rows.iris()}
-                event |= {"constraint": query, "constraint_size": len(rows.rows)}
             except EndpointUnreachable:
                 raise  # no endpoint at all: the user must fix that, searching on would hide it
             except SparqlError as e:  # an engine error only costs the constraint, not the search
-                event |= {"constraint": query, "constraint_error": f"{type(e).__name__}: {e}"}
-            timings["constraint"] = timings.get("constraint", 0.0) + time.perf_counter() - start
+                trace.note(constraint=query, constraint_error=f"{type(e).__name__}: {e}")
+                return None
+        trace.note(constraint=query, constraint_size=len(rows.rows))
+        if len(rows.rows) >= CONSTRAINT_LIMIT:
+            return None  # too many to be a constraint
+        # a property is bound in one variant (wdt:P57); the index knows its entity IRI
+        return {split_variant(iri)[0] for iri in rows.iris()}
 
-        start = time.perf_counter()
-        k = self.switches.top_k
-        if allowed is not None and not allowed:
-            hits = []  # the prefix admits nothing here: a dead end without searching
-        elif kind == "both":
-            hits = self.indices.search("entity", ph.label, k, allowed) + self.indices.search("property", ph.label, k, allowed)
-        else:
-            hits = self.indices.search(kind, ph.label, k, allowed)
-        timings["search"] = timings.get("search", 0.0) + time.perf_counter() - start
-        event["hits"] = [(h.id, h.label, round(h.score, 3)) for h in hits]
-        frame = Frame(text, ph, kind, hits)
-        self.rank(question, frame, event, timings)
-        return frame
+    def search(self, placeholder: Placeholder, kind: str, allowed: set[str] | None, trace: Trace) -> list[Hit]:
+        """Step 3: the top-k index hits for the placeholder's label, within `allowed` if given."""
+        k = self.options.top_k
+        with trace.timed("search"):
+            if allowed is not None and not allowed:
+                hits = []  # the prefix admits nothing here: a dead end without searching
+            elif kind == "both":
+                hits = (self.indices.search("entity", placeholder.label, k, allowed)
+                        + self.indices.search("property", placeholder.label, k, allowed))
+            else:
+                hits = self.indices.search(kind, placeholder.label, k, allowed)
+        trace.note(hits=[(h.id, h.label, round(h.score, 3)) for h in hits])
+        return hits
 
-    def rank(self, question: str, frame: Frame, event: dict, timings: dict[str, float]) -> None:
-        """Re-rank the frame's alternatives and keep those above None (all of them without re-ranking)."""
-        if not self.switches.rerank or not frame.alternatives:
-            event["kept"] = [h.id for h in frame.alternatives]
+    def rerank(self, question: str, frame: Frame, trace: Trace) -> None:
+        """Step 4: re-rank the frame's alternatives with None among them and keep those above None,
+        best first (without re-ranking: all of them, in index order). Also re-ranks after a backtrack."""
+        if not self.options.rerank or not frame.alternatives:
+            trace.note(kept=[h.id for h in frame.alternatives])
             return
-        start = time.perf_counter()
-        shown = [to_alternative(h, frame.placeholder.variant) for h in frame.alternatives]
-        scores = self.reranker(question, mark_current(frame.text, frame.placeholder), shown)
-        assert len(scores) == len(shown) + 1, f"re-ranker gave {len(scores)} scores for {len(shown)} + None"
-        none_score = scores[-1]
-        order = sorted(range(len(shown)), key=lambda i: -scores[i])
-        ranking = [(None, none_score)] + [(frame.alternatives[i].id, scores[i]) for i in order]  # ties: None first
-        event["reranked"] = [(iri, round(score, 3)) for iri, score in sorted(ranking, key=lambda r: -r[1])]
-        frame.alternatives = [frame.alternatives[i] for i in order if scores[i] > none_score]
-        event["kept"] = [h.id for h in frame.alternatives]
-        timings["rerank"] = timings.get("rerank", 0.0) + time.perf_counter() - start
+        with trace.timed("rerank"):
+            shown = [to_alternative(h, frame.placeholder.variant) for h in frame.alternatives]
+            scores = self.reranker(question, mark_current(frame.text, frame.placeholder), shown)
+            assert len(scores) == len(shown) + 1, f"re-ranker gave {len(scores)} scores for {len(shown)} + None"
+            none_score = scores[-1]
+            order = sorted(range(len(shown)), key=lambda i: -scores[i])
+            ranking = [(None, none_score)] + [(frame.alternatives[i].id, scores[i]) for i in order]  # ties: None first
+            frame.alternatives = [frame.alternatives[i] for i in order if scores[i] > none_score]
+        trace.note(reranked=[(iri, round(score, 3)) for iri, score in sorted(ranking, key=lambda r: -r[1])],
+                   kept=[h.id for h in frame.alternatives])
 
-    def validate(self, sparql: str, trace: list[dict], timings: dict[str, float]) -> tuple[bool, Result | None]:
+    def validate(self, sparql: str, trace: Trace) -> tuple[bool, Result | None]:
         """Final validation: the query must execute and return something (an ASK answer counts). As in
         the reference, a timeout or server error is accepted: the KG was busy, not the query wrong."""
-        start = time.perf_counter()
-        try:
-            result = self.client.query(sparql)
-            ok, event = not result.is_empty, {"rows": len(result.rows), "boolean": result.boolean}
-        except EndpointUnreachable:
-            raise
-        except (QueryTimeout, ServerError) as e:
-            result, ok, event = None, True, {"accepted_error": f"{type(e).__name__}: {e}"}
-        except SparqlError as e:
-            result, ok, event = None, False, {"error": f"{type(e).__name__}: {e}"}
-        timings["validate"] = timings.get("validate", 0.0) + time.perf_counter() - start
-        trace.append({"event": "validate", "query": sparql, "ok": ok} | event)
+        with trace.timed("validate"):
+            try:
+                result = self.client.query(sparql)
+                ok, fields = not result.is_empty, {"rows": len(result.rows), "boolean": result.boolean}
+            except EndpointUnreachable:
+                raise
+            except (QueryTimeout, ServerError) as e:
+                result, ok, fields = None, True, {"accepted_error": f"{type(e).__name__}: {e}"}
+            except SparqlError as e:
+                result, ok, fields = None, False, {"error": f"{type(e).__name__}: {e}"}
+        trace.event("validate", query=sparql, ok=ok, **fields)
         return ok, result
-
-    # --- the depth-first search
-    def resolve(self, question: str, skeleton: str, deadline: float = float("inf")) -> Resolution:
-        """Resolve every placeholder of `skeleton`; Resolution.sparql is None if the skeleton failed."""
-        trace, timings, backtracks = [], {}, 0
-        if not find_placeholders(skeleton):  # nothing to resolve: only validate
-            ok, result = self.validate(skeleton, trace, timings) if self.switches.kg_guidance else (True, None)
-            return Resolution(skeleton if ok else None, result, 0, None if ok else "dead_end", trace, timings)
-        stack = [self.expand(question, skeleton, trace, timings)]
-        while stack:
-            if time.monotonic() > deadline:
-                trace.append({"event": "timeout"})
-                return Resolution(None, None, backtracks, "timeout", trace, timings)
-            frame = stack[-1]
-            if not frame.alternatives:  # dead end: no candidates, None on top, or all tried
-                stack.pop()
-                if not stack or not self.switches.backtracking:
-                    break
-                backtracks += 1
-                parent = stack[-1]
-                event = {"event": "backtrack", "to": parent.placeholder.text, "left": len(parent.alternatives)}
-                trace.append(event)
-                self.rank(question, parent, event, timings)  # re-rank what remains, not the old order
-                continue
-            choice = frame.alternatives.pop(0)
-            text = substitute(frame.text, frame.placeholder, choice.id)
-            trace.append({"event": "choose", "placeholder": frame.placeholder.text, "iri": choice.id,
-                          "label": choice.label})
-            if find_placeholders(text):
-                stack.append(self.expand(question, text, trace, timings))
-                continue
-            if not self.switches.kg_guidance:
-                return Resolution(text, None, backtracks, None, trace, timings)
-            ok, result = self.validate(text, trace, timings)
-            if ok:
-                return Resolution(text, result, backtracks, None, trace, timings)
-            if not self.switches.backtracking:
-                break
-            backtracks += 1  # an invalid query: back one step, re-rank the last placeholder's rest
-            event = {"event": "backtrack", "to": frame.placeholder.text, "left": len(frame.alternatives)}
-            trace.append(event)
-            self.rank(question, frame, event, timings)
-        trace.append({"event": "exhausted"})
-        return Resolution(None, None, backtracks, "dead_end", trace, timings)

@@ -26,8 +26,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 from generate import beam_search  # noqa: E402
-from grisp import Grisp, GrispError, Options  # noqa: E402
+from grisp import Grisp, GrispError  # noqa: E402
 from model import Transformer  # noqa: E402
+from options import Options  # noqa: E402
 from tokenizer import chat_prompt  # noqa: E402
 from prompts import rerank_messages, skeleton_messages  # noqa: E402
 from rerank import ModelReranker  # noqa: E402

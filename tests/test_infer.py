@@ -8,8 +8,9 @@ import torch
 
 import defaults
 import lora
-from grisp import Answer, Grisp, GrispError, Options, answer_to_json
+from grisp import Answer, Grisp, GrispError, answer_to_json
 from model import Transformer
+from options import Options
 from sparql import EndpointUnreachable, Result, SparqlClient, parse_results
 from tests.tiny import make_model_dir
 

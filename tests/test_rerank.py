@@ -5,13 +5,15 @@ import torch
 
 from model import Transformer
 from tokenizer import Tokenizer, chat_prompt
+from options import Options
 from prompts import IDENTIFIERS, NONE_TEXT, RERANK_SYSTEM, Alternative, rerank_messages
 import loss
 from rerank import ModelReranker, identifier_logits
-from resolve import Frame, Resolver, Switches
+from resolve import Frame, Resolver
 from search import Hit
 from skeleton import find_placeholders
 from tests.tiny import make_model_dir
+from tracing import Trace
 
 torch.set_num_threads(1)
 WD = "http://www.wikidata.org/entity/"
@@ -161,8 +163,9 @@ def test_scores_order_the_alternatives_and_none_is_last(model, tokenizer):
     messages, identifiers = rerank_messages(question, marked, [Alternative(h.id, f"wd:Q{i}", h.label) for i, h in enumerate(hits)])
     assert messages[-1]["content"].splitlines()[-1] == f"{identifiers[-1]}. {NONE_TEXT}"  # None: the last line
     reranker = ModelReranker(model, tokenizer)
-    frame, event = Frame(text, placeholder, "entity", list(hits)), {}
-    Resolver(None, None, reranker, Switches()).rank(question, frame, event, {})
+    frame, trace = Frame(text, placeholder, "entity", list(hits)), Trace()
+    event = trace.event("placeholder")  # the re-rank step adds its fields to the placeholder's event
+    Resolver(None, None, reranker, Options()).rerank(question, frame, trace)
     assert [h.id for h in frame.alternatives] == [f"{WD}Q1", f"{WD}Q3", f"{WD}Q4"]  # above None, best first
     assert [iri for iri, _ in event["reranked"]] == [f"{WD}Q1", f"{WD}Q3", f"{WD}Q4", None, f"{WD}Q0", f"{WD}Q2"]
     assert [s for _, s in event["reranked"]] == pytest.approx([9.0, 7.0, 5.0, 4.0, 2.0, -1.0], abs=1e-3)

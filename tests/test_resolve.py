@@ -7,7 +7,8 @@ import pytest
 
 import defaults
 from prompts import mark_current
-from resolve import Resolver, Switches
+from options import Options
+from resolve import Resolver
 from search import load_indices
 from skeleton import find_placeholders
 from sparql import BadQuery, QueryTimeout, ServerError, SparqlClient
@@ -54,7 +55,7 @@ def events(resolution, name):
 
 def test_picks_the_film_over_the_genre(indices, client):
     reranker = ScriptedReranker({FILM: 9.0, GENRE: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
-    resolution = Resolver(indices, client, reranker, Switches()).resolve("q", SKELETON)
+    resolution = Resolver(indices, client, reranker, Options()).resolve("q", SKELETON)
     assert resolution.sparql == RESOLVED
     assert [e["iri"] for e in events(resolution, "choose")] == [FILM, DIRECTOR, BIRTHPLACE]
     assert resolution.backtracks == 0 and resolution.failure is None
@@ -73,7 +74,7 @@ def test_picks_the_film_over_the_genre(indices, client):
 def test_backtracks_when_the_constrained_candidate_set_is_empty(indices, client):
     # the re-ranker prefers the genre; the genre has no director, so the constrained search finds nothing
     reranker = ScriptedReranker({GENRE: 9.0, FILM: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
-    resolution = Resolver(indices, client, reranker, Switches()).resolve("q", SKELETON)
+    resolution = Resolver(indices, client, reranker, Options()).resolve("q", SKELETON)
     assert resolution.sparql == RESOLVED
     assert [e["iri"] for e in events(resolution, "choose")] == [GENRE, FILM, DIRECTOR, BIRTHPLACE]
     dead = events(resolution, "placeholder")[1]
@@ -87,8 +88,8 @@ def test_backtracks_when_none_ranks_first(indices, client):
     # without constraints the genre gets director candidates, but the model puts None on top there
     reranker = ScriptedReranker({GENRE: 9.0, FILM: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0},
                                 none_first=lambda q: "wd:Q351718 <rep>director" in q)
-    switches = Switches(constrained=False)
-    resolution = Resolver(indices, client, reranker, switches).resolve("q", SKELETON)
+    options = Options(constrained=False)
+    resolution = Resolver(indices, client, reranker, options).resolve("q", SKELETON)
     assert resolution.sparql == RESOLVED
     assert [e["iri"] for e in events(resolution, "choose")] == [GENRE, FILM, DIRECTOR, BIRTHPLACE]
     rejected = events(resolution, "placeholder")[1]
@@ -105,7 +106,7 @@ def test_final_validation_rejects_an_empty_result(indices, client):
     # Tarantino is alive: "place of death" resolves but returns nothing; validation backtracks to P19
     skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
     reranker = ScriptedReranker({TARANTINO: 9.0, DEATHPLACE: 9.0, BIRTHPLACE: 8.0})
-    resolution = Resolver(indices, client, reranker, Switches(constrained=False)).resolve("q", skeleton)
+    resolution = Resolver(indices, client, reranker, Options(constrained=False)).resolve("q", skeleton)
     assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }"
     validations = events(resolution, "validate")
     assert [v["ok"] for v in validations] == [False, True]
@@ -124,7 +125,7 @@ def test_final_validation_accepts_a_busy_endpoint(indices, client, error):
 
     skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
     reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
-    resolution = Resolver(indices, BusyOnFullQueries(), reranker, Switches(constrained=False)).resolve("q", skeleton)
+    resolution = Resolver(indices, BusyOnFullQueries(), reranker, Options(constrained=False)).resolve("q", skeleton)
     assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }" and resolution.result is None
     [validation] = events(resolution, "validate")
     assert validation["ok"] and type(error).__name__ in validation["accepted_error"]
@@ -136,14 +137,14 @@ def test_final_validation_rejects_a_bad_query(indices, client):
             raise BadQuery("parse error")
     skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
     reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
-    resolution = Resolver(indices, Rejecting(), reranker, Switches(constrained=False)).resolve("q", skeleton)
+    resolution = Resolver(indices, Rejecting(), reranker, Options(constrained=False)).resolve("q", skeleton)
     assert resolution.sparql is None and not any(v["ok"] for v in events(resolution, "validate"))
 
 
 def test_exhausted_skeleton_fails_without_backtracking_past_the_first_placeholder(indices, client):
     skeleton = "SELECT ?x WHERE { <iri>pulp fiction</iri> <iri>director (wdt)</iri> ?x . }"
     reranker = ScriptedReranker({}, none_first=lambda q: "<rep>director" in q)
-    resolution = Resolver(indices, client, reranker, Switches()).resolve("q", skeleton)
+    resolution = Resolver(indices, client, reranker, Options()).resolve("q", skeleton)
     assert resolution.sparql is None and resolution.failure == "dead_end"
     assert resolution.trace[-1] == {"event": "exhausted"}
     first = events(resolution, "placeholder")[0]
@@ -152,13 +153,13 @@ def test_exhausted_skeleton_fails_without_backtracking_past_the_first_placeholde
 
 def test_no_backtracking_gives_up_at_the_first_dead_end(indices, client):
     reranker = ScriptedReranker({GENRE: 9.0, FILM: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
-    resolution = Resolver(indices, client, reranker, Switches(backtracking=False)).resolve("q", SKELETON)
+    resolution = Resolver(indices, client, reranker, Options(backtracking=False)).resolve("q", SKELETON)
     assert resolution.sparql is None and resolution.backtracks == 0
     assert [e["iri"] for e in events(resolution, "choose")] == [GENRE]
 
 
 def test_without_reranking_the_index_order_is_taken(indices, client):
-    resolution = Resolver(indices, client, None, Switches(rerank=False)).resolve("q", SKELETON)
+    resolution = Resolver(indices, client, None, Options(rerank=False)).resolve("q", SKELETON)
     first = events(resolution, "placeholder")[0]
     assert events(resolution, "choose")[0]["iri"] == first["hits"][0][0]
     assert "reranked" not in first
@@ -170,13 +171,13 @@ def test_without_kg_guidance_nothing_is_executed(indices, client):
             raise AssertionError(f"no query may run without KG guidance: {sparql}")
 
     reranker = ScriptedReranker({FILM: 9.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
-    resolution = Resolver(indices, NoClient(), reranker, Switches(kg_guidance=False)).resolve("q", SKELETON)
+    resolution = Resolver(indices, NoClient(), reranker, Options(kg_guidance=False)).resolve("q", SKELETON)
     assert resolution.sparql == RESOLVED and resolution.result is None
 
 
 def test_timeout_stops_the_search(indices, client):
     reranker = ScriptedReranker({FILM: 9.0})
-    resolution = Resolver(indices, client, reranker, Switches()).resolve("q", SKELETON, deadline=0.0)
+    resolution = Resolver(indices, client, reranker, Options()).resolve("q", SKELETON, deadline=0.0)
     assert resolution.sparql is None and resolution.failure == "timeout"
 
 

@@ -1,0 +1,50 @@
+"""options.py: the one definition of GRISP's switches and knobs, and what derives from it (infer.py's
+flags, evaluate.py's ablation presets)."""
+import argparse
+from dataclasses import fields
+
+import pytest
+
+import evaluate
+from options import GrispError, Options, add_flags, from_flags, preset
+
+
+def parse(argv, **kwargs):
+    parser = argparse.ArgumentParser()
+    add_flags(parser, **kwargs)
+    return parser.parse_args(argv)
+
+
+def test_no_flags_give_the_defaults():
+    assert from_flags(parse([])) == Options()
+
+
+def test_flags_set_their_fields():
+    args = parse(["--no-rerank", "--no-kg-guidance", "--deterministic", "--top-k", "5", "--time-budget", "2.5"])
+    assert from_flags(args) == Options(rerank=False, kg_guidance=False, sample=False, top_k=5, time_budget=2.5)
+    assert args.no_rerank and args.deterministic  # the flags' own names stay in the namespace
+
+
+def test_every_field_has_help_and_a_flag_but_the_length_cap():
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    flags = {option for action in parser._actions for option in action.option_strings} - {"-h", "--help"}
+    assert all(f.metadata["help"] for f in fields(Options))
+    assert len(flags) == len(fields(Options)) - 1 and "--max-new-tokens" not in flags
+    assert {"--no-beam-search", "--num-beams", "--deterministic", "--no-constrained", "--time-budget"} <= flags
+
+
+def test_unset_knobs_stay_none():
+    assert vars(parse([], names=evaluate.KNOBS, unset=True)) == {knob: None for knob in evaluate.KNOBS}
+    assert parse(["--top-k", "5"], names=evaluate.KNOBS, unset=True).top_k == 5
+
+
+def test_presets_are_checked_against_the_fields():
+    assert preset(rerank=False, top_k=3) == {"rerank": False, "top_k": 3}
+    with pytest.raises(GrispError, match="no option rerank_off"):
+        preset(rerank_off=True)
+    with pytest.raises(GrispError, match="top_k = 0 must be in"):
+        preset(top_k=0)
+    assert list(evaluate.ABLATIONS) == ["none", "no-beam-search", "no-rerank", "no-constrained", "no-kg-guidance",
+                                        "no-backtracking", "all-disabled", "rerank-only"]
+    assert all(Options(**changes) for changes in evaluate.ABLATIONS.values())
