@@ -23,7 +23,8 @@ from prompts import IDENTIFIERS, skeleton_messages
 from resolve import ModelReranker, Resolver, Switches
 from search import load_indices
 from skeleton import find_placeholders, parses
-from sparql import Result, SparqlClient, with_prefixes
+from sparql import Result, SparqlClient
+from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
 
 MAX_TOP_K = (len(IDENTIFIERS) - 1) // 2  # 12: the union of two top-k lists fits one re-ranking prompt

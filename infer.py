@@ -18,7 +18,8 @@ import torch
 
 import defaults
 from grisp import Answer, Grisp, GrispError, Options, answer_to_json
-from sparql import SparqlError, compact
+from sparql import SparqlError
+from sparql_syntax import compact
 
 
 def describe(event: dict) -> str:
