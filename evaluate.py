@@ -79,12 +79,12 @@ def load_skeletonizer(index_dir: Path) -> Callable[[str], str]:
     """gold SPARQL -> gold skeleton whose placeholders carry the index's labels (oracle mode);
     IRIs the index does not know stay IRIs, as they would for the resolver."""
     import search
-    import skeleton
+    from skeletonize import skeletonize
     indices = search.load_indices(index_dir)
 
     def label(iri: str) -> str | None:
         return indices.item(iri).label if iri in indices else None
-    return lambda query: skeleton.skeletonize(query, label).skeleton
+    return lambda query: skeletonize(query, label).skeleton
 
 
 def load_generated_skeletons(run_dir: Path, config: dict) -> dict[str, dict]:

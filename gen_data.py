@@ -45,7 +45,8 @@ import compose
 import defaults
 from prompts import IDENTIFIERS, mark_current, rerank_messages, skeleton_messages, to_alternative
 from search import Indices, load_indices
-from skeleton import find_placeholders, skeletonize, split_variant, substitute
+from skeleton import find_placeholders, split_variant, substitute
+from skeletonize import skeletonize
 
 DATASETS = {"wwq": "wwq-train"}  # --data shorthands -> benchmarks.py names
 WIKIDATA_INDEX_DIR = defaults.GRISP_HOME / "indices" / "wikidata-items"  # built from the items file

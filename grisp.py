@@ -25,7 +25,8 @@ from rerank import ModelReranker
 from resolve import Resolver
 from search import load_indices
 from skeleton import find_placeholders, parses
-from sparql import Result, SparqlClient, with_prefixes
+from sparql import Result, SparqlClient
+from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
 
 

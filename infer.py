@@ -19,7 +19,8 @@ import torch
 import defaults
 from grisp import Answer, Grisp, GrispError, answer_to_json
 from options import add_flags, from_flags
-from sparql import SparqlError, compact
+from sparql import SparqlError
+from sparql_syntax import compact
 
 
 def describe(event: dict) -> str:

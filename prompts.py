@@ -11,7 +11,7 @@ tokenizer turns them into Qwen's chat format.
 from dataclasses import dataclass, field
 
 from skeleton import with_variant
-from sparql import compact
+from sparql_syntax import compact
 
 SKELETON_SYSTEM = (
     "You translate questions into SPARQL queries over the Wikidata knowledge graph. "

@@ -24,8 +24,9 @@ from typing import Callable
 from options import Options
 from prompts import Alternative, mark_current, to_alternative
 from search import Hit, Indices
-from skeleton import (CONSTRAINT_LIMIT, Placeholder, constraint_query, find_placeholders, infer_position,
-                      split_variant, substitute)
+from constraints import CONSTRAINT_LIMIT, constraint_query
+from positions import infer_position
+from skeleton import Placeholder, find_placeholders, split_variant, substitute
 from sparql import EndpointUnreachable, QueryTimeout, Result, ServerError, SparqlClient, SparqlError
 from tracing import Trace
 

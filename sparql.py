@@ -1,11 +1,12 @@
-"""SPARQL 1.1 protocol client, the Wikidata PREFIX block and a SPARQL tokenizer.
+"""SPARQL 1.1 protocol client: typed errors, the JSON results parser and SparqlClient.
 
 GRISP talks to its knowledge graph only through SPARQL over HTTP (paper, Section 3): the
 KG-constrained candidate queries, the final validation of a resolved query, and the evaluation of
 gold and predicted queries. This client works unchanged against the local oxigraph server
 (`endpoint.py`), QLever, Virtuoso or the public Wikidata endpoint: it speaks the standard protocol
 (form POST or GET, `Accept: application/sparql-results+json`) and prepends the PREFIX declarations a
-query uses but does not declare, because most engines predefine none.
+query uses but does not declare, because most engines predefine none. Query text (tokenizer, the
+PREFIXES table, compact / expand, the read-only check) lives in sparql_syntax.py.
 
     from sparql import SparqlClient
     client = SparqlClient("http://127.0.0.1:7878/query")  # defaults.ENDPOINT_URL
@@ -15,45 +16,21 @@ query uses but does not declare, because most engines predefine none.
 Every failure is a `SparqlError`: `EndpointUnreachable`, `QueryTimeout`, `BadQuery` (4xx),
 `ServerError` (5xx after retries), `InvalidResponse` (invalid or truncated JSON; oxigraph reports a
 query cancelled by its timeout as HTTP 200 with truncated JSON), `ForbiddenQuery` (SERVICE or a SPARQL
-Update, refused before anything is sent).
+Update, refused before anything is sent; defined with the check in sparql_syntax.py).
 """
 import json
 import re
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import requests
 
 import defaults
-
-_WD = "http://www.wikidata.org/"
-PREFIXES: dict[str, str] = {
-    # Wikidata entities, statements and the property variants (wdt, p, ps, pq, ...)
-    "wd": _WD + "entity/", "wds": _WD + "entity/statement/", "wdv": _WD + "value/",
-    "wdref": _WD + "reference/", "wdt": _WD + "prop/direct/", "wdtn": _WD + "prop/direct-normalized/",
-    "wdno": _WD + "prop/novalue/", "p": _WD + "prop/", "ps": _WD + "prop/statement/",
-    "psv": _WD + "prop/statement/value/", "psn": _WD + "prop/statement/value-normalized/",
-    "pq": _WD + "prop/qualifier/", "pqv": _WD + "prop/qualifier/value/",
-    "pqn": _WD + "prop/qualifier/value-normalized/", "pr": _WD + "prop/reference/",
-    "prv": _WD + "prop/reference/value/", "prn": _WD + "prop/reference/value-normalized/",
-    # common vocabularies
-    "wikibase": "http://wikiba.se/ontology#",
-    "rdf": "http://www.w3.org/1999/02/22-rdf-syntax-ns#",
-    "rdfs": "http://www.w3.org/2000/01/rdf-schema#",
-    "xsd": "http://www.w3.org/2001/XMLSchema#",
-    "owl": "http://www.w3.org/2002/07/owl#",
-    "skos": "http://www.w3.org/2004/02/skos/core#",
-    "schema": "http://schema.org/",
-    "prov": "http://www.w3.org/ns/prov#",
-    "bd": "http://www.bigdata.com/rdf#",
-}
+# SparqlError and ForbiddenQuery (refused for its text) are defined with the read-only check; imported
+# here so that every error the client raises can be imported from this module
+from sparql_syntax import PREFIXES, ForbiddenQuery, SparqlError, check_read_only, with_prefixes  # noqa: F401
 
 # ---------------------------------------------------------------------------- errors
-
-
-class SparqlError(Exception):
-    """Base class of every error raised by this module."""
 
 
 class EndpointUnreachable(SparqlError):
@@ -74,126 +51,6 @@ class ServerError(SparqlError):
 
 class InvalidResponse(SparqlError):
     """The answer is not a valid (or is a truncated) SPARQL JSON results document."""
-
-
-class ForbiddenQuery(SparqlError):
-    """The query contains SERVICE or a SPARQL Update; refused before sending."""
-
-
-# ---------------------------------------------------------------------------- tokenizer
-
-
-class Token(NamedTuple):
-    kind: str  # ph, iri, pname, var, string, number, bnode, lang, word, punct, other
-    text: str
-    start: int  # character span in the tokenized text
-    end: int
-
-
-_PN_LOCAL = r"(?:(?:[\w:%]|\\[^\s])(?:[\w.:%\-]|\\[^\s])*(?<!\.))?"
-_TOKEN_RE = re.compile(
-    r"""(?P<ws>\s+)|(?P<comment>\#[^\n]*)
-    |(?P<ph><iri>(?:(?!</iri>)[^\n])*</iri>)
-    |(?P<iri><[^<>"{}|^`\\\x00-\x20]*>)
-    |(?P<string>\"\"\"(?:[^"\\]|\\.|"(?!""))*\"\"\"|'''(?:[^'\\]|\\.|'(?!''))*'''
-        |"(?:[^"\\\n\r]|\\.)*"|'(?:[^'\\\n\r]|\\.)*')
-    |(?P<var>[?$]\w+)
-    |(?P<bnode>_:\w(?:[\w.\-]*\w)?)
-    |(?P<pname>(?:[A-Za-z](?:[\w.\-]*[\w\-])?)?:""" + _PN_LOCAL + r""")
-    |(?P<lang>@[A-Za-z]+(?:-[A-Za-z0-9]+)*)
-    |(?P<number>\d+\.\d*[eE][+-]?\d+|\d*\.\d+(?:[eE][+-]?\d+)?|\d+(?:[eE][+-]?\d+)?)
-    |(?P<word>[A-Za-z_]\w*)
-    |(?P<punct>\^\^|&&|\|\||!=|<=|>=|[{}()\[\].,;*/|^!+\-=<>?])
-    |(?P<other>.)""",
-    re.VERBOSE | re.DOTALL,
-)
-
-
-def tokenize(text: str) -> list[Token]:
-    """Split SPARQL (or skeleton) text into tokens, dropping whitespace and comments.
-
-    Placeholders `<iri>label</iri>` are single `ph` tokens; strings, IRIs (which may contain `#`)
-    and comments are recognised before punctuation, so nothing inside them is mistaken for syntax.
-    Never raises: a character that starts no token becomes an `other` token.
-    """
-    tokens = []
-    for m in _TOKEN_RE.finditer(text):
-        if m.lastgroup not in ("ws", "comment"):
-            tokens.append(Token(m.lastgroup, m.group(), m.start(), m.end()))
-    return tokens
-
-
-def is_keyword(token: Token, *words: str) -> bool:
-    """True if the token is one of the (case-insensitive) SPARQL keywords `words`."""
-    return token.kind == "word" and token.text.upper() in words
-
-
-def declared_prefixes(tokens: list[Token]) -> dict[str, str]:
-    """The `PREFIX name: <iri>` declarations of a query, as {name: namespace IRI}."""
-    declared = {}
-    for a, b, c in zip(tokens, tokens[1:], tokens[2:]):
-        if is_keyword(a, "PREFIX") and b.kind == "pname" and b.text.endswith(":") and c.kind == "iri":
-            declared[b.text[:-1]] = c.text[1:-1]
-    return declared
-
-
-# ---------------------------------------------------------------------------- IRIs and queries
-
-
-def compact(iri: str, prefixes: dict[str, str] = PREFIXES) -> str:
-    """SPARQL text of a full IRI: `wd:Q42` where a known prefix applies, else `<iri>`.
-
-    The longest matching namespace wins (`wdt:P19`, not `p:direct/P19`).
-    """
-    best = None
-    for name, namespace in prefixes.items():
-        local = iri[len(namespace):]
-        if iri.startswith(namespace) and re.fullmatch(r"\w(?:[\w.\-]*[\w\-])?", local):
-            if best is None or len(namespace) > len(prefixes[best]):
-                best = name
-    return f"{best}:{iri[len(prefixes[best]):]}" if best is not None else f"<{iri}>"
-
-
-def expand(term: str, prefixes: dict[str, str] = PREFIXES) -> str:
-    """Full IRI of a prefixed name (`wd:Q42`) or of an `<iri>`; ValueError for an unknown prefix."""
-    if term.startswith("<") and term.endswith(">"):
-        return term[1:-1]
-    name, sep, local = term.partition(":")
-    if not sep or name not in prefixes:
-        raise ValueError(f"cannot expand {term!r}: unknown prefix {name!r} (known: {sorted(prefixes)})")
-    return prefixes[name] + local.replace("\\", "")
-
-
-_UPDATE_WORDS = ("INSERT", "DELETE", "LOAD", "CLEAR", "CREATE", "DROP", "COPY", "MOVE", "ADD", "WITH")
-
-
-def check_read_only(query: str) -> None:
-    """Raise ForbiddenQuery if the query federates (SERVICE) or is a SPARQL Update."""
-    for token in tokenize(query):
-        if is_keyword(token, "SERVICE"):
-            raise ForbiddenQuery(
-                f"refusing to send a query with SERVICE (at character {token.start}): federated "
-                "calls to other endpoints are not allowed; remove the SERVICE clause"
-            )
-        if is_keyword(token, *_UPDATE_WORDS):
-            raise ForbiddenQuery(
-                f"refusing to send a SPARQL Update ({token.text.upper()} at character {token.start}): "
-                "this client only runs read-only queries (SELECT, ASK, CONSTRUCT, DESCRIBE)"
-            )
-
-
-def with_prefixes(query: str, prefixes: dict[str, str] = PREFIXES) -> str:
-    """Prepend a PREFIX line for each known prefix the query uses but does not declare."""
-    tokens = tokenize(query)
-    declared = declared_prefixes(tokens)
-    missing = []
-    for prev, token in zip([None, *tokens], tokens):
-        if token.kind != "pname" or (prev is not None and is_keyword(prev, "PREFIX")):
-            continue
-        name = token.text.split(":", 1)[0]
-        if name in prefixes and name not in declared and name not in missing:
-            missing.append(name)
-    return "".join(f"PREFIX {name}: <{prefixes[name]}>\n" for name in missing) + query
 
 
 # ---------------------------------------------------------------------------- results

@@ -32,7 +32,7 @@ from options import Options  # noqa: E402
 from tokenizer import chat_prompt  # noqa: E402
 from prompts import rerank_messages, skeleton_messages  # noqa: E402
 from rerank import ModelReranker  # noqa: E402
-from skeleton import skeletonize  # noqa: E402
+from skeletonize import skeletonize  # noqa: E402
 from sparql import SparqlError  # noqa: E402
 
 STAGES = ["generate", "search", "constraint", "rerank", "validate", "total"]

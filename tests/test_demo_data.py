@@ -17,7 +17,8 @@ import pytest
 
 import benchmarks
 import defaults
-from sparql import PREFIXES, SparqlClient
+from sparql import SparqlClient
+from sparql_syntax import PREFIXES
 
 KG = defaults.DEMO_DIR / "kg.ttl"
 QUESTIONS = defaults.DEMO_DIR / "questions.jsonl"

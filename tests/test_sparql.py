@@ -1,4 +1,5 @@
-"""sparql.py: the client against a real oxigraph server, and every fault against a fake one."""
+"""sparql.py: the client against a real oxigraph server, and every fault against a fake one
+(query text itself: test_sparql_syntax.py)."""
 import json
 import threading
 import time
@@ -176,22 +177,6 @@ def test_prefixes_added_only_when_used_and_undeclared(fake):
     assert sent.startswith("PREFIX wdt: <http://www.wikidata.org/prop/direct/>\n"
                            "PREFIX rdfs: <http://www.w3.org/2000/01/rdf-schema#>\nPREFIX wd: <http://example.org/my-wd/>")
     assert sent.endswith(query) and "PREFIX p:" not in sent and "PREFIX schema:" not in sent
-
-
-def test_compact_expand_and_tokenizer():
-    assert sparql.compact("http://www.wikidata.org/prop/direct/P19") == "wdt:P19"
-    assert sparql.compact("http://www.wikidata.org/prop/statement/P161") == "ps:P161"
-    assert sparql.compact("http://www.wikidata.org/entity/Q42") == "wd:Q42"
-    assert sparql.compact("http://example.org/a/b") == "<http://example.org/a/b>"
-    for iri in ("http://www.wikidata.org/prop/qualifier/P453", "http://www.w3.org/2000/01/rdf-schema#label"):
-        assert sparql.expand(sparql.compact(iri)) == iri
-    with pytest.raises(ValueError, match="unknown prefix 'foo'"):
-        sparql.expand("foo:bar")
-    tokens = sparql.tokenize('?x <http://e/a#b> "a { # }"@en . # comment }\nwd:Q1. 5.')
-    assert [(t.kind, t.text) for t in tokens] == [
-        ("var", "?x"), ("iri", "<http://e/a#b>"), ("string", '"a { # }"'), ("lang", "@en"),
-        ("punct", "."), ("pname", "wd:Q1"), ("punct", "."), ("number", "5"), ("punct", ".")]
-    assert [t.kind for t in sparql.tokenize("?a<?b && ?c<=3")] == ["var", "punct", "var", "punct", "var", "punct", "number"]
 
 
 def test_parse_results_normalises_typed_literal():

@@ -32,7 +32,7 @@ import pyoxigraph as ox
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's top-level modules
 import benchmarks  # noqa: E402
 import defaults  # noqa: E402
-from sparql import PREFIXES  # noqa: E402
+from sparql_syntax import PREFIXES  # noqa: E402
 
 FACT_COLUMNS = ["subject", "subject_label", "property", "value", "value_label", "statement",
                 "qualifier", "qualifier_value", "qualifier_value_label", "source"]
