@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 import checkpoint
 import defaults
-import gen_data
+import samples
 import lora
 import loss
 from model import Transformer, pick_device
@@ -73,26 +73,26 @@ def load_data(args, tokenizer: Tokenizer):
         encoded = [loss.encode(s, tokenizer) for s in samples]
         return [e for e in encoded if len(e["ids"]) <= args.max_length]  # longer ones are skipped
 
-    is_val = gen_data.validation_split(args.val_fraction, args.seed) if args.val_data is None else (lambda _: False)
+    is_val = samples.validation_split(args.val_fraction, args.seed) if args.val_data is None else (lambda _: False)
     if args.samples:  # precomputed epochs; training longer than that cycles through them
-        by_epoch = gen_data.read_samples(args.samples)
+        by_epoch = samples.read_samples(args.samples)
         epochs = sorted(by_epoch)
         train_epoch = lambda e: prepare([s for s in by_epoch[epochs[e % len(epochs)]] if not is_val(s["id"])])
         val = [s for s in by_epoch[epochs[0]] if is_val(s["id"])]
     else:  # fresh samples per epoch from (seed, epoch, record)
-        records = gen_data.load_records(args.data)
-        indices = gen_data.open_index(args.index, args.data)
-        augment = gen_data.Augment.from_args(args)
-        train = gen_data.SampleGenerator([r for r in records if not is_val(r["id"])], indices, augment, args.seed)
+        records = samples.load_records(args.data)
+        indices = samples.open_index(args.index, args.data)
+        augment = samples.Augment.from_args(args)
+        train = samples.SampleGenerator([r for r in records if not is_val(r["id"])], indices, augment, args.seed)
         train_epoch = lambda e: prepare(train.epoch(e)[0])
-        held_out = gen_data.SampleGenerator([r for r in records if is_val(r["id"])], indices, augment, args.seed)
+        held_out = samples.SampleGenerator([r for r in records if is_val(r["id"])], indices, augment, args.seed)
         val = held_out.epoch(0)[0]
-    if args.val_data is not None and gen_data.is_sample_file(args.val_data):
-        val = gen_data.read_samples(args.val_data)
+    if args.val_data is not None and samples.is_sample_file(args.val_data):
+        val = samples.read_samples(args.val_data)
         val = val[min(val)]
     elif args.val_data is not None:
-        held_out = gen_data.SampleGenerator(gen_data.load_records(args.val_data), gen_data.open_index(args.index, args.data),
-                                            gen_data.Augment.from_args(args), args.seed)
+        held_out = samples.SampleGenerator(samples.load_records(args.val_data), samples.open_index(args.index, args.data),
+                                            samples.Augment.from_args(args), args.seed)
         val = held_out.epoch(0)[0]
     return train_epoch, prepare(val)
 
@@ -332,12 +332,12 @@ def make_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("data")
     group.add_argument("--data", default="wwq", help="wwq (WikiWebQuestions train), demo, or a benchmark JSONL path; samples are generated online, fresh per epoch")
     group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online generation)")
-    group.add_argument("--index", default=None, help=f"search index for online generation (default: demo index for demo, else {gen_data.WIKIDATA_INDEX_DIR}, built if missing)")
+    group.add_argument("--index", default=None, help=f"search index for online generation (default: demo index for demo, else {samples.WIKIDATA_INDEX_DIR}, built if missing)")
     group.add_argument("--val-fraction", type=float, default=0.05, help="records held out (by id hash) for the validation loss")
     group.add_argument("--val-data", default=None, help="validation benchmark or samples file instead of the held-out slice")
     group.add_argument("--max-length", type=int, default=1024, help="skip samples with more tokens than this")
     group.add_argument("--seed", type=int, default=0, help="seed of the samples, batch order, LoRA init and dropout")
-    gen_data.add_generation_args(parser.add_argument_group("augmentation (online generation)"))
+    samples.add_generation_args(parser.add_argument_group("augmentation (online generation)"))
     # model
     group = parser.add_argument_group("model")
     group.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (Hugging Face Qwen2 layout)")
