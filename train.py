@@ -3,11 +3,17 @@
 One model learns (1) question -> SPARQL skeleton, with next-token cross-entropy on the answer tokens
 (the skeleton and <|im_end|>), and (2) list-wise re-ranking, with cross-entropy restricted to the
 identifier tokens (A, B, ...) present in the prompt, read at the first answer position. Samples come
-from gen_data.py, fresh for every epoch (online) or precomputed (`--samples`). Logits are computed
-only at those loss positions, the batch of 8 is built by gradient accumulation, and a run lives in
-`defaults.RUNS_DIR/<name>`: log.jsonl, config.json, checkpoint-*/ (adapter, optimiser, RNG states,
-data position) every N steps and on SIGINT/SIGTERM, best/ (lowest validation loss) and, at the end,
-adapter/ (a copy of best/ in the PEFT layout, for infer.py or `PeftModel.from_pretrained`).
+from samples.py, fresh for every epoch (online) or precomputed by gen_data.py (`--samples`). Logits
+are computed only at those loss positions, the batch of 8 is built by gradient accumulation, and a run
+lives in `defaults.RUNS_DIR/<name>`: log.jsonl, config.json, checkpoint-*/ (adapter, optimiser, RNG
+states, data position) every N steps and on SIGINT/SIGTERM, best/ (lowest validation loss) and, at the
+end, adapter/ (a copy of best/ in the PEFT layout, for infer.py or `PeftModel.from_pretrained`).
+
+main() runs the named steps in order: setup (processes, device, run directory) -> load_data -> make_model
+(base + LoRA, optimiser) -> resume (or a fresh TrainState) -> TrainingLoop.train (step, validate,
+checkpoint) -> save the adapter. About 480 lines, over a script's ~300: the flags and their checks take
+~80, the loop with DDP, early stopping and exact resumption ~150; they stay here so that the whole
+training stage reads in one file, top to bottom, as in nanoGPT's train.py.
 
     python train.py --data wwq                                   # the paper's setup, CPU or GPU
     python train.py --data wwq --lora-layers 8 --max-steps 40    # a short fast run on CPU
@@ -23,6 +29,7 @@ import shutil
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -31,15 +38,42 @@ from tqdm import tqdm
 
 import checkpoint
 import defaults
-import gen_data
 import lora
 import loss
+import samples
 from model import Transformer, pick_device
 from tokenizer import Tokenizer
 
 # flags that may differ on --resume: they change neither the samples nor the math (a different
 # --micro-batch-size only changes float rounding and peak memory)
 RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "keep_checkpoints", "device", "micro_batch_size"}
+
+
+@dataclass
+class TrainState:
+    """Where a run is; saved as checkpoint-*/state.json (a dict: asdict) and restored on --resume."""
+
+    step: int = 0  # optimiser steps done
+    epoch: int = 0
+    step_in_epoch: int = 0  # position in the epoch's batch plan (plan_steps)
+    best_val: float | None = None  # lowest validation loss so far
+    bad_evals: int = 0  # validations since the best one; early stop at --patience
+    done: bool = False  # early-stopped: a resumed run only saves
+    evaluated_step: int | None = None  # step of the last validation
+    checkpointed_step: int | None = None  # step of the last checkpoint
+
+
+@dataclass
+class Run:
+    """What setup() fixes for this process: flags, processes, device, precision, run directory."""
+
+    args: argparse.Namespace
+    world: int  # processes (torchrun)
+    rank: int
+    device: torch.device
+    dtype: torch.dtype  # of the base weights
+    autocast: torch.autocast
+    run_dir: Path
 
 
 def plan_steps(lengths: list[int], batch_size: int, seed: int, epoch: int, pool: int = 32) -> list[list[int]]:
@@ -66,35 +100,240 @@ def lr_at(step: int, total: int, base_lr: float, warmup: float) -> float:
     return base_lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-# ---------------------------------------------------------------------------- data
+# ---------------------------------------------------------------------------- setup, data, model
+def setup(args: argparse.Namespace) -> Run:
+    """Processes (torchrun sets WORLD_SIZE/RANK/LOCAL_RANK), threads, flag checks, seed, device, run directory."""
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", 0)))
+    if world > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    check_args(args, world)
+    torch.manual_seed(args.seed + rank)
+    dtype = torch.float32 if device.type == "cpu" or args.dtype == "float32" else torch.bfloat16
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    run_dir = Path(args.runs_dir).expanduser() / args.name
+    if (run_dir / "latest").exists() and not args.resume:
+        sys.exit(f"error: run {run_dir} exists; continue it with --resume or pick another --name")
+    return Run(args, world, rank, device, dtype, autocast, run_dir)
+
+
 def load_data(args, tokenizer: Tokenizer):
     """(encoded training samples of epoch e as a function of e, encoded validation samples)."""
-    def prepare(samples: list[dict]) -> list[dict]:
-        encoded = [loss.encode(s, tokenizer) for s in samples]
+    def prepare(rows: list[dict]) -> list[dict]:
+        encoded = [loss.encode(s, tokenizer) for s in rows]
         return [e for e in encoded if len(e["ids"]) <= args.max_length]  # longer ones are skipped
 
-    is_val = gen_data.validation_split(args.val_fraction, args.seed) if args.val_data is None else (lambda _: False)
+    is_val = samples.validation_split(args.val_fraction, args.seed) if args.val_data is None else (lambda _: False)
     if args.samples:  # precomputed epochs; training longer than that cycles through them
-        by_epoch = gen_data.read_samples(args.samples)
+        by_epoch = samples.read_samples(args.samples)
         epochs = sorted(by_epoch)
         train_epoch = lambda e: prepare([s for s in by_epoch[epochs[e % len(epochs)]] if not is_val(s["id"])])
         val = [s for s in by_epoch[epochs[0]] if is_val(s["id"])]
     else:  # fresh samples per epoch from (seed, epoch, record)
-        records = gen_data.load_records(args.data)
-        indices = gen_data.open_index(args.index, args.data)
-        augment = gen_data.Augment.from_args(args)
-        train = gen_data.SampleGenerator([r for r in records if not is_val(r["id"])], indices, augment, args.seed)
+        records = samples.load_records(args.data)
+        indices = samples.open_index(args.index, args.data)
+        augment = samples.Augment.from_args(args)
+        train = samples.SampleGenerator([r for r in records if not is_val(r["id"])], indices, augment, args.seed)
         train_epoch = lambda e: prepare(train.epoch(e)[0])
-        held_out = gen_data.SampleGenerator([r for r in records if is_val(r["id"])], indices, augment, args.seed)
+        held_out = samples.SampleGenerator([r for r in records if is_val(r["id"])], indices, augment, args.seed)
         val = held_out.epoch(0)[0]
-    if args.val_data is not None and gen_data.is_sample_file(args.val_data):
-        val = gen_data.read_samples(args.val_data)
+    if args.val_data is not None and samples.is_sample_file(args.val_data):
+        val = samples.read_samples(args.val_data)
         val = val[min(val)]
     elif args.val_data is not None:
-        held_out = gen_data.SampleGenerator(gen_data.load_records(args.val_data), gen_data.open_index(args.index, args.data),
-                                            gen_data.Augment.from_args(args), args.seed)
+        held_out = samples.SampleGenerator(samples.load_records(args.val_data), samples.open_index(args.index, args.data),
+                                           samples.Augment.from_args(args), args.seed)
         val = held_out.epoch(0)[0]
     return train_epoch, prepare(val)
+
+
+def make_model(run: Run):
+    """(model, optimizer, LoRA parameters): the frozen base + LoRA (float32 LoRA weights; the base may
+    be bf16 on GPUs), from --init-adapter if given, AdamW over the LoRA weights, DDP when world > 1."""
+    args = run.args
+    model = Transformer.from_pretrained(args.model_dir, run.dtype, run.device)
+    layers = lora.last_layers(model, args.lora_layers) if args.lora_layers else None
+    lora.inject_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_targets, layers)
+    if args.init_adapter:  # continue from trained LoRA weights, with a fresh optimiser and schedule
+        load_init_adapter(model, args)
+    lora.mark_only_lora_trainable(model)
+    for p in lora.lora_state_dict(model).values():
+        p.data = p.data.float()
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
+    if run.world > 1:
+        device_ids = [run.device.index] if run.device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    return model, optimizer, params
+
+
+def load_init_adapter(model, args) -> None:
+    """LoRA weights from an adapter or a run's checkpoint directory, which must match --lora-r/--lora-alpha."""
+    init = Path(args.init_adapter).expanduser()
+    if (init / checkpoint.LORA_FILE).is_file():  # a run's checkpoint directory
+        saved, weights = checkpoint.read_lora(init)
+    else:
+        saved, weights = lora.read_adapter_config(init), lora.read_adapter_weights(init)
+    if (saved["r"], saved["lora_alpha"]) != (args.lora_r, args.lora_alpha):
+        sys.exit(f"error: --init-adapter has r={saved['r']}, alpha={saved['lora_alpha']}; pass the same "
+                 f"--lora-r and --lora-alpha (and --lora-layers, --lora-targets)")
+    try:
+        lora.load_lora_state_dict(model, weights)
+    except ValueError as error:
+        sys.exit(f"error: --init-adapter {args.init_adapter}: {error}")
+
+
+# ---------------------------------------------------------------------------- resume, run directory
+def resume(run: Run, config: dict, model, optimizer) -> TrainState:
+    """The latest checkpoint's state, with LoRA weights, optimiser and RNG states restored; exits if a
+    setting outside RESUMABLE_CHANGES differs from the checkpoint's."""
+    latest = run.run_dir / "latest"
+    if not latest.exists():
+        sys.exit(f"error: --resume but {run.run_dir} has no checkpoint; drop --resume to start the run")
+    saved = json.loads((run.run_dir / latest.read_text() / "config.json").read_text())
+    changed = {k for k in config if k not in RESUMABLE_CHANGES and saved.get(k) != config[k]}
+    if changed:
+        sys.exit(f"error: --resume with different settings: {', '.join(f'{k}={config[k]} (was {saved.get(k)})' for k in sorted(changed))}")
+    return TrainState(**checkpoint.load(run.run_dir / latest.read_text(), model, optimizer, run.rank, run.device))
+
+
+def start_run_dir(run: Run, config: dict, state: TrainState) -> None:
+    """Print and save the config; keep only the log lines up to the step we (re)start from."""
+    if run.rank != 0:
+        return
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    print(json.dumps(config, indent=1))
+    (run.run_dir / "config.json").write_text(json.dumps(config, indent=1))
+    log_path = run.run_dir / "log.jsonl"  # drop lines of steps after the checkpoint we resume from
+    kept = [l for l in log_path.read_text().splitlines() if json.loads(l)["step"] <= state.step] \
+        if run.args.resume and log_path.exists() else []
+    log_path.write_text("".join(l + "\n" for l in kept))
+
+
+# ---------------------------------------------------------------------------- the loop
+class TrainingLoop:
+    """Epochs -> optimiser steps of batch_size samples -> micro-batches (gradient accumulation), with
+    validation (keeping the best adapter), early stopping, checkpoints and log.jsonl lines."""
+
+    def __init__(self, run: Run, model, optimizer, params, pad_id: int, train_epoch, first_epoch: list[dict],
+                 val: list[dict], config: dict, state: TrainState, total_steps: int):
+        self.run, self.args, self.model, self.optimizer, self.params = run, run.args, model, optimizer, params
+        self.pad_id, self.train_epoch, self.epoch_data = pad_id, train_epoch, {0: first_epoch}
+        self.val, self.config, self.state, self.total_steps = val, config, state, total_steps
+        self.bar = tqdm(total=total_steps, initial=state.step, disable=run.rank != 0, desc="train", dynamic_ncols=True)
+
+    def train(self) -> bool:
+        """Train to the end (total steps or early stop); False if stopped by a signal or --stop-after."""
+        args, run, state = self.args, self.run, self.state
+        if args.eval_every and state.step == 0:
+            self.validate()  # the base model's loss: where training starts
+        with checkpoint.StopFlag() as stop:
+            while not state.done and state.step < self.total_steps:
+                epoch = state.epoch
+                data = self.epoch_data.pop(epoch) if epoch in self.epoch_data else self.train_epoch(epoch)
+                self.epoch_data.clear()
+                steps = plan_steps([len(s["ids"]) for s in data], args.batch_size, args.seed, epoch)
+                while state.step_in_epoch < len(steps) and state.step < self.total_steps:
+                    self.step([data[i] for i in steps[state.step_in_epoch][run.rank::run.world]], epoch)  # this rank's share
+                    if args.eval_every and state.step % args.eval_every == 0:
+                        self.validate()
+                    if args.stop_after and state.step >= args.stop_after:
+                        stop.request()
+                    stopping = self.all_agree(stop.requested or state.bad_evals >= args.patience)
+                    if stopping or state.step % args.checkpoint_every == 0:
+                        state.done = state.bad_evals >= args.patience
+                        self.checkpoint()
+                    if stopping:
+                        break
+                if stop.requested:
+                    self.bar.close()
+                    print(f"stopped at step {state.step}; continue with the same command plus --resume")
+                    return False
+                if state.step_in_epoch >= len(steps):  # epoch finished: validate, move on
+                    state.epoch, state.step_in_epoch = epoch + 1, 0
+                    if not args.eval_every:
+                        self.validate()
+                    state.done = state.done or state.bad_evals >= args.patience
+                    self.checkpoint()
+            if state.evaluated_step != state.step:  # e.g. --max-steps ended mid-epoch
+                self.validate()
+            if state.checkpointed_step != state.step:  # the end of training is always resumable
+                self.checkpoint()
+        self.bar.close()
+        return True
+
+    def step(self, mine: list[dict], epoch: int) -> None:
+        """One optimiser step on this rank's share of the batch, accumulated over micro-batches; logs it."""
+        args, run, state = self.args, self.run, self.state
+        started = time.time()
+        lr = lr_at(state.step, self.total_steps, args.lr, args.warmup)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro = [mine[i:i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
+        step_loss, tokens, by_task = 0.0, 0, {"skeleton": [], "rerank": []}
+        for j, batch in enumerate(micro):
+            sync = nullcontext() if run.world == 1 or j == len(micro) - 1 else self.model.no_sync()
+            with sync, run.autocast:
+                losses, _ = loss.sample_losses(self.model, to_device(loss.collate(batch, self.pad_id), run.device))
+                # DDP averages gradients over ranks, so scale each rank's sum by world/batch
+                (losses.sum() * run.world / args.batch_size).backward()
+            step_loss += losses.sum().item() / len(mine)
+            for s, value in zip(batch, losses.tolist()):
+                by_task["rerank" if s["choices"] else "skeleton"].append(value)
+            tokens += sum(len(s["ids"]) for s in batch)
+        if args.clip_grad:
+            torch.nn.utils.clip_grad_norm_(self.params, args.clip_grad)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.step_in_epoch += 1
+        if run.world > 1:  # log the loss and tokens of the whole batch, not of this rank's share
+            totals = torch.tensor([step_loss / run.world, float(tokens)], device=run.device)
+            dist.all_reduce(totals)
+            step_loss, tokens = totals.tolist()
+        seconds = time.time() - started
+        self.log({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr, "tokens": tokens,
+                  **{f"loss_{task}": sum(v) / len(v) for task, v in by_task.items() if v},  # this rank's share
+                  "s_per_step": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)})
+        self.bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}")
+        self.bar.update()
+
+    def validate(self) -> None:
+        """Validation loss; a new best is saved as best/ and resets the early-stopping count."""
+        state = self.state
+        state.evaluated_step = state.step
+        if not self.val:
+            return
+        result = evaluate(self.model, self.val, self.args.micro_batch_size, self.pad_id, self.run.device, self.run.autocast)
+        improved = state.best_val is None or result["val_loss"] < state.best_val
+        state.best_val = result["val_loss"] if improved else state.best_val
+        state.bad_evals = 0 if improved else state.bad_evals + 1
+        self.log({"step": state.step, "epoch": state.epoch, **result, "best": improved})
+        if self.run.rank == 0:
+            self.bar.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
+        if improved and self.run.rank == 0:
+            lora.save_adapter(checkpoint.unwrap(self.model), self.run.run_dir / "best", str(self.args.model_dir))
+
+    def checkpoint(self) -> None:
+        self.state.checkpointed_step = self.state.step
+        checkpoint.save(self.run.run_dir, self.model, self.optimizer, asdict(self.state), self.config,
+                        self.run.rank, self.run.world)
+
+    def log(self, record: dict) -> None:
+        if self.run.rank == 0:
+            with open(self.run.run_dir / "log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def all_agree(self, stopping: bool) -> bool:
+        """Stop if any rank stops (signals may reach the processes at different times)."""
+        if self.run.world == 1:
+            return stopping
+        flag = torch.tensor(float(stopping), device=self.run.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
 
 @torch.no_grad()
@@ -123,185 +362,44 @@ def to_device(batch: dict, device) -> dict:
 
 # ---------------------------------------------------------------------------- main
 def main(args: argparse.Namespace) -> None:
-    # --- setup: processes (torchrun sets WORLD_SIZE/RANK/LOCAL_RANK), device, run directory
-    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", 0)))
-    if world > 1:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    check_args(args, world)
-    torch.manual_seed(args.seed + rank)
-    dtype = torch.float32 if device.type == "cpu" or args.dtype == "float32" else torch.bfloat16
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    run_dir = Path(args.runs_dir).expanduser() / args.name
-    if (run_dir / "latest").exists() and not args.resume:
-        sys.exit(f"error: run {run_dir} exists; continue it with --resume or pick another --name")
+    # --- setup: processes, device, run directory
+    run = setup(args)
 
     # --- data
     tokenizer = Tokenizer(args.model_dir)
     train_epoch, val = load_data(args, tokenizer)
-    epoch_data = {0: train_epoch(0)}
-    steps_per_epoch = len(epoch_data[0]) // args.batch_size
+    first_epoch = train_epoch(0)
+    steps_per_epoch = len(first_epoch) // args.batch_size
     if steps_per_epoch == 0:
-        sys.exit(f"error: {len(epoch_data[0])} training samples do not fill one batch of {args.batch_size}")
+        sys.exit(f"error: {len(first_epoch)} training samples do not fill one batch of {args.batch_size}")
     total_steps = min(args.epochs * steps_per_epoch, args.max_steps or math.inf)
 
-    # --- model: frozen base + LoRA (float32 LoRA weights; the base may be bf16 on GPUs)
-    model = Transformer.from_pretrained(args.model_dir, dtype, device)
-    layers = lora.last_layers(model, args.lora_layers) if args.lora_layers else None
-    lora.inject_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_targets, layers)
-    if args.init_adapter:  # continue from trained LoRA weights, with a fresh optimiser and schedule
-        init = Path(args.init_adapter).expanduser()
-        if (init / checkpoint.LORA_FILE).is_file():  # a run's checkpoint directory
-            saved, weights = checkpoint.read_lora(init)
-        else:
-            saved, weights = lora.read_adapter_config(init), lora.read_adapter_weights(init)
-        if (saved["r"], saved["lora_alpha"]) != (args.lora_r, args.lora_alpha):
-            sys.exit(f"error: --init-adapter has r={saved['r']}, alpha={saved['lora_alpha']}; pass the same "
-                     f"--lora-r and --lora-alpha (and --lora-layers, --lora-targets)")
-        try:
-            lora.load_lora_state_dict(model, weights)
-        except ValueError as error:
-            sys.exit(f"error: --init-adapter {args.init_adapter}: {error}")
-    n_trainable = lora.mark_only_lora_trainable(model)
-    for p in lora.lora_state_dict(model).values():
-        p.data = p.data.float()
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # --- model: frozen base + LoRA, optimiser
+    model, optimizer, params = make_model(run)
 
-    config = vars(args) | {"world_size": world, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+    # --- config (as saved: paths become strings), state: fresh or from the latest checkpoint
+    config = vars(args) | {"world_size": run.world, "device": str(run.device), "dtype": str(run.dtype).removeprefix("torch."),
                            "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
-                           "train_samples_epoch0": len(epoch_data[0]), "val_samples": len(val),
-                           "trainable_parameters": n_trainable}
-    config = json.loads(json.dumps(config, default=str))  # as saved: paths become strings
-    state = {"step": 0, "epoch": 0, "step_in_epoch": 0, "best_val": None, "bad_evals": 0, "done": False}
-    if args.resume:
-        latest = run_dir / "latest"
-        if not latest.exists():
-            sys.exit(f"error: --resume but {run_dir} has no checkpoint; drop --resume to start the run")
-        saved = json.loads((run_dir / latest.read_text() / "config.json").read_text())
-        changed = {k for k in config if k not in RESUMABLE_CHANGES and saved.get(k) != config[k]}
-        if changed:
-            sys.exit(f"error: --resume with different settings: {', '.join(f'{k}={config[k]} (was {saved.get(k)})' for k in sorted(changed))}")
-        state = checkpoint.load(run_dir / latest.read_text(), model, optimizer, rank, device)
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        print(json.dumps(config, indent=1))
-        (run_dir / "config.json").write_text(json.dumps(config, indent=1))
-        log_path = run_dir / "log.jsonl"  # drop lines of steps after the checkpoint we resume from
-        kept = [l for l in log_path.read_text().splitlines() if json.loads(l)["step"] <= state["step"]] \
-            if args.resume and log_path.exists() else []
-        log_path.write_text("".join(l + "\n" for l in kept))
+                           "train_samples_epoch0": len(first_epoch), "val_samples": len(val),
+                           "trainable_parameters": sum(p.numel() for p in params)}
+    config = json.loads(json.dumps(config, default=str))
+    state = resume(run, config, model, optimizer) if args.resume else TrainState()
+    start_run_dir(run, config, state)
 
-    def log(record: dict) -> None:
-        if rank == 0:
-            with open(run_dir / "log.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
-
-    def validate_and_keep_best() -> None:
-        state["evaluated_step"] = state["step"]
-        if not val:
-            return
-        result = evaluate(model, val, args.micro_batch_size, tokenizer.pad_id, device, autocast)
-        improved = state["best_val"] is None or result["val_loss"] < state["best_val"]
-        state["best_val"] = result["val_loss"] if improved else state["best_val"]
-        state["bad_evals"] = 0 if improved else state["bad_evals"] + 1
-        log({"step": state["step"], "epoch": state["epoch"], **result, "best": improved})
-        if rank == 0:
-            bar.write(f"step {state['step']}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
-        if improved and rank == 0:
-            lora.save_adapter(checkpoint.unwrap(model), run_dir / "best", str(args.model_dir))
-
-    def save_checkpoint() -> None:
-        state["checkpointed_step"] = state["step"]
-        checkpoint.save(run_dir, model, optimizer, state, config, rank, world)
-
-    # --- loop: epochs -> optimiser steps of batch_size samples -> micro-batches (gradient accumulation)
-    bar = tqdm(total=total_steps, initial=state["step"], disable=rank != 0, desc="train", dynamic_ncols=True)
-    if args.eval_every and state["step"] == 0:
-        validate_and_keep_best()  # the base model's loss: where training starts
-    with checkpoint.StopFlag() as stop:
-        while not state["done"] and state["step"] < total_steps:
-            epoch = state["epoch"]
-            data = epoch_data.pop(epoch) if epoch in epoch_data else train_epoch(epoch)
-            epoch_data.clear()
-            steps = plan_steps([len(s["ids"]) for s in data], args.batch_size, args.seed, epoch)
-            while state["step_in_epoch"] < len(steps) and state["step"] < total_steps:
-                started = time.time()
-                lr = lr_at(state["step"], total_steps, args.lr, args.warmup)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                mine = [data[i] for i in steps[state["step_in_epoch"]][rank::world]]  # this rank's share
-                micro = [mine[i:i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
-                step_loss, tokens, by_task = 0.0, 0, {"skeleton": [], "rerank": []}
-                for j, batch in enumerate(micro):
-                    sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
-                    with sync, autocast:
-                        losses, _ = loss.sample_losses(model, to_device(loss.collate(batch, tokenizer.pad_id), device))
-                        # DDP averages gradients over ranks, so scale each rank's sum by world/batch
-                        (losses.sum() * world / args.batch_size).backward()
-                    step_loss += losses.sum().item() / len(mine)
-                    for s, value in zip(batch, losses.tolist()):
-                        by_task["rerank" if s["choices"] else "skeleton"].append(value)
-                    tokens += sum(len(s["ids"]) for s in batch)
-                if args.clip_grad:
-                    torch.nn.utils.clip_grad_norm_(params, args.clip_grad)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                state["step"] += 1
-                state["step_in_epoch"] += 1
-                if world > 1:  # log the loss and tokens of the whole batch, not of this rank's share
-                    totals = torch.tensor([step_loss / world, float(tokens)], device=device)
-                    dist.all_reduce(totals)
-                    step_loss, tokens = totals.tolist()
-                seconds = time.time() - started
-                log({"step": state["step"], "epoch": epoch, "loss": step_loss, "lr": lr, "tokens": tokens,
-                     **{f"loss_{task}": sum(v) / len(v) for task, v in by_task.items() if v},  # this rank's share
-                     "s_per_step": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)})
-                bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}")
-                bar.update()
-                if args.eval_every and state["step"] % args.eval_every == 0:
-                    validate_and_keep_best()
-                if args.stop_after and state["step"] >= args.stop_after:
-                    stop.request()
-                stopping = stop.requested or state["bad_evals"] >= args.patience
-                if world > 1:  # every rank must agree to stop (signals may reach them at different times)
-                    flag = torch.tensor(float(stopping), device=device)
-                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                    stopping = bool(flag.item())
-                if stopping or state["step"] % args.checkpoint_every == 0:
-                    state["done"] = state["bad_evals"] >= args.patience
-                    save_checkpoint()
-                if stopping:
-                    break
-            if stop.requested:
-                bar.close()
-                print(f"stopped at step {state['step']}; continue with the same command plus --resume")
-                return
-            if state["step_in_epoch"] >= len(steps):  # epoch finished: validate, move on
-                state["epoch"], state["step_in_epoch"] = epoch + 1, 0
-                if not args.eval_every:
-                    validate_and_keep_best()
-                state["done"] = state["done"] or state["bad_evals"] >= args.patience
-                save_checkpoint()
-        if state.get("evaluated_step") != state["step"]:  # e.g. --max-steps ended mid-epoch
-            validate_and_keep_best()
-        if state.get("checkpointed_step") != state["step"]:  # the end of training is always resumable
-            save_checkpoint()
-    bar.close()
+    # --- loop
+    loop = TrainingLoop(run, model, optimizer, params, tokenizer.pad_id, train_epoch, first_epoch, val, config, state,
+                        total_steps)
+    if not loop.train():
+        return  # stopped: resumable from the checkpoint just written
 
     # --- save: the best adapter by validation loss (or the last one without validation data)
-    if rank == 0:
-        if not (run_dir / "best").exists() or not val:
-            lora.save_adapter(checkpoint.unwrap(model), run_dir / "best", str(args.model_dir))
-        shutil.rmtree(run_dir / "adapter", ignore_errors=True)
-        shutil.copytree(run_dir / "best", run_dir / "adapter")
-        print(f"adapter (best validation loss {state['best_val']}) saved to {run_dir / 'adapter'}")
-    if world > 1:
+    if run.rank == 0:
+        if not (run.run_dir / "best").exists() or not val:
+            lora.save_adapter(checkpoint.unwrap(model), run.run_dir / "best", str(args.model_dir))
+        shutil.rmtree(run.run_dir / "adapter", ignore_errors=True)
+        shutil.copytree(run.run_dir / "best", run.run_dir / "adapter")
+        print(f"adapter (best validation loss {state.best_val}) saved to {run.run_dir / 'adapter'}")
+    if run.world > 1:
         dist.destroy_process_group()
 
 
@@ -332,12 +430,12 @@ def make_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("data")
     group.add_argument("--data", default="wwq", help="wwq (WikiWebQuestions train), demo, or a benchmark JSONL path; samples are generated online, fresh per epoch")
     group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online generation)")
-    group.add_argument("--index", default=None, help=f"search index for online generation (default: demo index for demo, else {gen_data.WIKIDATA_INDEX_DIR}, built if missing)")
+    group.add_argument("--index", default=None, help=f"search index for online generation (default: demo index for demo, else {samples.WIKIDATA_INDEX_DIR}, built if missing)")
     group.add_argument("--val-fraction", type=float, default=0.05, help="records held out (by id hash) for the validation loss")
     group.add_argument("--val-data", default=None, help="validation benchmark or samples file instead of the held-out slice")
     group.add_argument("--max-length", type=int, default=1024, help="skip samples with more tokens than this")
     group.add_argument("--seed", type=int, default=0, help="seed of the samples, batch order, LoRA init and dropout")
-    gen_data.add_generation_args(parser.add_argument_group("augmentation (online generation)"))
+    samples.add_generation_args(parser.add_argument_group("augmentation (online generation)"))
     # model
     group = parser.add_argument_group("model")
     group.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (Hugging Face Qwen2 layout)")

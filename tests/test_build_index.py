@@ -1,5 +1,6 @@
-"""Tests of build_index.py: builds from a tiny items JSONL and from tiny real oxigraph endpoints
-(Wikidata-style and generic RDF), reuse of finished parts, and clear errors for bad input."""
+"""Tests of build_index.py and its library index_build.py: builds from a tiny items JSONL and from tiny
+real oxigraph endpoints (Wikidata-style and generic RDF), reuse of finished parts, and clear errors for
+bad input."""
 
 import json
 import subprocess
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from build_index import local_name
+from index_build import local_name
 from conftest import free_port
 from search import load_indices
 

@@ -1,171 +1,15 @@
-"""gen_data.py on a tiny in-test Wikidata-like index: sample structure, augmentation rates,
-reproducibility, skipped records and the command line."""
-import json
-import math
-import random
-import re
+"""gen_data.py, the command line over samples.py: it writes the epochs, reports bad input without a
+traceback, and documents its flags."""
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import compose
-import gen_data
-from prompts import NONE_TEXT
+from samples import is_sample_file, read_samples
+from tests.test_samples import tiny  # noqa: F401 (the tiny index and records, a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
-WD = "http://www.wikidata.org/entity/"
-CITIES = ["Berlin", "Paris", "Rome", "Vienna", "Madrid", "Oslo", "Prague", "Lisbon"]
-RELATIONS = ["birth", "death", "work", "burial", "study", "rest"]
-
-
-def write_items(path: Path) -> None:
-    """Every entity label contains "alpha" and every property label "relation", so every search has
-    at least 6 hits; the exact label or alias always ranks the gold item first."""
-    rows = [{"id": f"Q{i + 1}", "label": f"Alpha {c}", "aliases": [f"{c} town", f"{c} place"],
-             "description": f"city number {i + 1}", "count": 10 - i} for i, c in enumerate(CITIES)]
-    rows += [{"id": f"P{i + 10}", "label": f"{r} relation", "aliases": [f"{r} link"],
-              "description": f"relation of {r}", "count": 5} for i, r in enumerate(RELATIONS)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def write_records(path: Path, n: int) -> list[dict]:
-    records = []
-    for j in range(n):
-        a, b, p, q = 1 + j % 8, 1 + (j * 3 + 1) % 8, 10 + j % 6, 10 + (j + 2) % 6
-        sparql = (f"PREFIX wd: <{WD}> PREFIX wdt: <http://www.wikidata.org/prop/direct/> "
-                  f"SELECT ?x WHERE {{ wd:Q{a} wdt:P{p} ?x . ?x wdt:P{q} wd:Q{b} . }}")
-        records.append({"id": f"r{j}", "question": f"question {j}?", "sparql": sparql,
-                        "paraphrases": [f"paraphrase {j}?"], "info": {}})
-    records.append({"id": "unknown", "question": "q?", "sparql": "SELECT ?x WHERE { wd:Q999 wdt:P10 ?x }"})
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return records
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """(index, records file, records) built once per module with build_index.py."""
-    root = tmp_path_factory.mktemp("gen_data")
-    write_items(root / "items.jsonl")
-    records = write_records(root / "records.jsonl", 400)
-    subprocess.run([sys.executable, str(REPO / "build_index.py"), "--items", str(root / "items.jsonl"),
-                    "--out", str(root / "index"), "--embed", "none"], check=True, capture_output=True)
-    return gen_data.open_index(str(root / "index"), "custom"), root / "records.jsonl", records
-
-
-def sparql_line(sample: dict) -> str:
-    return re.search(r"^SPARQL: (.*)$", sample["messages"][1]["content"], re.M).group(1)
-
-
-def alternative_lines(sample: dict) -> list[str]:
-    return sample["messages"][1]["content"].split("Alternatives:\n")[1].split("\n")
-
-
-def within(count: int, n: int, p: float) -> bool:
-    """count is a plausible Binomial(n, p) draw (4 standard deviations; the seeds are fixed)."""
-    return abs(count - n * p) <= 4 * math.sqrt(n * p * (1 - p)) + 1
-
-
-def test_samples_have_the_documented_structure(tiny):
-    indices, _, records = tiny
-    augment = gen_data.Augment(alias=0.0, vary_k=0.0, drop_infos=0.0, drop_gold=0.0, shuffle=0.0, max_k=4)
-    samples, stats = gen_data.SampleGenerator(records[:20], indices, augment, seed=1).epoch(0)
-    skeletons = [s for s in samples if s["task"] == "skeleton"]
-    reranks = [s for s in samples if s["task"] == "rerank"]
-    assert len(skeletons) == len(reranks) == 20 and stats["skeleton"] == 20
-    record = records[0]  # wd:Q1 wdt:P10 ?x . ?x wdt:P12 wd:Q2
-    assert skeletons[0]["target"] == ("SELECT ?x WHERE { <iri>Alpha Berlin</iri> <iri>birth relation (wdt)</iri> ?x . "
-                                      "?x <iri>work relation (wdt)</iri> <iri>Alpha Paris</iri> . }")
-    assert skeletons[0]["messages"][1]["content"] in (record["question"], record["paraphrases"][0])
-    for s, skeleton in zip(reranks, skeletons):  # one of each per record, in record order
-        query = sparql_line(s)
-        assert query.count("<rep>") == 1
-        before, after = query.split("<rep>")
-        # earlier placeholders are resolved to IRIs, later ones are not: same shape as the skeleton
-        placeholder = r"<iri>[^<]*</iri>"
-        shape = re.sub(r"wdt?:[PQ]\d+", "I", before) + "R" + re.sub(placeholder, "L", after.split("</rep>", 1)[1])
-        n_before = len(re.findall(r"wdt?:[PQ]\d+", before))
-        letters = iter("I" * n_before + "R" + "L" * 10)  # resolved, the marked one, later ones
-        assert shape == re.sub(placeholder, lambda _: next(letters), skeleton["target"])
-        lines = alternative_lines(s)
-        assert len(lines) == 5 and lines[-1] == f"{s['identifiers'][-1]}. {NONE_TEXT}"
-        assert s["identifiers"] == list("ABCDE") and s["target"] == "A"  # exact label: the gold ranks first
-        shown_gold = re.search(r"\((\w+:\w+)\)", lines[0]).group(1)
-        assert shown_gold.split(":")[1] == s["iri"].rsplit("/", 1)[1]
-        # a property alternative is shown in the placeholder's variant
-        assert shown_gold.startswith("wdt:P") == ("(wdt)</rep>" in after or "(wdt)" in after.split("</rep>")[0])
-
-
-def test_augmentations_appear_at_their_rates(tiny):
-    indices, _, records = tiny
-    augment = gen_data.Augment(alias=0.3, vary_k=0.4, drop_infos=0.15, drop_gold=0.25, shuffle=0.5, min_k=2, max_k=5)
-    generator = gen_data.SampleGenerator(records, indices, augment, seed=0)
-    samples = [s for epoch in range(4) for s in generator.epoch(epoch)[0]]
-    skeletons = [s for s in samples if s["task"] == "skeleton"]
-    reranks = [s for s in samples if s["task"] == "rerank"]
-    assert len(reranks) == 1600
-
-    labels = {f"Alpha {c}" for c in CITIES} | {f"{r} relation" for r in RELATIONS}
-    names = [re.sub(r" \(wdt\)$", "", n) for s in skeletons for n in re.findall(r"<iri>(.*?)</iri>", s["target"])]
-    assert within(sum(n not in labels for n in names), len(names), 0.3), "alias rate"
-
-    dropped = [s for s in reranks if s["target"] == s["identifiers"][-1]]
-    assert within(len(dropped), len(reranks), 0.25), "drop-gold rate"
-    assert all(s["iri"] is None for s in dropped)
-
-    n_searched = [len(s["identifiers"]) - 1 for s in reranks]  # k: a dropped gold is replaced by the next hit
-    assert set(n_searched) == {2, 3, 4, 5}  # every search has k + 1 >= 6 hits
-    assert within(sum(n < 5 for n in n_searched), len(reranks), 0.4 * 3 / 4), "vary-k rate (k=5 is drawn 1/4 of the time)"
-
-    with_infos = [any(re.match(r"\w\. .*\): ", line) for line in alternative_lines(s)) for s in reranks]
-    assert within(len(reranks) - sum(with_infos), len(reranks), 0.15), "drop-infos rate"
-
-    # the gold ranks first in the search; only shuffling moves it (to position A with chance 1/k)
-    kept = [s for s in reranks if s["iri"] is not None]
-    moved = sum(s["target"] != "A" for s in kept)
-    p_moved = [0.5 * (1 - 1 / (len(s["identifiers"]) - 1)) for s in kept]
-    expected, sigma = sum(p_moved), math.sqrt(sum(p * (1 - p) for p in p_moved))
-    assert abs(moved - expected) <= 4 * sigma, f"shuffle rate: {moved} moved, {expected:.0f} expected"
-
-
-def test_list_length_does_not_tell_a_dropped_gold(tiny):
-    """A list without the gold item is filled up with the next hit: a list one shorter than usual would
-    teach "None of the above" from its length alone."""
-    indices, _, records = tiny
-    augment = gen_data.Augment(vary_k=0.0, drop_gold=0.5, max_k=4)
-    reranks = [s for s in gen_data.SampleGenerator(records, indices, augment, seed=0).epoch(0)[0] if s["task"] == "rerank"]
-    dropped = [s for s in reranks if s["iri"] is None]
-    assert within(len(dropped), len(reranks), 0.5)
-    assert {len(s["identifiers"]) for s in reranks} == {5}  # 4 alternatives + None, with or without the gold
-    assert all(s["target"] == "E" for s in dropped)
-
-
-def test_samples_are_a_function_of_seed_epoch_record(tiny):
-    indices, _, records = tiny
-    augment = gen_data.Augment(alias=0.5, vary_k=0.5, shuffle=0.5)
-    full = gen_data.SampleGenerator(records[:50], indices, augment, seed=3)
-    subset = gen_data.SampleGenerator(records[10:12], indices, augment, seed=3)
-    epoch0 = full.epoch(0)[0]
-    assert subset.epoch(0)[0] == [s for s in epoch0 if s["id"] in ("r10", "r11")]
-    assert full.epoch(0)[0] == epoch0, "reproducible"
-    assert full.epoch(1)[0] != epoch0, "fresh samples per epoch"
-    assert gen_data.SampleGenerator(records[:50], indices, augment, seed=4).epoch(0)[0] != epoch0
-
-
-def test_unknown_iri_is_skipped_and_counted(tiny):
-    indices, _, records = tiny
-    samples, stats = gen_data.SampleGenerator(records[-3:], indices, gen_data.Augment(), seed=0).epoch(0)
-    assert stats["skipped_unknown_iri"] == 1
-    assert {s["id"] for s in samples} == {records[-3]["id"], records[-2]["id"]}
-
-
-def test_validation_split_is_stable():
-    is_val = gen_data.validation_split(0.1, seed=0)
-    ids = [f"r{i}" for i in range(5000)]
-    held_out = [i for i in ids if is_val(i)]
-    assert within(len(held_out), 5000, 0.1)
-    assert held_out == [i for i in ids[::-1] if is_val(i)][::-1]
 
 
 def test_command_line_writes_epochs(tiny, tmp_path):
@@ -175,9 +19,9 @@ def test_command_line_writes_epochs(tiny, tmp_path):
                           "--index", str(tiny[0].directory), "--out", str(out), "--model-dir", str(tmp_path)],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    by_epoch = gen_data.read_samples(out)
+    by_epoch = read_samples(out)
     assert sorted(by_epoch) == [0, 1] and len(by_epoch[0]) == 800
-    assert "skipped_unknown_iri 2" in run.stdout and gen_data.is_sample_file(str(out))
+    assert "skipped_unknown_iri 2" in run.stdout and is_sample_file(str(out))
 
 
 @pytest.mark.parametrize("flags, message", [(["--data", "no/such.jsonl"], "no/such.jsonl"),
@@ -191,65 +35,3 @@ def test_command_line_bad_input(tmp_path, flags, message):
 def test_help():
     run = subprocess.run([sys.executable, str(REPO / "gen_data.py"), "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "--drop-gold" in run.stdout
-
-
-class FakeItem:
-    def __init__(self, label, aliases=()):
-        self.label, self.aliases = label, list(aliases)
-
-
-class FakeIndices:
-    def __init__(self, items):
-        self.items = items
-
-    def item(self, iri):
-        return self.items[iri.rsplit("/", 1)[1]]
-
-
-def one_hop(record_id, question, subject, prop):
-    return {"id": record_id, "question": question, "paraphrases": [], "info": {},
-            "sparql": f"PREFIX wd: <{WD}> SELECT DISTINCT ?x WHERE {{ wd:{subject} wdt:{prop} ?x . }}"}
-
-
-def test_composed_records_chain_two_one_hop_records_of_fitting_types():
-    indices = FakeIndices({"Q1": FakeItem("Pulp Fiction"), "Q2": FakeItem("Brad Pitt", ["William Bradley Pitt"]),
-                           "Q3": FakeItem("Nobody")})
-    records = [one_hop("work", "who starred in pulp fiction?", "Q1", "P161"),
-               one_hop("person", "where was brad pitt born?", "Q2", "P19"),
-               one_hop("unnamed", "who is it?", "Q3", "P19"),  # its question does not name Q3: never used
-               {"id": "two", "question": "q", "sparql": "SELECT ?x WHERE { wd:Q1 wdt:P57 ?y . ?y wdt:P19 ?x . }"}]
-    composed = compose.compose_records(records * 25, indices, 0.5, random.Random(0))
-    assert len(composed) == 50
-    pattern = re.compile(r"SELECT DISTINCT \?x WHERE \{ wd:(Q\d) wdt:(P\d+) \?y \. \?y wdt:(P\d+) \?x \. \}$")
-    seen = set()
-    for record in composed:
-        subject, first, second = pattern.search(record["sparql"]).groups()
-        subject_type, object_type, phrases = compose.NOUN_PHRASES[first]
-        # Q1 is only known as a work, Q2 as a person; the second hop fits the first hop's object type
-        assert (subject, subject_type) in {("Q1", "work"), ("Q2", "person")}
-        assert compose.SUBJECT_TYPE[second] == object_type
-        name = {"Q1": "pulp fiction", "Q2": "brad pitt"}[subject]
-        assert any(p.format(name).removeprefix("the ") in record["question"] for p in phrases)
-        seen.add((first, record["question"]))
-    assert ("P57", "who starred in the director of pulp fiction?") not in seen  # person -> work never joins
-    assert any(q == "where was the director of pulp fiction born?" for _, q in seen)
-    assert composed == compose.compose_records(records * 25, indices, 0.5, random.Random(0))
-    assert compose.compose_records(records[:1], indices, 0.5, random.Random(0)) == []  # no person to join
-
-
-def test_an_epoch_adds_samples_of_composed_records(tiny, monkeypatch):
-    indices, _, _ = tiny
-    monkeypatch.setattr(compose, "NOUN_PHRASES", {"P10": ("city", "city", ["the twin of {}"])})
-    monkeypatch.setattr(compose, "SUBJECT_TYPE", {"P10": "city", "P11": "city"})
-    records = [one_hop(f"r{i}", f"what is near alpha {c.lower()}?", f"Q{i + 1}", "P11") for i, c in enumerate(CITIES)]
-    augment = gen_data.Augment(compose=0.5, alias=0.0)
-    samples, stats = gen_data.SampleGenerator(records, indices, augment, seed=0).epoch(0)
-    composed = [s for s in samples if s["id"].startswith("composed:")]
-    assert stats["composed"] == 4 and len(composed) == 8  # a skeleton and a re-ranking sample each
-    for s in composed:
-        if s["task"] == "skeleton":
-            assert re.fullmatch(r"what is near the twin of alpha \w+\?", s["messages"][1]["content"])
-            assert re.fullmatch(r"SELECT DISTINCT \?x WHERE \{ <iri>Alpha \w+</iri> <iri>birth relation \(wdt\)</iri> \?y \. "
-                                r"\?y <iri>death relation \(wdt\)</iri> \?x \. \}", s["target"]), s["target"]
-    no_compose = gen_data.SampleGenerator(records, indices, gen_data.Augment(compose=0.0, alias=0.0), seed=0).epoch(0)[0]
-    assert [s for s in samples if not s["id"].startswith("composed:")] == no_compose

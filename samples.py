@@ -1,0 +1,252 @@
+"""Training samples for GRISP's two tasks from question-query pairs (paper section 3, "Training Data";
+METHOD.md section 2). The library behind gen_data.py (offline samples) and train.py (online samples).
+
+For every benchmark record and epoch it makes one sample of each task:
+- skeleton: the question (or a random paraphrase) -> the gold query with every KG IRI replaced by a
+  placeholder holding the item's label, or with probability `alias` a random alias;
+- rerank: a random placeholder i of that skeleton; placeholders before i are resolved to the gold IRIs
+  (`wd:Q42`, `wdt:P19`), i is marked `<rep>...</rep>`, later ones stay placeholders. The index of i's
+  kind (entity or property) is searched with i's placeholder text; the top k hits plus "None of the
+  above" get single-token identifiers (prompts.py); the target is the gold item's identifier. The gold
+  item is put at a random place in the list when the search misses it.
+  Augmentations, each with its own probability: vary k (uniform in 2..10, else 10), drop the infos,
+  drop the gold item (target = None; the next hit takes its place, so the list length tells nothing),
+  shuffle the alternatives (else they keep the index's order).
+Each epoch also adds `compose` x records two-hop records made from pairs of one-hop ones (compose.py;
+ours, not the paper's: WWQ has few chained questions).
+
+A sample is a pure function of (seed, epoch, record), so online generation (train.py) is reproducible
+and resumable, and gen_data.py can precompute N epochs offline. Records whose query has an IRI the
+index does not know are skipped and counted. A sample:
+
+    {"id": record id, "epoch": 0, "task": "skeleton", "messages": [system, user], "target": "SELECT ..."}
+    {"id": ..., "epoch": 0, "task": "rerank", "messages": [...], "target": "C",
+     "identifiers": ["A", ..., "K"], "iri": gold item IRI or null when dropped}
+
+    records = load_records("wwq")
+    generator = SampleGenerator(records, open_index(None, "wwq"), Augment(), seed=0)
+    samples, stats = generator.epoch(0)
+"""
+import argparse
+import hashlib
+import json
+import random
+import statistics
+import sys
+from collections import Counter
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+import benchmarks
+import compose
+import defaults
+import index_build
+from prompts import IDENTIFIERS, mark_current, rerank_messages, skeleton_messages, to_alternative
+from search import Indices, load_indices
+from skeleton import find_placeholders, split_variant, substitute
+from skeletonize import skeletonize
+
+DATASETS = {"wwq": "wwq-train"}  # --data shorthands -> benchmarks.py names
+WIKIDATA_INDEX_DIR = defaults.GRISP_HOME / "indices" / "wikidata-items"  # built from the items file
+
+
+@dataclass
+class Augment:
+    """Probabilities of the sample variations (METHOD.md section 2: "small, such as 0.05-0.2"; vary_k is
+    higher because METHOD draws k at random and constrained lists at inference have any length)."""
+
+    alias: float = 0.2  # a placeholder shows a random alias instead of the main label
+    vary_k: float = 0.5  # re-rank k uniform in [min_k, max_k] alternatives instead of max_k (constrained lists vary)
+    drop_infos: float = 0.1  # show alternatives without description and aliases
+    drop_gold: float = 0.1  # remove the gold item: the target becomes "None of the above"
+    shuffle: float = 0.2  # shuffle the alternatives (else they keep the search order)
+    compose: float = 0.1  # extra two-hop records per record, composed from two one-hop ones (ours, not the paper's)
+    min_k: int = 2
+    max_k: int = 10
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "Augment":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def add_generation_args(group: argparse._ArgumentGroup) -> None:
+    """The augmentation flags, shared by gen_data.py and train.py (online generation)."""
+    helps = {"alias": "probability that a placeholder shows a random alias instead of the label",
+             "vary_k": "probability that a re-ranking sample has k uniform in [min-k, max-k] alternatives (else max-k)",
+             "drop_infos": "probability of showing the alternatives without description and aliases",
+             "drop_gold": "probability of dropping the gold alternative (target: None of the above)",
+             "shuffle": "probability of shuffling the alternatives (else: search order)",
+             "compose": "two-hop records composed from pairs of one-hop records, per record (0 = off; ours, not the paper's)",
+             "min_k": "fewest search results in a re-ranking sample", "max_k": "most search results (inference uses 10)"}
+    for f in fields(Augment):
+        group.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, help=helps[f.name])
+
+
+class SampleGenerator:
+    """Samples of both tasks for a list of benchmark records: `epoch(e)` -> (samples, statistics)."""
+
+    def __init__(self, records: list[dict], indices: Indices, augment: Augment, seed: int):
+        if not 1 <= augment.min_k <= augment.max_k < len(IDENTIFIERS):
+            raise ValueError(f"need 1 <= min-k <= max-k < {len(IDENTIFIERS)}, got {augment.min_k}..{augment.max_k}")
+        self.records, self.indices, self.augment, self.seed = records, indices, augment, seed
+        self.hits = {}  # (kind, query, k) -> search results: the same placeholders recur every epoch
+
+    def epoch(self, epoch: int) -> tuple[list[dict], Counter]:
+        samples, stats = [], Counter()
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the query encoder runs one short text at a time: threads only cost here
+        try:
+            composed = compose.compose_records(self.records, self.indices, self.augment.compose,
+                                               random.Random(f"{self.seed}:{epoch}:compose"))
+            stats["composed"] += len(composed)
+            for record in self.records + composed:
+                rng = random.Random(f"{self.seed}:{epoch}:{record['id']}")  # str seeds hash with SHA-512
+                samples += self.record_samples(record, rng, stats)
+        finally:
+            torch.set_num_threads(threads)
+        for sample in samples:
+            sample["epoch"] = epoch
+        return samples, stats
+
+    def name_for(self, rng: random.Random, names: dict[str, str]):
+        """skeletonize's callback: label or (probability `alias`) a random alias; None if not indexed."""
+        def name(iri: str) -> str | None:
+            try:
+                item = self.indices.item(iri)
+            except KeyError:
+                return None
+            text = rng.choice(item.aliases) if item.aliases and rng.random() < self.augment.alias else item.label
+            names[iri] = text
+            return text
+        return name
+
+    def record_samples(self, record: dict, rng: random.Random, stats: Counter) -> list[dict]:
+        """The skeleton and the re-ranking sample of one record (none if its query has unknown IRIs)."""
+        question = rng.choice([record["question"], *record.get("paraphrases", [])])
+        skeletonized = skeletonize(record["sparql"], self.name_for(rng, {}))
+        if skeletonized.unknown:
+            stats["skipped_unknown_iri"] += 1
+            return []
+        base = {"id": record["id"]}
+        samples = [base | {"task": "skeleton", "messages": skeleton_messages(question), "target": skeletonized.skeleton}]
+        stats["skeleton"] += 1
+        if not skeletonized.iris:
+            stats["no_rerank_no_placeholder"] += 1
+            return samples
+        rerank = self.rerank_sample(question, skeletonized.skeleton, skeletonized.iris, rng, stats)
+        return samples + ([base | rerank] if rerank else [])
+
+    def rerank_sample(self, question: str, skeleton: str, iris: list[str], rng: random.Random,
+                      stats: Counter) -> dict | None:
+        aug = self.augment
+        placeholders = find_placeholders(skeleton)
+        assert len(placeholders) == len(iris), f"{len(placeholders)} placeholders for {len(iris)} IRIs in {skeleton!r}"
+        i = rng.randrange(len(iris))
+        # the query as the resolver sees it at step i: later edits first, so earlier offsets stay valid
+        ph = placeholders[i]
+        marked = mark_current(skeleton, ph)
+        for j in reversed(range(i)):
+            marked = substitute(marked, placeholders[j], iris[j])
+        gold, variant = split_variant(iris[i])
+        kind = "property" if self.indices.stores["property"].get(gold) is not None else "entity"
+        k = rng.randint(aug.min_k, aug.max_k) if rng.random() < aug.vary_k else aug.max_k
+        # one hit more than k, so that a list without the gold item still has k alternatives: a list one
+        # shorter than usual would tell the model "None of the above" without reading it
+        if (kind, ph.label, k + 1) not in self.hits:
+            self.hits[kind, ph.label, k + 1] = self.indices.search(kind, ph.label, k + 1)
+        items = {hit.id: hit for hit in self.hits[kind, ph.label, k + 1]}
+        ids = list(items)
+        others = [iri for iri in ids if iri != gold]
+        if rng.random() < aug.drop_gold:
+            ids = others[:k]
+            stats["gold_dropped"] += 1
+        elif gold in ids[:k]:
+            ids = ids[:k]
+        else:  # the search missed it: put it at a random rank within the top k
+            stats["gold_inserted"] += 1
+            ids = others[:k - 1]
+            ids.insert(rng.randint(0, len(ids)), gold)
+            items[gold] = self.indices.item(gold)
+        if rng.random() < aug.shuffle:
+            rng.shuffle(ids)
+            stats["shuffled"] += 1
+        show_infos = rng.random() >= aug.drop_infos
+        stats["infos_dropped"] += not show_infos
+        if not ids:  # only "None of the above" left: the restricted loss would be 0, nothing to learn
+            stats["rerank_skipped_no_alternative"] += 1
+            return None
+        alternatives = [to_alternative(items[iri], variant) for iri in ids]
+        messages, identifiers = rerank_messages(question, marked, alternatives, show_infos)
+        target = identifiers[ids.index(gold)] if gold in ids else identifiers[-1]
+        stats["rerank"] += 1
+        stats[f"rerank_alternatives_{len(ids):02d}"] += 1
+        return {"task": "rerank", "messages": messages, "target": target, "identifiers": identifiers,
+                "iri": gold if gold in ids else None}
+
+
+# ---------------------------------------------------------------------------- data, index, files
+def load_records(data: str) -> list[dict]:
+    """Benchmark records of `--data`: wwq (WikiWebQuestions train), demo, a benchmarks.py name or a JSONL path."""
+    return benchmarks.load_benchmark(DATASETS.get(data, data))
+
+
+def default_index_dir(data: str) -> Path:
+    return defaults.DEMO_INDEX_DIR if data == "demo" else WIKIDATA_INDEX_DIR
+
+
+def open_index(index: str | None, data: str) -> Indices:
+    """Load the index `index` (None: the default for `data`); the Wikidata index is built here, in this
+    process, if missing (index_build.build over the Wikidata items file: a few minutes of CPU, once)."""
+    directory = Path(index).expanduser() if index else default_index_dir(data)
+    if not (directory / "manifest.json").exists() and directory == WIKIDATA_INDEX_DIR:
+        items = benchmarks.cached_file(benchmarks.ITEMS_FILE)
+        print(f"no index at {directory}: building the Wikidata index there from {items} "
+              "(once, a few minutes of CPU)", file=sys.stderr)
+        index_build.build(directory, items=items)
+    return load_indices(directory)
+
+
+def validation_split(fraction: float, seed: int):
+    """A predicate on record ids: True for the held-out `fraction` (a hash, so stable for any record set)."""
+    def is_validation(record_id: str) -> bool:
+        digest = hashlib.sha1(f"{seed}:{record_id}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+    return is_validation
+
+
+def read_samples(path: str | Path) -> dict[int, list[dict]]:
+    """Precomputed samples by epoch; a line that is not a sample raises ValueError naming it."""
+    by_epoch = {}
+    for number, sample in enumerate(benchmarks.read_jsonl(Path(path)), 1):
+        if sample.get("task") not in ("skeleton", "rerank") or not {"id", "epoch", "messages", "target"} <= sample.keys():
+            raise ValueError(f"{path}: line {number} is not a gen_data.py sample (needs id, epoch, task, messages, target)")
+        by_epoch.setdefault(sample["epoch"], []).append(sample)
+    if not by_epoch:
+        raise ValueError(f"{path} holds no samples; write some with gen_data.py --out")
+    return by_epoch
+
+
+def length_stats(samples: list[dict], model_dir: Path) -> dict:
+    """Token lengths (prompt + answer) per task, with the base model's tokenizer."""
+    from tokenizer import Tokenizer, chat_prompt
+    tokenizer = Tokenizer(model_dir)
+    lengths = {}
+    for s in samples:
+        n = len(tokenizer.encode(chat_prompt(s["messages"]) + s["target"])) + 1  # + <|im_end|>
+        lengths.setdefault(s["task"], []).append(n)
+    return {task: {"mean": round(statistics.mean(v), 1), "p95": sorted(v)[int(0.95 * (len(v) - 1))], "max": max(v)}
+            for task, v in lengths.items()}
+
+
+def is_sample_file(path: str) -> bool:
+    """True if `path` is a JSONL file of gen_data.py samples (not benchmark records)."""
+    if not Path(path).expanduser().is_file():
+        return False
+    with open(Path(path).expanduser(), encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), "{}")
+    try:
+        return "task" in json.loads(first)
+    except json.JSONDecodeError:
+        return False
