@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import lora
+from cpu_speed import prepare_for_inference
 from generate import beam_search
 from model import Transformer, pick_device
 from prompts import IDENTIFIERS, skeleton_messages
@@ -102,7 +103,7 @@ class Grisp:
             lora.load_adapter(self.model, adapter_dir)
             lora.merge_lora(self.model)
             lora.unload_lora(self.model)
-        self.model.prepare_for_inference()
+        prepare_for_inference(self.model)
         self.indices = load_indices(index_dir)
         switches = Switches(options.rerank, options.top_k, options.constrained, options.kg_guidance,
                             options.backtracking)

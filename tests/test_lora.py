@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 import defaults
 import lora
+from cpu_speed import prepare_for_inference
 from model import Transformer
 from tests.tiny import make_model_dir
 
@@ -147,7 +148,7 @@ def test_fast_inference_path_keeps_unmerged_lora(model_dir):
     lora.inject_lora(model, r=4, alpha=8, layers=[1, 2])
     randomize_b(model)
     adapted = logits(model, IDS)
-    model.prepare_for_inference()
+    prepare_for_inference(model)
     assert len(lora.lora_layers(model)) == 7 * 2
     assert type(model.model.layers[0].self_attn.q_proj).__name__ == "SplitLinear"
     torch.testing.assert_close(logits(model, IDS), adapted, **EXACT)
@@ -160,13 +161,13 @@ def test_merged_and_unloaded_adapter_runs_on_the_fast_inference_path(model_dir):
     adapted = logits(model, IDS)
     lora.merge_lora(model)
     lora.unload_lora(model)
-    model.prepare_for_inference()
+    prepare_for_inference(model)
     assert type(model.model.layers[2].mlp.down_proj).__name__ == "SplitLinear"
     torch.testing.assert_close(logits(model, IDS), adapted, **EXACT)
 
 
 def test_inject_after_the_fast_inference_conversion_fails_loudly(model_dir):
-    model = host_model(model_dir).prepare_for_inference()
+    model = prepare_for_inference(host_model(model_dir))
     with pytest.raises(ValueError, match="SplitLinear, LoRA wraps plain nn.Linear only"):
         lora.inject_lora(model)
 
