@@ -34,6 +34,7 @@ import defaults
 import gen_data
 import lora
 import loss
+import peft_format
 from model import Transformer, pick_device
 from tokenizer import Tokenizer
 
@@ -156,7 +157,7 @@ def main(args: argparse.Namespace) -> None:
         if (init / checkpoint.LORA_FILE).is_file():  # a run's checkpoint directory
             saved, weights = checkpoint.read_lora(init)
         else:
-            saved, weights = lora.read_adapter_config(init), lora.read_adapter_weights(init)
+            saved, weights = peft_format.read_adapter_config(init), peft_format.read_adapter_weights(init)
         if (saved["r"], saved["lora_alpha"]) != (args.lora_r, args.lora_alpha):
             sys.exit(f"error: --init-adapter has r={saved['r']}, alpha={saved['lora_alpha']}; pass the same "
                      f"--lora-r and --lora-alpha (and --lora-layers, --lora-targets)")
@@ -214,7 +215,7 @@ def main(args: argparse.Namespace) -> None:
         if rank == 0:
             bar.write(f"step {state['step']}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
         if improved and rank == 0:
-            lora.save_adapter(checkpoint.unwrap(model), run_dir / "best", str(args.model_dir))
+            peft_format.save_adapter(checkpoint.unwrap(model), run_dir / "best", str(args.model_dir))
 
     def save_checkpoint() -> None:
         state["checkpointed_step"] = state["step"]
@@ -297,7 +298,7 @@ def main(args: argparse.Namespace) -> None:
     # --- save: the best adapter by validation loss (or the last one without validation data)
     if rank == 0:
         if not (run_dir / "best").exists() or not val:
-            lora.save_adapter(checkpoint.unwrap(model), run_dir / "best", str(args.model_dir))
+            peft_format.save_adapter(checkpoint.unwrap(model), run_dir / "best", str(args.model_dir))
         shutil.rmtree(run_dir / "adapter", ignore_errors=True)
         shutil.copytree(run_dir / "best", run_dir / "adapter")
         print(f"adapter (best validation loss {state['best_val']}) saved to {run_dir / 'adapter'}")
@@ -312,7 +313,7 @@ def check_args(args: argparse.Namespace, world: int) -> None:
          f"--model-dir {args.model_dir} has no config.json; run `python get_model.py` or pass --model-dir"),
         (args.samples and not Path(args.samples).expanduser().is_file(), f"--samples {args.samples} does not exist"),
         (args.init_adapter and not any((Path(args.init_adapter).expanduser() / name).is_file()
-                                       for name in (lora.CONFIG_NAME, checkpoint.LORA_FILE)),
+                                       for name in (peft_format.CONFIG_NAME, checkpoint.LORA_FILE)),
          f"--init-adapter {args.init_adapter} is neither an adapter nor a checkpoint directory"),
         (args.batch_size < 1 or args.batch_size % world, f"--batch-size {args.batch_size} must be a positive multiple of the {world} processes"),
         (args.micro_batch_size < 1, f"--micro-batch-size must be at least 1, got {args.micro_batch_size}"),
