@@ -13,12 +13,24 @@ step costs little more than the model's forward (bench/bench_infer.py measures i
 
     from generate import beam_search
     hyps = beam_search(model, prompt_ids, eos_ids, num_beams=8, sample=True, temperature=0.4, top_p=0.9)
+
+At the end, `greedy` and a tiny chat command line check the base model itself:
+
+    python generate.py --chat "What is the capital of France?"
+    python generate.py --chat "Write a SPARQL query for the capital of France" --max-new-tokens 200
+Tests: python -m pytest tests/test_generate.py
 """
+import argparse
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from model import Transformer
+import defaults
+from cpu_speed import prepare_for_inference
+from model import Transformer, pick_device
+from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 
 
 @dataclass
@@ -164,3 +176,50 @@ def beam_search(
         live = [(float(s), t.tolist()) for s, t in zip(beam_scores, beam_tokens) if torch.isfinite(s)]
         finished += [Hypothesis(t, s, False) for s, t in sorted(live, reverse=True)[: W - len(finished)]]
     return sorted(finished, key=lambda h: (h.finished, h.score), reverse=True)
+
+
+# ---------------------------------------------------------------------------- greedy chat (command line)
+@torch.inference_mode()
+def greedy(model: Transformer, prompt: list[int], max_new_tokens: int, stop_ids: list[int]) -> list[int]:
+    """Greedy decoding of one prompt with a KV cache; returns the new ids without the stop id."""
+    device = model.model.norm.weight.device
+    cache, tokens, out = model.new_cache(1, len(prompt) + max_new_tokens), torch.tensor([prompt], device=device), []
+    for _ in range(max_new_tokens):
+        next_id = int(model(tokens, cache=cache, logits_at=-1).argmax(-1))  # logits [1, V]
+        if next_id in stop_ids:
+            break
+        out.append(next_id)
+        tokens = torch.tensor([[next_id]], device=device)
+    return out
+
+
+def main(args: argparse.Namespace) -> None:
+    model_dir = Path(args.model_dir)
+    if not (model_dir / "config.json").exists():
+        sys.exit(f"error: no model at {model_dir} (config.json missing). "
+                 f"Run `python get_model.py` to create it, or pass --model-dir.")
+    if not args.chat.strip():
+        sys.exit('error: --chat is empty; ask something, e.g. --chat "What is the capital of France?"')
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = pick_device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else torch.float32 if device.type == "cpu" else torch.bfloat16
+    print(f"model {model_dir} on {device} in {dtype}", file=sys.stderr)
+    tokenizer = Tokenizer(model_dir)
+    model = prepare_for_inference(Transformer.from_pretrained(model_dir, dtype, device))
+    prompt = tokenizer.encode(chat_prompt([{"role": "user", "content": args.chat}], default_system=args.system))
+    print(tokenizer.decode(greedy(model, prompt, args.max_new_tokens, tokenizer.eos_ids)))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Answer one chat message with the base model (greedy).",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--chat", required=True, help="the user message to answer")
+    parser.add_argument("--system", default=DEFAULT_SYSTEM, help="the system prompt")
+    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="Hugging Face Qwen2 model directory")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens")
+    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps ...")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="weight dtype; auto = float32 on cpu, bfloat16 otherwise")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    main(parser.parse_args())

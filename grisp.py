@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-import lora
+import peft_format
+from cpu_speed import prepare_for_inference
 from generate import beam_search
 from model import Transformer, pick_device
 from options import GrispError, Options
@@ -49,8 +50,8 @@ class Grisp:
         model_dir, index_dir = Path(model_dir).expanduser(), Path(index_dir).expanduser()
         if not (model_dir / "config.json").exists():
             raise GrispError(f"no base model at {model_dir}; run `python get_model.py` or pass --model-dir")
-        if adapter_dir is not None and not (Path(adapter_dir) / lora.CONFIG_NAME).exists():
-            raise GrispError(f"no adapter at {adapter_dir} ({lora.CONFIG_NAME} missing); train one with "
+        if adapter_dir is not None and not (Path(adapter_dir) / peft_format.CONFIG_NAME).exists():
+            raise GrispError(f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
                              f"train.py, or pass --adapter none to run the base model")
         if not (index_dir / "manifest.json").exists():
             raise GrispError(f"no search index at {index_dir}; build it with build_index.py or pass --index")
@@ -62,10 +63,8 @@ class Grisp:
         self.tokenizer = Tokenizer(model_dir)
         self.model = Transformer.from_pretrained(model_dir, dtype, self.device)
         if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed
-            lora.load_adapter(self.model, adapter_dir)
-            lora.merge_lora(self.model)
-            lora.unload_lora(self.model)
-        self.model.prepare_for_inference()
+            peft_format.load_merged(self.model, adapter_dir)
+        prepare_for_inference(self.model)
         self.indices = load_indices(index_dir)
         reranker = ModelReranker(self.model, self.tokenizer) if options.rerank else None
         self.resolver = Resolver(self.indices, self.client, reranker, options)

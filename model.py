@@ -2,17 +2,18 @@
 
 GRISP (paper Sec. 3) fine-tunes a small Qwen2.5 model to write SPARQL skeletons and to re-rank search
 results. This file is that model and reads bottom-up: ModelArgs -> RMSNorm -> rotary embeddings ->
-KVCache -> Attention -> MLP -> Block -> Transformer -> a tiny chat CLI (tokenizer.py holds the
-tokenizer and Qwen's chat prompt).
+attention mask -> KVCache -> Attention -> MLP -> Block -> Transformer (forward, from_pretrained).
+Around it: tokenizer.py (the tokenizer and Qwen's chat prompt), lora.py (adapters), cpu_speed.py (the
+CPU inference speed-up) and generate.py (decoding, and a chat command line to check the model).
 Submodule names equal the Hugging Face Qwen2ForCausalLM checkpoint keys, so loading is one strict
-`load_state_dict` with no rename table. Check it with:
+`load_state_dict` with no rename table.
 
-    python model.py --chat "What is the capital of France?"
-    python model.py --chat "Write a SPARQL query for the capital of France" --max-new-tokens 200
+    model = Transformer.from_pretrained(model_dir)  # a Hugging Face Qwen2 directory
+    logits = model(tokens)  # [B, T] -> [B, T, V]
+    python generate.py --chat "What is the capital of France?"
+Tests: python -m pytest tests/test_model.py
 """
-import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,9 +21,6 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
-
-import defaults
-from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 
 
 @dataclass
@@ -85,6 +83,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """Rotate x [B, H, T, D]: x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1] (HF's sign)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+# ---------------------------------------------------------------------------- attention mask
+def attention_mask(key_mask: torch.Tensor, start: int, T: int) -> torch.Tensor:
+    """[B, 1, T, S] bool, True = may attend: query t (at position start + t) sees the real keys up to
+    itself. Every query also sees itself, so padding queries get finite (ignored) outputs, not NaN."""
+    S = key_mask.shape[1]
+    q_idx = torch.arange(start, start + T, device=key_mask.device)[:, None]  # [T, 1]
+    k_idx = torch.arange(S, device=key_mask.device)[None, :]  # [1, S]
+    allowed = ((k_idx <= q_idx) & key_mask[:, None, :]) | (k_idx == q_idx)  # [B, T, S]
+    return allowed[:, None]  # [B, 1, T, S]
 
 
 # ---------------------------------------------------------------------------- KV cache
@@ -223,35 +232,6 @@ class Block(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class SplitLinear(nn.Module):
-    """Inference-only stand-in for a plain nn.Linear, made by `Transformer.prepare_for_inference()`.
-
-    Same math as F.linear, but the weight is stored transposed in `parts` slices of the output features,
-    [P, in, out/P], and applied with one torch.bmm: on CPU, few-row matmuls (decoding) then keep both
-    cores busy. The conversion reuses the nn.Linear's memory, one slice at a time (scratch: 1/P of the
-    weight), so that Linear must not be used afterwards."""
-
-    def __init__(self, linear: nn.Linear, parts: int = 2):
-        super().__init__()
-        out_features, in_features = linear.weight.shape
-        assert out_features % parts == 0, f"{out_features} outputs do not split into {parts} parts"
-        w = linear.weight.detach()  # [out, in]
-        assert w.is_contiguous(), "SplitLinear converts a contiguous weight in place"
-        slices = w.view(parts, out_features // parts, in_features)  # [P, out/P, in]
-        for p, flat in enumerate(w.view(parts, -1)):  # flat: the memory of slice p
-            flat.copy_(slices[p].t().reshape(-1))  # reshape copies the transposed slice out first
-        self.register_buffer("weight_t", w.view(parts, in_features, out_features // parts))  # [P, in, out/P]
-        bias = None if linear.bias is None else linear.bias.detach().view(parts, 1, out_features // parts)
-        self.register_buffer("bias", bias)  # [P, 1, out/P] or None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        *lead, C = x.shape
-        P = self.weight_t.shape[0]
-        xp = x.reshape(1, -1, C).expand(P, -1, C)  # [P, M, in], M = all leading dims
-        y = torch.bmm(xp, self.weight_t) if self.bias is None else torch.baddbmm(self.bias, xp, self.weight_t)
-        return y.transpose(0, 1).reshape(*lead, -1)  # [P, M, out/P] -> [..., out]
-
-
 class Transformer(nn.Module):
     """Qwen2ForCausalLM: embed_tokens -> blocks -> norm -> lm_head, with HF's parameter names."""
 
@@ -314,27 +294,6 @@ class Transformer(nn.Module):
         w = self.model.norm.weight
         return KVCache(self.args, batch_size, max_len, w.dtype, w.device)
 
-    def prepare_for_inference(self, split_matmuls: bool = True) -> "Transformer":
-        """Switch to inference: eval mode, no gradients, and (split_matmuls) the CPU decoding lever of
-        CPU_SPEED.md: each plain nn.Linear of the blocks (and an untied lm_head) becomes a SplitLinear,
-        its weight converted in place (exact up to float rounding). Layers that are not plain nn.Linear
-        (e.g. wrapped by lora.py) stay as they are, so merge LoRA first. Afterwards the model cannot be
-        trained or saved in the Hugging Face layout. Returns self. Measure both settings with
-        `bench/bench_model.py --impls ours ours-plain transformers`: the lever is CPU- and load-dependent."""
-        if split_matmuls:
-            names = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
-            slots = [(f"model.layers.{i}.{name}", 2) for i in range(self.args.num_hidden_layers) for name in names]
-            if not self.args.tie_word_embeddings:  # a tied lm_head would overwrite the embedding
-                # 8 parts where the vocabulary allows: converting the biggest matrix needs 1/8 of it as scratch
-                slots.append(("lm_head", next(p for p in (8, 4, 2, 1) if self.args.vocab_size % p == 0)))
-            for name, parts in slots:
-                parent, _, child = name.rpartition(".")
-                if type(self.get_submodule(name)) is nn.Linear:
-                    setattr(self.get_submodule(parent) if parent else self, child,
-                            SplitLinear(self.get_submodule(name), parts))
-        return self.eval().requires_grad_(False)
-
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu") -> "Transformer":
@@ -353,6 +312,7 @@ class Transformer(nn.Module):
         return model.eval()
 
 
+# ---------------------------------------------------------------------------- loading
 def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     """`name` as a torch.device; "auto" = cuda (this process's GPU under torchrun), then mps, then cpu."""
     if name != "auto":
@@ -360,16 +320,6 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank)
     return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
-
-
-def attention_mask(key_mask: torch.Tensor, start: int, T: int) -> torch.Tensor:
-    """[B, 1, T, S] bool, True = may attend: query t (at position start + t) sees the real keys up to
-    itself. Every query also sees itself, so padding queries get finite (ignored) outputs, not NaN."""
-    S = key_mask.shape[1]
-    q_idx = torch.arange(start, start + T, device=key_mask.device)[:, None]  # [T, 1]
-    k_idx = torch.arange(S, device=key_mask.device)[None, :]  # [1, S]
-    allowed = ((k_idx <= q_idx) & key_mask[:, None, :]) | (k_idx == q_idx)  # [B, T, S]
-    return allowed[:, None]  # [B, 1, T, S]
 
 
 def load_safetensors(model_dir: Path, dtype: torch.dtype, device: str | torch.device) -> dict[str, torch.Tensor]:
@@ -389,50 +339,3 @@ def load_safetensors(model_dir: Path, dtype: torch.dtype, device: str | torch.de
             for key in f.keys():
                 state[key] = f.get_tensor(key).to(dtype)
     return state
-
-
-# ---------------------------------------------------------------------------- command line
-@torch.inference_mode()
-def greedy(model: Transformer, prompt: list[int], max_new_tokens: int, stop_ids: list[int]) -> list[int]:
-    """Greedy decoding of one prompt with a KV cache; returns the new ids without the stop id."""
-    device = model.model.norm.weight.device
-    cache, tokens, out = model.new_cache(1, len(prompt) + max_new_tokens), torch.tensor([prompt], device=device), []
-    for _ in range(max_new_tokens):
-        next_id = int(model(tokens, cache=cache, logits_at=-1).argmax(-1))  # logits [1, V]
-        if next_id in stop_ids:
-            break
-        out.append(next_id)
-        tokens = torch.tensor([[next_id]], device=device)
-    return out
-
-
-def main(args: argparse.Namespace) -> None:
-    model_dir = Path(args.model_dir)
-    if not (model_dir / "config.json").exists():
-        sys.exit(f"error: no model at {model_dir} (config.json missing). "
-                 f"Run `python get_model.py` to create it, or pass --model-dir.")
-    if not args.chat.strip():
-        sys.exit('error: --chat is empty; ask something, e.g. --chat "What is the capital of France?"')
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = pick_device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else torch.float32 if device.type == "cpu" else torch.bfloat16
-    print(f"model {model_dir} on {device} in {dtype}", file=sys.stderr)
-    tokenizer = Tokenizer(model_dir)
-    model = Transformer.from_pretrained(model_dir, dtype, device).prepare_for_inference()
-    prompt = tokenizer.encode(chat_prompt([{"role": "user", "content": args.chat}], default_system=args.system))
-    print(tokenizer.decode(greedy(model, prompt, args.max_new_tokens, tokenizer.eos_ids)))
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Answer one chat message with the base model (greedy).",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--chat", required=True, help="the user message to answer")
-    parser.add_argument("--system", default=DEFAULT_SYSTEM, help="the system prompt")
-    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="Hugging Face Qwen2 model directory")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens")
-    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps ...")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weight dtype; auto = float32 on cpu, bfloat16 otherwise")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    main(parser.parse_args())

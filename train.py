@@ -40,6 +40,7 @@ import checkpoint
 import defaults
 import lora
 import loss
+import peft_format
 import samples
 from model import Transformer, pick_device
 from tokenizer import Tokenizer
@@ -176,7 +177,7 @@ def load_init_adapter(model, args) -> None:
     if (init / checkpoint.LORA_FILE).is_file():  # a run's checkpoint directory
         saved, weights = checkpoint.read_lora(init)
     else:
-        saved, weights = lora.read_adapter_config(init), lora.read_adapter_weights(init)
+        saved, weights = peft_format.read_adapter_config(init), peft_format.read_adapter_weights(init)
     if (saved["r"], saved["lora_alpha"]) != (args.lora_r, args.lora_alpha):
         sys.exit(f"error: --init-adapter has r={saved['r']}, alpha={saved['lora_alpha']}; pass the same "
                  f"--lora-r and --lora-alpha (and --lora-layers, --lora-targets)")
@@ -315,7 +316,7 @@ class TrainingLoop:
         if self.run.rank == 0:
             self.bar.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
         if improved and self.run.rank == 0:
-            lora.save_adapter(checkpoint.unwrap(self.model), self.run.run_dir / "best", str(self.args.model_dir))
+            peft_format.save_adapter(checkpoint.unwrap(self.model), self.run.run_dir / "best", str(self.args.model_dir))
 
     def checkpoint(self) -> None:
         self.state.checkpointed_step = self.state.step
@@ -395,7 +396,7 @@ def main(args: argparse.Namespace) -> None:
     # --- save: the best adapter by validation loss (or the last one without validation data)
     if run.rank == 0:
         if not (run.run_dir / "best").exists() or not val:
-            lora.save_adapter(checkpoint.unwrap(model), run.run_dir / "best", str(args.model_dir))
+            peft_format.save_adapter(checkpoint.unwrap(model), run.run_dir / "best", str(args.model_dir))
         shutil.rmtree(run.run_dir / "adapter", ignore_errors=True)
         shutil.copytree(run.run_dir / "best", run.run_dir / "adapter")
         print(f"adapter (best validation loss {state.best_val}) saved to {run.run_dir / 'adapter'}")
@@ -410,7 +411,7 @@ def check_args(args: argparse.Namespace, world: int) -> None:
          f"--model-dir {args.model_dir} has no config.json; run `python get_model.py` or pass --model-dir"),
         (args.samples and not Path(args.samples).expanduser().is_file(), f"--samples {args.samples} does not exist"),
         (args.init_adapter and not any((Path(args.init_adapter).expanduser() / name).is_file()
-                                       for name in (lora.CONFIG_NAME, checkpoint.LORA_FILE)),
+                                       for name in (peft_format.CONFIG_NAME, checkpoint.LORA_FILE)),
          f"--init-adapter {args.init_adapter} is neither an adapter nor a checkpoint directory"),
         (args.batch_size < 1 or args.batch_size % world, f"--batch-size {args.batch_size} must be a positive multiple of the {world} processes"),
         (args.micro_batch_size < 1, f"--micro-batch-size must be at least 1, got {args.micro_batch_size}"),

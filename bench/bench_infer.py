@@ -2,7 +2,7 @@
 
 1. beam: 8 beams x N new tokens (sampling, temperature 0.4, top-p 0.9) after the skeleton prompt of a
    demo question, no end-of-turn (both run exactly N steps): generate.beam_search on model.py (after
-   prepare_for_inference, and with plain nn.Linear) against transformers' `generate(num_beams=8,
+   cpu_speed.prepare_for_inference, and with plain nn.Linear) against transformers' `generate(num_beams=8,
    do_sample=True, temperature=0.4, top_p=0.9)` on the same weights. Round-robin, median over rounds.
 2. rerank: the re-ranking calls of oracle-skeleton resolutions of the demo questions, replayed with the
    prefix cache and without it (one full forward per prompt, the reference), alternating; prompt

@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 
-IMPLS = {"ours": "model.py, prepare_for_inference() (split matmuls)",
-         "ours-plain": "model.py, prepare_for_inference(split_matmuls=False) (plain nn.Linear)",
+IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (split matmuls)",
+         "ours-plain": "model.py, cpu_speed.prepare_for_inference(split_matmuls=False) (plain nn.Linear)",
          "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)"}
 
 
@@ -42,7 +42,8 @@ def load(impl: str, model_dir: Path, room: int):
             return logits[:, -1].argmax(-1, keepdim=True), cache
     else:
         import model as M
-        model = M.Transformer.from_pretrained(model_dir).prepare_for_inference(split_matmuls=impl == "ours")
+        from cpu_speed import prepare_for_inference
+        model = prepare_for_inference(M.Transformer.from_pretrained(model_dir), split_matmuls=impl == "ours")
 
         def step(ids, cache):
             cache = model.new_cache(ids.shape[0], ids.shape[1] + room) if cache is None else cache

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
-import lora  # noqa: E402
+import peft_format  # noqa: E402
 from model import Transformer  # noqa: E402
 from prompts import skeleton_messages  # noqa: E402
 from tokenizer import Tokenizer, chat_prompt  # noqa: E402
@@ -24,7 +24,7 @@ from tokenizer import Tokenizer, chat_prompt  # noqa: E402
 def answer_logprobs(model_dir: Path, adapter: Path, tokenizer: Tokenizer, samples: list[dict]) -> torch.Tensor:
     """log-softmax [positions, V] at every gold-query token of every sample, one sample at a time."""
     model = Transformer.from_pretrained(model_dir)
-    lora.load_adapter(model, adapter)
+    peft_format.load_adapter(model, adapter)
     rows = []
     for sample in samples:
         prompt = tokenizer.encode(chat_prompt(skeleton_messages(sample["question"])))

@@ -15,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
-import lora  # noqa: E402
+import peft_format  # noqa: E402
 from model import Transformer  # noqa: E402
 from prompts import to_alternative  # noqa: E402
 from rerank import ModelReranker  # noqa: E402
@@ -35,9 +35,7 @@ def scores_by_length(adapter: str, model_dir: Path, index_dir: Path) -> list[lis
     """Per case, per list length 2..11: (score of the right answer, score of None)."""
     tokenizer = Tokenizer(model_dir)
     model = Transformer.from_pretrained(model_dir)
-    lora.load_adapter(model, adapter)
-    lora.merge_lora(model)
-    lora.unload_lora(model)
+    peft_format.load_merged(model, adapter)
     indices = load_indices(index_dir)
     alternatives = [to_alternative(indices.item("http://www.wikidata.org/entity/" + p), "wdt") for p in PROPERTIES]
     rerank = ModelReranker(model, tokenizer)

@@ -1,11 +1,22 @@
-"""Beam search (generate.py) on a tiny random model: greedy equivalence, scores, cache reordering."""
+"""Beam search (generate.py) on a tiny random model: greedy equivalence, scores, cache reordering; and
+the chat command line (`python generate.py --chat ...`): clear errors, --help, an answer from a tiny
+model, and (slow) the real base model knows Paris."""
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
+import defaults
+import generate
 from generate import beam_search, sample_without_replacement, top_p_mask
 from model import Transformer
 from tests.tiny import make_model_dir
+from tokenizer import DEFAULT_SYSTEM
 
+REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
 PROMPT = [1, 40, 41, 42, 43, 2, 1, 44]
 EOS = [2]
@@ -113,3 +124,37 @@ def test_sampling_on_the_allowed_entries_draws_what_multinomial_draws():
         ours = sample_without_replacement(weights[allowed], allowed, 4000, 16, torch.Generator().manual_seed(seed))
         theirs = torch.multinomial(dense, 16, generator=torch.Generator().manual_seed(seed))
         assert set(ours.tolist()) == set(theirs.tolist()) and set(ours.tolist()) <= set(allowed.tolist())
+
+
+# ---------------------------------------------------------------------------- command line
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "generate.py", *args], cwd=REPO, capture_output=True, text=True,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
+
+
+def test_cli_rejects_a_missing_model_and_an_empty_question(tmp_path):
+    args = argparse.Namespace(chat="hi", model_dir=str(tmp_path / "nothing"), system=DEFAULT_SYSTEM,
+                              max_new_tokens=4, device="cpu", dtype="auto", threads=0)
+    with pytest.raises(SystemExit, match="get_model.py"):
+        generate.main(args)
+    args.model_dir, args.chat = str(make_model_dir(tmp_path / "tiny")), "  "
+    with pytest.raises(SystemExit, match="--chat is empty"):
+        generate.main(args)
+
+
+def test_cli_help_and_answer_with_a_tiny_model(tmp_path):
+    assert run_cli("--help").returncode == 0
+    done = run_cli("--chat", "What is the capital of France?", "--model-dir", str(make_model_dir(tmp_path)),
+                   "--max-new-tokens", "5")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_real_model_chat_knows_paris():
+    if not (defaults.MODEL_DIR / "model.safetensors").exists() and \
+            not (defaults.MODEL_DIR / "model.safetensors.index.json").exists():
+        pytest.skip(f"no base model at {defaults.MODEL_DIR}: run `python get_model.py` first")
+    done = run_cli("--chat", "What is the capital of France?", "--model-dir", str(defaults.MODEL_DIR),
+                   "--max-new-tokens", "32")
+    assert done.returncode == 0, done.stderr
+    assert "Paris" in done.stdout, done.stdout

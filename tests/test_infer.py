@@ -8,6 +8,7 @@ import torch
 
 import defaults
 import lora
+import peft_format
 from grisp import Answer, Grisp, GrispError, answer_to_json
 from model import Transformer
 from options import Options
@@ -120,7 +121,7 @@ def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint,
     lora.inject_lora(model, r=4, alpha=8)
     for layer in lora.lora_layers(model).values():
         torch.nn.init.normal_(layer.lora_B, std=0.5)
-    lora.save_adapter(model, tmp_path / "adapter")
+    peft_format.save_adapter(model, tmp_path / "adapter")
     tokens = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
         expected = model(tokens)

@@ -1,9 +1,9 @@
 """Tests for model.py: exactness against transformers' Qwen2ForCausalLM, the KV cache (incremental
 decoding, left padding, reordering), logits_at, strict and sharded loading, memory-mapped weights,
 the tokenizer's special ids and the hand-written chat prompt. Tiny random models from tests/tiny.py;
-the tests marked slow use the real base model at defaults.MODEL_DIR.
+the tests marked slow use the real base model at defaults.MODEL_DIR. The CPU speed-up is tested in
+tests/test_cpu_speed.py, the chat command line in tests/test_generate.py.
 """
-import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +15,8 @@ from transformers import Qwen2ForCausalLM
 
 import defaults
 import model as M
-from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
+from cpu_speed import prepare_for_inference
+from tokenizer import Tokenizer, chat_prompt
 from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,26 +212,7 @@ def test_bfloat16_loading(model_dir):
     torch.testing.assert_close(ours16(x).float(), reference, atol=0.3, rtol=0.05)
 
 
-# ---------------------------------------------------------------------------- inference switch, memory map
-@torch.no_grad()
-@pytest.mark.parametrize("split", [True, False], ids=["split", "plain"])
-def test_prepare_for_inference_is_exact_and_leaves_wrapped_layers(model_dir, split):
-    model = M.Transformer.from_pretrained(model_dir)
-    x = tokens(2, 9, seed=7)
-    before = model(x)
-    wrapped = torch.nn.Sequential(model.model.layers[0].self_attn.q_proj)  # stands in for a LoRA wrapper
-    model.model.layers[0].self_attn.q_proj = wrapped
-    assert model.prepare_for_inference(split_matmuls=split) is model and not model.training
-    assert not any(p.requires_grad for p in model.parameters())
-    assert model.model.layers[0].self_attn.q_proj is wrapped and type(wrapped[0]) is torch.nn.Linear
-    assert isinstance(model.model.layers[1].mlp.down_proj, M.SplitLinear) == split
-    assert isinstance(model.lm_head, M.SplitLinear) == (split and not model.args.tie_word_embeddings)
-    torch.testing.assert_close(model(x), before, atol=1e-5, rtol=0)
-    cache = model.new_cache(2)
-    steps = [model(x[:, :4], cache=cache)] + [model(x[:, t:t + 1], cache=cache) for t in range(4, 9)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), before, atol=1e-5, rtol=0)
-
-
+# ---------------------------------------------------------------------------- memory map
 def test_editing_loaded_weights_in_place_leaves_the_checkpoint_file_alone(tmp_path):
     """Weights are memory-mapped copy-on-write: in-place edits (merging LoRA, split_matmuls) stay in memory."""
     model_dir = make_model_dir(tmp_path)
@@ -239,7 +221,7 @@ def test_editing_loaded_weights_in_place_leaves_the_checkpoint_file_alone(tmp_pa
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    model.prepare_for_inference(split_matmuls=True)  # converts the weights in place, too
+    prepare_for_inference(model, split_matmuls=True)  # converts the weights in place, too
     assert (model_dir / "model.safetensors").read_bytes() == before
     reloaded = M.Transformer.from_pretrained(model_dir)
     assert torch.equal(reloaded.model.norm.weight + 1.0, model.model.norm.weight)
@@ -270,29 +252,6 @@ def test_tokenizer_special_ids_and_round_trip(model_dir):
     assert tok.decode(tok.encode(text)) == text
 
 
-# ---------------------------------------------------------------------------- command line
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "model.py", *args], cwd=REPO, capture_output=True, text=True,
-                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
-
-
-def test_cli_rejects_a_missing_model_and_an_empty_question(tmp_path):
-    args = argparse.Namespace(chat="hi", model_dir=str(tmp_path / "nothing"), system=DEFAULT_SYSTEM,
-                              max_new_tokens=4, device="cpu", dtype="auto", threads=0)
-    with pytest.raises(SystemExit, match="get_model.py"):
-        M.main(args)
-    args.model_dir, args.chat = str(make_model_dir(tmp_path / "tiny")), "  "
-    with pytest.raises(SystemExit, match="--chat is empty"):
-        M.main(args)
-
-
-def test_cli_help_and_answer_with_a_tiny_model(tmp_path):
-    assert run_cli("--help").returncode == 0
-    done = run_cli("--chat", "What is the capital of France?", "--model-dir", str(make_model_dir(tmp_path)),
-                   "--max-new-tokens", "5")
-    assert done.returncode == 0, done.stderr
-
-
 # ---------------------------------------------------------------------------- the real base model
 def real_model_dir() -> Path:
     if not (defaults.MODEL_DIR / "model.safetensors").exists() and \
@@ -317,15 +276,7 @@ def test_real_model_logits_equal_transformers():
     del theirs
     ours = M.Transformer.from_pretrained(model_dir)
     torch.testing.assert_close(ours(ids), expected, atol=1e-3, rtol=0)
-    torch.testing.assert_close(ours.prepare_for_inference()(ids), expected, atol=1e-3, rtol=0)
-
-
-@pytest.mark.slow
-def test_real_model_chat_knows_paris():
-    done = run_cli("--chat", "What is the capital of France?", "--model-dir", str(real_model_dir()),
-                   "--max-new-tokens", "32")
-    assert done.returncode == 0, done.stderr
-    assert "Paris" in done.stdout, done.stdout
+    torch.testing.assert_close(prepare_for_inference(ours)(ids), expected, atol=1e-3, rtol=0)
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ full forward, identifiers are single tokens, the scores order the alternatives, 
 import pytest
 import torch
 
+from cpu_speed import prepare_for_inference
 from model import Transformer
 from tokenizer import Tokenizer, chat_prompt
 from options import Options
@@ -32,7 +33,7 @@ def tokenizer(model_dir):
 
 @pytest.fixture
 def model(model_dir):  # fresh per test: one test rigs the lm_head
-    return Transformer.from_pretrained(model_dir).prepare_for_inference()
+    return prepare_for_inference(Transformer.from_pretrained(model_dir))
 
 
 def alternatives(n, start=0):
@@ -192,7 +193,7 @@ def test_qwen_identifiers_are_single_tokens_in_the_prompt():
 @pytest.mark.slow
 def test_prefix_cache_on_the_real_model():
     model_dir = real_model_dir()
-    model, tokenizer = Transformer.from_pretrained(model_dir).prepare_for_inference(), Tokenizer(model_dir)
+    model, tokenizer = prepare_for_inference(Transformer.from_pretrained(model_dir)), Tokenizer(model_dir)
     reranker = ModelReranker(model, tokenizer)
     for question, query, alts in CALLS[:3]:
         assert reranker(question, query, alts) == pytest.approx(full_scores(model, tokenizer, question, query, alts), abs=1e-3)
