@@ -32,6 +32,7 @@ import pyoxigraph as ox
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's top-level modules
 import benchmarks  # noqa: E402
 import defaults  # noqa: E402
+from jsonl import read_jsonl  # noqa: E402
 from sparql_syntax import PREFIXES  # noqa: E402
 
 FACT_COLUMNS = ["subject", "subject_label", "property", "value", "value_label", "statement",
@@ -261,7 +262,7 @@ def main(args: argparse.Namespace) -> None:
               for c in ("subject", "property", "value", "qualifier", "qualifier_value")}
     wanted |= {r["id"] for _, r in entities}
     items_path = args.items or benchmarks.cached_file(benchmarks.ITEMS_FILE)
-    items = {r["id"]: r for r in benchmarks.read_jsonl(items_path) if r["id"] in wanted}  # ~75k lines
+    items = {r["id"]: r for r in read_jsonl(items_path) if r["id"] in wanted}  # ~75k lines
     dev = {sample["id"]: sample for sample in benchmarks.load_benchmark(args.dev)}
 
     # --- check everything, report all problems at once
