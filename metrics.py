@@ -29,8 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-XSD_STRING = "http://www.w3.org/2001/XMLSchema#string"
-RDF_LANG_STRING = "http://www.w3.org/1999/02/22-rdf-syntax-ns#langString"
+from sparql_syntax import PREFIXES
+
+XSD_STRING = PREFIXES["xsd"] + "string"
+RDF_LANG_STRING = PREFIXES["rdf"] + "langString"
 EXACT_ABOVE = 1024  # more rows than this on either side -> multiset F1 (the assignment is O(n^3))
 
 # One RDF term, hashable: (kind, value, datatype, language) with kind in {"uri", "literal", "bnode"}
