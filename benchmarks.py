@@ -1,4 +1,4 @@
-"""Benchmark and item files through the project's data cache (shared by gen_data.py and evaluate.py).
+"""Benchmark and item files through the project's data cache (shared by samples.py, evaluate.py and the data scripts).
 
 Benchmarks are JSONL, one question per line: `{"id", "question", "sparql", "paraphrases", "info"}`
 (GRASP's format; WWQ dev keeps its gold answers in `info.results`). Named benchmarks live in the

@@ -1,5 +1,6 @@
 """Two-hop training records composed from pairs of one-hop records (ours, not the paper's;
-gen_data.py's `--compose`).
+docs/method.md section 3.5): samples.py adds them at the rate `Augment.compose`, the `--compose` flag of
+gen_data.py and train.py.
 
 WWQ teaches few chains (22 of its 2,431 train queries), so a model trained on it alone writes
 "where was the Pulp Fiction director born?" as one hop. compose_records makes chained records from

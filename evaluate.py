@@ -1,4 +1,4 @@
-"""Evaluate GRISP on a benchmark with the GRASP protocol (paper section 4, METHOD.md section 5).
+"""Evaluate GRISP on a benchmark with the GRASP protocol (paper section 4, docs/method.md section 7).
 
 For every question, run the pipeline (`grisp.Grisp`: skeletons by beam search, then placeholder
 resolution with re-ranking, KG guidance and backtracking), execute the predicted and the gold query

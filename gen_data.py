@@ -1,4 +1,4 @@
-"""Precompute GRISP training samples (paper section 3, "Training Data"; METHOD.md section 2) for N
+"""Precompute GRISP training samples (paper section 3, "Training Data"; docs/method.md section 3.1) for N
 epochs as JSONL: a skeleton and a re-ranking sample per benchmark record and epoch, with the
 augmentations (samples.py holds the method; train.py makes the same samples online).
 

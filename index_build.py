@@ -1,5 +1,5 @@
-"""Build the search indices of a knowledge graph: the library behind build_index.py (METHOD.md section 4;
-GRASP's `data` + `index`).
+"""Build the search indices of a knowledge graph: the library behind build_index.py (docs/method.md
+sections 5.1-5.3; GRASP's `data` + `index`).
 
 Reads every item's id, main label, aliases, description and popularity, either (a) from an items
 JSONL file ({"id", "label", "aliases", "description", "count"} per line, Wikidata Q/P ids or full

@@ -1,7 +1,7 @@
 """The GRASP scoring protocol: how a predicted SPARQL answer is compared with the gold one.
 
 GRISP (paper section 4, "evaluation protocol") scores a question by executing the gold and the
-predicted query and comparing their results row by row (METHOD.md section 5):
+predicted query and comparing their results row by row (docs/method.md section 7.2):
 
 - If the gold query is an ASK query, compare truth values (a SELECT prediction counts as true when
   it returns a row). An ASK prediction for a SELECT gold query scores 0: a trivial

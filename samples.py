@@ -1,5 +1,5 @@
 """Training samples for GRISP's two tasks from question-query pairs (paper section 3, "Training Data";
-METHOD.md section 2). The library behind gen_data.py (offline samples) and train.py (online samples).
+docs/method.md section 3). The library behind gen_data.py (offline samples) and train.py (online samples).
 
 For every benchmark record and epoch it makes one sample of each task:
 - skeleton: the question (or a random paraphrase) -> the gold query with every KG IRI replaced by a
@@ -54,8 +54,9 @@ WIKIDATA_INDEX_DIR = defaults.GRISP_HOME / "indices" / "wikidata-items"  # built
 
 @dataclass
 class Augment:
-    """Probabilities of the sample variations (METHOD.md section 2: "small, such as 0.05-0.2"; vary_k is
-    higher because METHOD draws k at random and constrained lists at inference have any length)."""
+    """Probabilities of the sample variations (docs/method.md section 3.4: the reference gives only "small,
+    about 0.05 to 0.2"; vary_k is higher because the reference draws k at random and constrained lists at
+    inference have any length)."""
 
     alias: float = 0.2  # a placeholder shows a random alias instead of the main label
     vary_k: float = 0.5  # re-rank k uniform in [min_k, max_k] alternatives instead of max_k (constrained lists vary)

@@ -1,4 +1,4 @@
-"""The search indices of a knowledge graph, as the rest of GRISP uses them (METHOD.md section 4).
+"""The search indices of a knowledge graph, as the rest of GRISP uses them (docs/method.md section 5).
 
 GRISP resolves every placeholder by a search followed by SLM re-ranking (paper section 3): entities
 by the prefix-keyword index, properties by the embedding index (indices.py), optionally restricted

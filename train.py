@@ -1,4 +1,5 @@
-"""Fine-tune the base model with LoRA on GRISP's two tasks at once (paper section 3, "Training").
+"""Fine-tune the base model with LoRA on GRISP's two tasks at once (paper section 3, "Training";
+docs/method.md section 4).
 
 One model learns (1) question -> SPARQL skeleton, with next-token cross-entropy on the answer tokens
 (the skeleton and <|im_end|>), and (2) list-wise re-ranking, with cross-entropy restricted to the

@@ -3,10 +3,10 @@
 For every property in the items file that has an alias, one alias is held out (not indexed) and used
 as the query; a search succeeds if it returns that property. This is the situation of GRISP's
 resolver, whose placeholders are labels or aliases the model learned, phrased in ways the index may
-not hold (METHOD.md section 4: keywords miss "born in" -> "place of birth"). Printed: recall@1,
+not hold (docs/method.md section 5.3: keywords miss "born in" -> "place of birth"). Printed: recall@1,
 recall@10, MRR@10 and mean query time per method; this is the measurement behind the encoder choice.
 
-    python bench/eval_property_search.py                         # ../shared/data/wikidata/items.jsonl
+    python bench/eval_property_search.py                         # items: defaults.SHARED_DATA_DIR/wikidata/items.jsonl
     python bench/eval_property_search.py --subset 500 --qwen   # adds our Qwen model as encoder
 """
 

@@ -6,8 +6,8 @@ on which the README example, the demo questions and the tests run. Sources:
 
     facts.tsv     (this folder) one row per fact or per qualifier of a fact, ids AND labels written out
     entities.tsv  (this folder) items without facts that share a name with one in facts.tsv (distractors)
-    wikidata/items.jsonl, wwq/dev.jsonl  (the data cache, ../shared/data): names, popularity counts,
-                  and WWQ dev gold answers (info.results)
+    wikidata/items.jsonl, wwq/dev.jsonl  (the data cache, filled from ../shared/data or a download):
+                  names, popularity counts, and WWQ dev gold answers (info.results)
 
 All problems are reported together before anything is written: every id must be in items.jsonl with
 exactly the label in the table; literals only on date/quantity properties; no duplicate rows; every
