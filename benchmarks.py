@@ -1,4 +1,4 @@
-"""Benchmark and item files through the project's data cache (shared by gen_data.py and evaluate.py).
+"""Benchmark and item files through the project's data cache (shared by samples.py, evaluate.py and the data scripts).
 
 Benchmarks are JSONL, one question per line: `{"id", "question", "sparql", "paraphrases", "info"}`
 (GRASP's format; WWQ dev keeps its gold answers in `info.results`). Named benchmarks live in the
@@ -9,13 +9,13 @@ folder exists, else downloaded from its public source, else a clear error says w
     questions = benchmarks.load_benchmark("wwq-dev")  # or "wwq-train", "demo", "wwq-dev-kg", a path
     items = benchmarks.cached_file("wikidata/items.jsonl")  # labels, aliases, descriptions
 """
-import json
 import shutil
 from pathlib import Path
 
 import requests
 
 import defaults
+from jsonl import read_jsonl, write_atomic
 
 GRASP_DATA_URL = "https://raw.githubusercontent.com/ad-freiburg/grasp/main/data/benchmark/wikidata"
 # name -> (path inside the data cache, public source or None)
@@ -49,9 +49,7 @@ def cached_file(relative: str, url: str | None = None, data_dir: Path = defaults
                 f"{relative} is not in the data cache {data_dir}, not in {shared_dir}, and the "
                 f"download from {url} failed ({error}). Copy the file to {target} by hand."
             ) from None
-        partial = target.with_suffix(target.suffix + ".part")
-        partial.write_bytes(response.content)
-        partial.rename(target)  # only a complete download ever appears under the real name
+        write_atomic(target, lambda tmp: tmp.write_bytes(response.content))  # only a complete download
         return target
     raise FileNotFoundError(f"{relative} is not in the data cache {data_dir} nor in {shared_dir} "
                             f"and has no public source: copy it to {target}.")
@@ -79,25 +77,11 @@ def benchmark_path(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
     return path
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Read a JSONL file; a malformed line raises ValueError naming the file and line."""
-    records = []
-    with open(path, encoding="utf-8") as file:
-        for number, line in enumerate(file, start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number} is not valid JSON ({error})") from None
-    return records
-
-
 def load_benchmark(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
                    shared_dir: Path = defaults.SHARED_DATA_DIR) -> list[dict]:
     """Load a benchmark as a list of `{"id", "question", "sparql", "paraphrases", "info"}` dicts."""
     path = benchmark_path(name_or_path, data_dir, shared_dir)
-    samples = read_jsonl(path)
+    samples = read_jsonl(path)  # a malformed line: ValueError naming the file and line
     seen = set()
     for number, sample in enumerate(samples, start=1):
         missing = [key for key in REQUIRED_KEYS if key not in sample]

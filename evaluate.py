@@ -1,4 +1,4 @@
-"""Evaluate GRISP on a benchmark with the GRASP protocol (paper section 4, METHOD.md section 5).
+"""Evaluate GRISP on a benchmark with the GRASP protocol (paper section 4, docs/method.md section 7).
 
 For every question, run the pipeline (`grisp.Grisp`: skeletons by beam search, then placeholder
 resolution with re-ranking, KG guidance and backtracking), execute the predicted and the gold query
@@ -38,6 +38,7 @@ import benchmarks
 import defaults
 import metrics
 import sparql
+from jsonl import append_jsonl, read_jsonl, write_jsonl
 from options import GrispError, Options, add_flags, preset
 
 # paper table 5: ablation name -> the options.Options fields it switches off (w/o KG guidance also
@@ -201,21 +202,9 @@ def print_summary(summary: dict, name: str) -> None:
 
 
 def read_predictions(path: Path) -> list[dict]:
-    """Records of a predictions file; a cut-off last line (killed mid-write) is dropped from disk."""
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        print(f"dropping an unfinished last line of {path}")
-        lines = lines[:-1]
-        path.write_text("".join(lines), encoding="utf-8")
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def write_jsonl(path: Path, records: list[dict]) -> None:
-    partial = path.with_suffix(".part")
-    partial.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-    partial.replace(path)  # atomic: a crash leaves the old file intact
+    """Records of a predictions file ([] before the first); a cut-off last line (killed mid-write) is
+    dropped from disk."""
+    return read_jsonl(path, appended=True)
 
 
 def main(args: argparse.Namespace, pipeline=None) -> dict:
@@ -297,8 +286,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
                 record = answer_record(sample, answer, answer.timings.get("total", time.perf_counter() - start))
                 record["reused_skeletons"] = sample["id"] in generated
                 score_record(record, sample["sparql"], client)
-                file.write(json.dumps(record, ensure_ascii=False) + "\n")
-                file.flush()
+                append_jsonl(file, record)
 
     # --- summary over this benchmark selection
     records = [r for r in read_predictions(predictions_path) if r["id"] in gold_by_id]
