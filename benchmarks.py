@@ -23,8 +23,10 @@ BENCHMARKS = {
     "wwq-train": ("wwq/train.jsonl", f"{GRASP_DATA_URL}/wwq/train.jsonl"),
     "wwq-dev": ("wwq/dev.jsonl", f"{GRASP_DATA_URL}/wwq/val.jsonl"),
 }
-# the closed WWQ-dev evaluation KG written by build_eval_kg.py (its questions: "wwq-dev-kg")
+# the closed WWQ-dev evaluation KGs written by build_eval_kg.py (their questions: "wwq-dev-kg",
+# and "wwq-dev-full" for `--setting full`: + the demo KG + labels of all items)
 EVAL_KG_DIR = defaults.GRISP_HOME / "eval_kg" / "wwq-dev"
+EVAL_KG_FULL_DIR = defaults.GRISP_HOME / "eval_kg" / "wwq-dev-full"
 ITEMS_FILE = "wikidata/items.jsonl"  # {"id", "label", "aliases", "description", "count"} per line
 REQUIRED_KEYS = ("id", "question", "sparql")
 
@@ -57,23 +59,24 @@ def cached_file(relative: str, url: str | None = None, data_dir: Path = defaults
 
 def benchmark_path(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
                    shared_dir: Path = defaults.SHARED_DATA_DIR) -> Path:
-    """Resolve a benchmark name ("wwq-train", "wwq-dev", "demo", "wwq-dev-kg": the questions of
-    the closed WWQ-dev KG) or a JSONL path to a file."""
+    """Resolve a benchmark name ("wwq-train", "wwq-dev", "demo", "wwq-dev-kg" / "wwq-dev-full": the
+    questions of the closed WWQ-dev KGs) or a JSONL path to a file."""
     if name_or_path in BENCHMARKS:
         relative, url = BENCHMARKS[name_or_path]
         return cached_file(relative, url, data_dir, shared_dir)
     if name_or_path == "demo":
         path = defaults.DEMO_DIR / "questions.jsonl"
-    elif name_or_path == "wwq-dev-kg":
-        path = EVAL_KG_DIR / "questions.jsonl"
+    elif name_or_path in ("wwq-dev-kg", "wwq-dev-full"):
+        full = name_or_path == "wwq-dev-full"
+        path = (EVAL_KG_FULL_DIR if full else EVAL_KG_DIR) / "questions.jsonl"
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist; build the closed WWQ-dev KG first: "
-                                    f"python build_eval_kg.py")
+                                    f"python build_eval_kg.py{' --setting full' if full else ''}")
     else:
         path = Path(name_or_path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"benchmark {str(name_or_path)!r} is neither a known name "
-                                f"({', '.join([*BENCHMARKS, 'demo', 'wwq-dev-kg'])}) nor an existing file {path}")
+                                f"({', '.join([*BENCHMARKS, 'demo', 'wwq-dev-kg', 'wwq-dev-full'])}) nor an existing file {path}")
     return path
 
 
