@@ -40,6 +40,7 @@ import endpoint
 import metrics
 import sparql
 from index_build import WIKIDATA_ID
+from jsonl import read_jsonl, write_jsonl
 from sparql_syntax import PREFIXES, declared_prefixes, expand, tokenize
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
@@ -212,7 +213,7 @@ def main(args: argparse.Namespace) -> None:
     # --- data
     samples = benchmarks.load_benchmark(args.benchmark)
     items_path = Path(args.items) if args.items else benchmarks.cached_file(benchmarks.ITEMS_FILE)
-    items = {record["id"]: record for record in benchmarks.read_jsonl(items_path)}
+    items = {record["id"]: record for record in read_jsonl(items_path)}
     extra = {path: read_rdf(Path(path)) for path in args.extra_kg}
 
     # --- answer triples of the single-pattern questions
@@ -244,11 +245,9 @@ def main(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ox.serialize(triples, out / "kg.nt", format=ox.RdfFormat.N_TRIPLES)
-    with open(out / "questions.jsonl", "w", encoding="utf-8") as file:
-        file.writelines(json.dumps(sample, ensure_ascii=False) + "\n" for sample in covered)
+    write_jsonl(out / "questions.jsonl", covered)
     if not setting.all_items:  # the full setting labels the whole item cache: index that file
-        with open(out / "items.jsonl", "w", encoding="utf-8") as file:
-            file.writelines(json.dumps(items[i], ensure_ascii=False) + "\n" for i in labelled)
+        write_jsonl(out / "items.jsonl", (items[i] for i in labelled))
     kg_ids = mentioned_ids(triples)
     stats = {
         "setting": args.setting, "questions": len(samples), "single_pattern": len(candidates),
