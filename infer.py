@@ -59,7 +59,8 @@ def describe(event: dict) -> str:
         return f"  backtrack to {event['to']} ({event['left']} alternatives left{ranked})"
     if kind == "validate":
         outcome = "ok" if event["ok"] else "rejected"
-        detail = event.get("error") or (f"accepted despite {event['accepted_error']}" if "accepted_error" in event
+        detail = event.get("error") or (f"unverified, accepted despite {event['accepted_error']}"
+                                        if "accepted_error" in event
                                         else f"boolean {event['boolean']}" if event.get("boolean") is not None
                                         else f"{event['rows']} rows")
         return f"  validate: {outcome} ({detail})"
@@ -103,7 +104,7 @@ def fault_report(answer: Answer) -> str:
     """E.g. 'sent invalid JSON or a broken answer for 14 of 14 queries; first error: InvalidResponse: ...'."""
     faults = "; ".join(f"{FAULT_TEXT.get(kind, kind)} for {count} of {answer.queries} queries"
                        for kind, count in answer.endpoint_faults.items())
-    return f"{faults or 'could not be reached'}; first error: {answer.error}"
+    return f"{faults or f'answered none of {answer.queries} queries'}; first error: {answer.error}"
 
 
 def exit_code(answer: Answer) -> int:
@@ -166,7 +167,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[-1],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Exit codes:"):],
                                      formatter_class=HelpFormatter)
     parser.add_argument("question", help="the natural-language question")
     # model, index and knowledge graph

@@ -7,6 +7,7 @@ that the run ends within the time budget plus a small margin. The tiny model wri
 parses, so the tests hand the pipeline the skeleton a trained model writes for the question
 (`Grisp.skeletons` is replaced); everything after it is real: resolver, HTTP client, messages.
 """
+import argparse
 import json
 import runpy
 import socket
@@ -27,7 +28,8 @@ import evaluate
 import grisp
 from model import Transformer
 from options import Options
-from tests.test_infer import demo_index, tiny_model  # noqa: F401 (fixtures)
+from sparql import SparqlClient
+from tests.test_infer import demo_index, run_infer, tiny_model  # noqa: F401 (fixtures)
 
 torch.set_num_threads(1)
 
@@ -223,3 +225,58 @@ def test_a_healthy_endpoint_verifies_and_a_dead_end_is_the_methods_failure(fault
     code, out, err, saved, seconds = infer(faulty("500", healthy=lambda query: True).url,
                                            "SELECT ?x WHERE { <iri>zzzz qqqq</iri> <iri>director (wdt)</iri> ?x . }")
     assert code == 1 and "no skeleton resolved" in err and saved["failure"] == "dead_end"
+
+
+# ---------------------------------------------------------------------------- a process, and evaluate.py
+
+
+def test_help_documents_the_exit_codes():
+    out = run_infer("--help")
+    assert out.returncode == 0 and "Exit codes:" in out.stdout
+    for code in ("0  answered", "1  no answer, the method failed", "2  bad input or setup",
+                 "3  no answer, the endpoint failed", "4  answered but unverified"):
+        assert code in out.stdout
+
+
+def test_no_traceback_from_the_process(faulty, tiny_model, demo_index):  # noqa: F811 (fixtures)
+    # the same run as a separate process: its exit code and whole stderr, as a user sees them
+    server = faulty("html")
+    give_skeleton = (f"import grisp, runpy; grisp.Grisp.skeletons = lambda self, q: ([({SKELETON!r}, -1.0)], []); "
+                     f"runpy.run_path({str(defaults.REPO_DIR / 'infer.py')!r}, run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", give_skeleton, QUESTION, "--model-dir", str(tiny_model),
+                          "--adapter", "none", "--index", str(demo_index), "--endpoint", server.url,
+                          "--no-rerank", "--top-k", "3", "--time-budget", str(BUDGET), "--quiet"],
+                         capture_output=True, text=True, timeout=120, cwd=defaults.REPO_DIR)
+    assert out.returncode == 3 and out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.startswith("no answer: the endpoint") and "for 6 of 6 queries" in out.stderr
+
+
+def test_evaluate_counts_endpoint_faults_apart_from_the_method(faulty, demo_endpoint, tiny_model, demo_index,  # noqa: F811
+                                                               tmp_path):
+    # the pipeline talks to a faulty endpoint, scoring to the healthy one: the gold query runs, the
+    # question is scored, and its miss is the endpoint's, not a dead end or a wrong answer
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"id": "pf", "question": QUESTION, "sparql": ANSWER, "paraphrases": [], "info": {}}) + "\n")
+    pipeline = grisp.Grisp(tiny_model, None, demo_index, faulty("truncated").url,
+                           Options(rerank=False, top_k=3, time_budget=BUDGET))
+    args = dict(benchmark=str(bench), out=str(tmp_path / "run"), limit=None, score_only=None, endpoint=demo_endpoint,
+                index=demo_index, query_timeout=10.0, model_dir=tiny_model, adapter="none", device="cpu",
+                ablation="none", oracle_skeleton=True, num_beams=None, num_skeletons=None, top_k=None,
+                time_budget=None, seed=None, skeletons_from=None)
+    summary = evaluate.main(argparse.Namespace(**args), pipeline=pipeline)
+    assert summary["scored"] == 1 and summary["f1"] == 0.0
+    assert summary["failures"]["endpoint_error"] == 1 and summary["failures"]["dead_end"] == 0
+    assert summary["endpoint"] == {"questions_failed": 1, "unverified_answers": 0, "queries": 6,
+                                   "faulty_queries": {"InvalidResponse": 6}}
+    [record] = map(json.loads, (tmp_path / "run" / "predictions.jsonl").open())
+    assert record["failure"] == record["pipeline_failure"] == "endpoint_error" and record["verified"] is None
+    assert record["endpoint_faults"] == {"InvalidResponse": 6} and "InvalidResponse" in record["error"]
+
+
+def test_scoring_counts_a_prediction_the_endpoint_failed_to_run_as_its_fault(faulty):
+    # gold answered, the predicted query gets HTTP 500 when scored: not a wrong answer of the method
+    client = SparqlClient(faulty("500", healthy=lambda query: query.endswith(ANSWER)).url, retries=0)
+    record = {"sparql": ANSWER.replace("}", "} LIMIT 5"), "pipeline_failure": None}
+    evaluate.score_record(record, ANSWER, client)
+    assert record["gold_status"] == "ok" and record["f1"] == 0.0
+    assert record["failure"] == "endpoint_error" and record["pred_error"].startswith("ServerError: HTTP 500")

@@ -119,6 +119,8 @@ def test_oracle_skeletons_move_on_to_the_next_skeleton(tiny_model, demo_index, d
     assert answer.sparql is not None and answer.sparql.endswith("SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x . }")
     assert "PREFIX wd: <http://www.wikidata.org/entity/>" in answer.sparql
     assert {r["x"]["value"] for r in answer.result.rows} == {"http://www.wikidata.org/entity/Q3772"}
+    assert answer.verified is True and answer.endpoint_faults == {} and answer.error is None
+    assert answer.queries == answer.queries_answered > 0  # constraint and final queries, all answered
 
 
 def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint, tmp_path):
