@@ -12,7 +12,7 @@ import peft_format
 from grisp import Answer, Grisp, GrispError, answer_to_json
 from model import Transformer
 from options import Options
-from sparql import EndpointUnreachable, Result, SparqlClient, parse_results
+from sparql import Result, SparqlClient, parse_results
 from tests.tiny import make_model_dir
 
 torch.set_num_threads(1)
@@ -87,11 +87,16 @@ def test_unreachable_endpoint_is_a_clear_error(tiny_model, demo_index):
     assert "endpoint.py start" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_endpoint_lost_during_resolution_raises(tiny_model, demo_index, demo_endpoint):
+def test_endpoint_lost_during_resolution_ends_the_question(tiny_model, demo_index, demo_endpoint):
     grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3))
     grisp.resolver.client = SparqlClient("http://127.0.0.1:9/query", retries=0)
-    with pytest.raises(EndpointUnreachable):
-        grisp.answer_from_skeletons("q", ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }"])
+    answer = grisp.answer_from_skeletons("q", ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
+                                               "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"])
+    assert answer.sparql is None and answer.failure == "endpoint_error" and answer.verified is None
+    assert answer.queries == 1 and answer.endpoint_faults == {"EndpointUnreachable": 1}
+    assert "cannot connect to http://127.0.0.1:9/query" in answer.error
+    assert [e["event"] for e in answer.trace].count("resolve") == 1, "no further skeleton once the endpoint is lost"
+    assert answer.trace[-1]["event"] == "endpoint_lost"
 
 
 def test_garbage_model_gives_no_skeleton_and_exit_1(tiny_model, demo_index, demo_endpoint, tmp_path):
@@ -114,6 +119,8 @@ def test_oracle_skeletons_move_on_to_the_next_skeleton(tiny_model, demo_index, d
     assert answer.sparql is not None and answer.sparql.endswith("SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x . }")
     assert "PREFIX wd: <http://www.wikidata.org/entity/>" in answer.sparql
     assert {r["x"]["value"] for r in answer.result.rows} == {"http://www.wikidata.org/entity/Q3772"}
+    assert answer.verified is True and answer.endpoint_faults == {} and answer.error is None
+    assert answer.queries == answer.queries_answered > 0  # constraint and final queries, all answered
 
 
 def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint, tmp_path):
