@@ -246,9 +246,9 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
         raise ValueError("--skeleton-only generates and scores skeletons itself; drop --score-only, "
                          "--oracle-skeleton and --skeletons-from")
     options = pipeline_options(args)
-    if set(options) - set(GENERATION_OPTIONS):
-        raise ValueError(f"--skeleton-only scores skeleton generation only; --ablation {args.ablation} changes "
-                         f"resolution: use --ablation none or no-beam-search")
+    if resolution := sorted(set(options) - set(GENERATION_OPTIONS)):
+        raise ValueError(f"--skeleton-only scores skeleton generation only, and {', '.join(resolution)} change "
+                         f"resolution: drop them (--ablation none or no-beam-search)")
     args.benchmark = args.benchmark or "demo"
     samples = benchmarks.load_benchmark(args.benchmark)[: args.limit]
     lookup = skeleton_score.item_lookup(search.load_indices(args.index))  # gold items' labels and aliases

@@ -194,8 +194,10 @@ def _variant(token, prefixes: dict[str, str]) -> str | None:
 
 def score_sample(sample: dict, lookup: Callable[[str], Item | None],
                  generate: Callable[[str], list[tuple[str, float]]]) -> dict:
-    """One benchmark record -> its skeleton-score record. `generate(question)` returns the kept
-    skeletons, best first, with scores; it is not called when the gold query cannot be skeletonised."""
+    """One benchmark record -> its skeleton-score record: id, question, shape, gold_skeleton, gold_names,
+    unknown, status ("scored" or "unskeletonisable"), skeletons (kept, with scores), generated (the top-1
+    or None), structure_match, label_match. `generate(question)` returns the kept skeletons, best first,
+    with scores; it is not called when the gold query cannot be skeletonised."""
     gold = gold_skeleton(sample["sparql"], lookup)
     record = {"id": sample["id"], "question": sample["question"], "shape": shape(sample["sparql"]),
               "gold_skeleton": gold.skeleton, "gold_names": gold.names, "unknown": gold.unknown}

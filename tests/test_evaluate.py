@@ -350,7 +350,7 @@ def test_skeleton_only_scores_generated_skeletons_without_an_endpoint(skeleton_b
     with pytest.raises(ValueError, match="other settings \\(options\\)"):
         evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True, num_beams=2),
                       pipeline=FakeGenerator())
-    with pytest.raises(ValueError, match="--ablation no-rerank changes resolution"):
+    with pytest.raises(ValueError, match="rerank change resolution: drop them"):
         evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
                                 ablation="no-rerank"), pipeline=FakeGenerator())
 
