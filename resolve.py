@@ -28,7 +28,7 @@ from constraints import CONSTRAINT_LIMIT, constraint_query
 from positions import infer_position
 from skeleton import Placeholder, find_placeholders, split_variant, substitute
 from sparql import EndpointUnreachable, QueryTimeout, Result, ServerError, SparqlClient, SparqlError
-from tracing import Trace
+from tracing import Listener, Trace
 
 # scores for `alternatives` + a final None alternative (higher is better); rerank.ModelReranker is one
 Reranker = Callable[[str, str, list[Alternative]], list[float]]
@@ -60,9 +60,11 @@ class Resolver:
     def __init__(self, indices: Indices, client: SparqlClient, reranker: Reranker | None, options: Options):
         self.indices, self.client, self.reranker, self.options = indices, client, reranker, options
 
-    def resolve(self, question: str, skeleton: str, deadline: float = float("inf")) -> Resolution:
-        """Resolve every placeholder of `skeleton`; Resolution.sparql is None if the skeleton failed."""
-        trace, backtracks = Trace(), 0
+    def resolve(self, question: str, skeleton: str, deadline: float = float("inf"),
+                listener: Listener | None = None) -> Resolution:
+        """Resolve every placeholder of `skeleton`; Resolution.sparql is None if the skeleton failed.
+        `listener` sees each trace event as it happens (tracing.py)."""
+        trace, backtracks = Trace(listener), 0
 
         def finish(sparql: str | None, result: Result | None, failure: str | None = None) -> Resolution:
             return Resolution(sparql, result, backtracks, failure, trace.events, trace.timings)
