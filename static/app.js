@@ -40,6 +40,11 @@ function iriLink(iri, text) {
 }
 
 const placeholderLabel = (text) => text.replace(/<\/?iri>/g, "");
+
+function skeletonCode(text) {  // a skeleton with its placeholders marked
+  return el("code", {}, text.split(/(<iri>.*?<\/iri>)/).map((part) =>
+    part.startsWith("<iri>") ? el("span", {class: "ph"}, placeholderLabel(part)) : part));
+}
 const seconds = (s) => `${s.toFixed(s < 10 ? 1 : 0)} s`;
 
 function setStatus(text, busy = false) {
@@ -216,14 +221,15 @@ const drawers = {
   skeleton(e) {
     const kept = e.verdict === "kept";
     return el("li", {class: kept ? "kept" : "dropped", "data-skeleton": e.skeleton},
-              el("span", {class: "score"}, e.score.toFixed(3)), el("code", {}, e.skeleton),
+              el("span", {class: "score"}, e.score.toFixed(3)), skeletonCode(e.skeleton),
               el("span", {class: `badge ${kept ? "kept" : ""}`}, e.verdict));
   },
   resolve(e) {
     for (const li of $("skeletons").children) li.classList.toggle("active", li.dataset.skeleton === e.skeleton);
     running.phase = `Resolving skeleton ${e.number + 1}`;
     $("searchnote").textContent = `skeleton ${e.number + 1}, ${e.placeholders} placeholder(s)`;
-    run.group = el("div", {class: "resolve"}, el("div", {class: "title"}, `Skeleton ${e.number + 1}: `, el("code", {}, e.skeleton)));
+    run.group = el("div", {class: "resolve"},
+                   el("div", {class: "title"}, `Resolving skeleton ${e.number + 1}: ${e.placeholders} placeholder(s), left to right`));
     $("steps").append(run.group);
     return null;
   },

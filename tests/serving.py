@@ -5,12 +5,13 @@ generation by `ScriptedSkeletons`: it runs model forwards like beam search does 
 of the server) and then gives fixed skeletons; everything after it (search, re-ranking, the endpoint,
 validation, the server) is the real code.
 
-    grisp = tiny_grisp(model_dir, index_dir, endpoint_url)
-    grisp.skeletons = ScriptedSkeletons(grisp, {"where was the pulp fiction director born?": [GOLD]})
+    grisp = scripted_grisp(tmp_path_factory, endpoint_url, {QUESTION: [GOLD]})
     with running(make_app(grisp, {...}, Options(), [])) as url: requests.get(url + "/api/config")
 """
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -20,27 +21,37 @@ import requests
 import torch
 import uvicorn
 
+import defaults
 from grisp import Grisp
 from jobs import Cancelled
 from options import Options
+from tests.tiny import make_model_dir
 
 QUESTION = "where was the pulp fiction director born?"
 GOLD = "SELECT DISTINCT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?y . ?y <iri>place of birth (wdt)</iri> ?x . }"
 KNOXVILLE = "http://www.wikidata.org/entity/Q185582"
 
 
-def tiny_grisp(model_dir, index_dir, endpoint_url) -> Grisp:
-    return Grisp(model_dir, None, index_dir, endpoint_url, Options())
+def scripted_grisp(tmp_path_factory, endpoint_url: str, script: dict[str, list[str]]) -> Grisp:
+    """A Grisp over a tiny random model and an index of the endpoint's KG, generation scripted."""
+    index = tmp_path_factory.mktemp("index")
+    subprocess.run([sys.executable, str(defaults.REPO_DIR / "build_index.py"), "--endpoint", endpoint_url,
+                    "--out", str(index), "--embed", "none"], check=True, capture_output=True)
+    grisp = Grisp(make_model_dir(tmp_path_factory.mktemp("tiny")), None, index, endpoint_url, Options())
+    grisp.skeletons = ScriptedSkeletons(grisp, script)
+    return grisp
 
 
 class ScriptedSkeletons:
     """Stands in for Grisp.skeletons: `forwards` model forwards `pause` seconds apart (a question with
-    "slow" in it: `slow_forwards`), then the skeletons scripted for the question (none if not scripted).
+    "slow" in it: `slow_forwards`), then the skeletons scripted for the question (none if not scripted);
+    for a question with "hold" in it, `hold` seconds more after them (time to watch the live page).
     `cancelled` counts the runs the server stopped at a forward."""
 
     def __init__(self, grisp: Grisp, script: dict[str, list[str]], forwards: int = 2, slow_forwards: int = 600,
-                 pause: float = 0.05):
-        self.grisp, self.script, self.forwards, self.slow_forwards, self.pause = grisp, script, forwards, slow_forwards, pause
+                 pause: float = 0.05, hold: float = 2.0):
+        self.grisp, self.script, self.forwards, self.slow_forwards = grisp, script, forwards, slow_forwards
+        self.pause, self.hold = pause, hold
         self.cancelled = 0
 
     def __call__(self, question: str, listener=None):
@@ -58,6 +69,8 @@ class ScriptedSkeletons:
             trace.append({"event": "skeleton", "skeleton": skeleton, "score": -1.0 - number, "verdict": "kept"})
             if listener is not None:
                 listener(trace[-1])
+        if "hold" in question:
+            time.sleep(self.hold)
         return kept, trace
 
 

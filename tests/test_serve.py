@@ -7,8 +7,6 @@ by leaving, the endpoint failing mid-question, and 8 concurrent clients.
 import json
 import re
 import socket
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, fields
@@ -23,8 +21,7 @@ import serve
 from options import Options
 from serve import make_app
 from sparql import SparqlClient
-from tests.serving import GOLD, KNOXVILLE, QUESTION, ScriptedSkeletons, running, sse, tiny_grisp
-from tests.tiny import make_model_dir
+from tests.serving import GOLD, KNOXVILLE, QUESTION, running, scripted_grisp, sse
 
 torch.set_num_threads(1)
 DEAD_END = "SELECT ?x WHERE { <iri>zzzz qqqq</iri> <iri>director (wdt)</iri> ?x . }"
@@ -32,13 +29,8 @@ DEAD_END = "SELECT ?x WHERE { <iri>zzzz qqqq</iri> <iri>director (wdt)</iri> ?x 
 
 @pytest.fixture(scope="module")
 def grisp(tmp_path_factory, demo_endpoint):
-    index = tmp_path_factory.mktemp("demo-index")
-    subprocess.run([sys.executable, str(defaults.REPO_DIR / "build_index.py"), "--endpoint", demo_endpoint,
-                    "--out", str(index), "--embed", "none"], check=True, capture_output=True)
-    grisp = tiny_grisp(make_model_dir(tmp_path_factory.mktemp("tiny")), index, demo_endpoint)
-    grisp.skeletons = ScriptedSkeletons(grisp, {QUESTION: [GOLD], "two skeletons?": [DEAD_END, GOLD],
-                                                "slow " + QUESTION: [GOLD]})
-    return grisp
+    return scripted_grisp(tmp_path_factory, demo_endpoint, {QUESTION: [GOLD], "two skeletons?": [DEAD_END, GOLD],
+                                                            "slow " + QUESTION: [GOLD]})
 
 
 @pytest.fixture()
