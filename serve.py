@@ -3,7 +3,7 @@
 The web page (static/, served here; no build step, nothing from the network) asks a question and
 shows the search as it unfolds: the skeletons ranked, each placeholder's candidates re-ranked with
 None's place and the choice, the backtracks and validations, then the query and the answers
-(docs/method.md section 3 for what each step is). The API, for the page and for scripts:
+(docs/method.md section 6 for what each step is). The API, for the page and for scripts:
 
     GET  /api/config   model, adapter, index, endpoint, default options (with help), limits, examples
     POST /api/answer   {"question": str, "options": {name: value}, "mode": "answer"|"generate"}
@@ -248,7 +248,7 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str],
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def example_questions(path: str, count: int = 8) -> list[str]:
+def example_questions(path: str, count: int = 6) -> list[str]:
     """A few questions of `path` (JSONL with "question"): the first of each shape ("info.shape") first."""
     if path.lower() == "none":
         return []

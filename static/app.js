@@ -220,12 +220,13 @@ function constraintLine(event) {
 const drawers = {
   skeleton(e) {
     const kept = e.verdict === "kept";
-    return el("li", {class: kept ? "kept" : "dropped", "data-skeleton": e.skeleton},
+    return el("li", {class: kept ? "kept" : "dropped"},
               el("span", {class: "score"}, e.score.toFixed(3)), skeletonCode(e.skeleton),
               el("span", {class: `badge ${kept ? "kept" : ""}`}, e.verdict));
   },
   resolve(e) {
-    for (const li of $("skeletons").children) li.classList.toggle("active", li.dataset.skeleton === e.skeleton);
+    const kept = [...$("skeletons").querySelectorAll("li.kept")];  // the number-th kept one is resolved now
+    for (const li of $("skeletons").children) li.classList.toggle("active", li === kept[e.number]);
     running.phase = `Resolving skeleton ${e.number + 1}`;
     $("searchnote").textContent = `skeleton ${e.number + 1}, ${e.placeholders} placeholder(s)`;
     run.group = el("div", {class: "resolve"},
