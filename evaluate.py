@@ -1,4 +1,4 @@
-"""Evaluate GRISP on a benchmark with the GRASP protocol (paper section 4, METHOD.md section 5).
+"""Evaluate GRISP on a benchmark with the GRASP protocol (paper section 4, docs/method.md section 7).
 
 For every question, run the pipeline (`grisp.Grisp`: skeletons by beam search, then placeholder
 resolution with re-ranking, KG guidance and backtracking), execute the predicted and the gold query
@@ -7,21 +7,26 @@ on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Wri
     config.json        the resolved configuration of the run
     predictions.jsonl  one record per question: id, question, predicted sparql, answers, skeletons,
                        trace summary, timings, seconds, backtracks, error, pipeline failure,
-                       gold status, failure kind (no_skeleton, dead_end, timeout, error,
-                       wrong_answer or null when correct), f1, em, reused_skeletons
+                       endpoint queries / faults / verified, gold status, failure kind
+                       (no_skeleton, dead_end, timeout, error, endpoint_error, wrong_answer or
+                       null when correct), f1, em, reused_skeletons
     summary.json       F1, EM, scored/skipped samples, seconds per question, backtracks per sample,
-                       and where failures arise (no skeleton, resolution dead end, wrong answer)
+                       where failures arise (no skeleton, resolution dead end, wrong answer), and
+                       the endpoint's faults counted apart from the method's (docs/method.md 7.3)
 
 Runs resume: ids already in predictions.jsonl are skipped; each record is appended and flushed as
 soon as it is scored. `--oracle-skeleton` feeds the gold query's skeleton to the resolver (the
 paper's skeleton-vs-resolution error split); `--skeletons-from` resolves the skeletons an earlier
 run generated (ablations of the resolution only, without decoding again); `--score-only` re-scores a
 predictions file without loading the model (the endpoint is still needed: gold and predicted queries
-are executed again).
+are executed again). `--skeleton-only` needs no endpoint: it scores the top-1 generated skeleton
+against the gold query's skeleton (skeleton_score.py: structure and label match by question shape),
+writing predictions.jsonl and summary.json the same way.
 
     python evaluate.py                                  # demo questions on the demo KG
     python evaluate.py --ablation no-rerank --skeletons-from ~/.cache/grisp/eval/demo-none
     python evaluate.py --score-only ~/.cache/grisp/eval/demo-none/predictions.jsonl
+    python evaluate.py --skeleton-only --benchmark qald10-dev --index ~/.cache/grisp/indices/wikidata-items
 """
 import argparse
 import json
@@ -38,6 +43,7 @@ import benchmarks
 import defaults
 import metrics
 import sparql
+from jsonl import append_jsonl, read_jsonl, write_jsonl
 from options import GrispError, Options, add_flags, preset
 
 # paper table 5: ablation name -> the options.Options fields it switches off (w/o KG guidance also
@@ -52,11 +58,13 @@ ABLATIONS = {
     "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
 KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed")  # options.Options fields, passed if set
-PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error")  # grisp.Answer.failure values
+# grisp.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
+PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
             "endpoint", "skeletons_from")  # a resumed run must agree with the saved config on these
 GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed")  # what decides stage 1's output
+SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index")  # the same for --skeleton-only
 
 
 def pipeline_options(args: argparse.Namespace) -> dict:
@@ -65,10 +73,12 @@ def pipeline_options(args: argparse.Namespace) -> dict:
             **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob) is not None}}
 
 
-def load_pipeline(args: argparse.Namespace, options: dict):
+def load_pipeline(args: argparse.Namespace, options: dict, generate_only: bool = False):
     import grisp  # the model stack is only imported when questions are really answered
     adapter = None if str(args.adapter).lower() == "none" else args.adapter
     try:
+        if generate_only:  # --skeleton-only: the model alone, no index, no endpoint
+            return grisp.Grisp.generator(args.model_dir, adapter, Options(**options), device=args.device)
         return grisp.Grisp(args.model_dir, adapter, args.index, args.endpoint, Options(**options),
                            device=args.device)
     except GrispError as error:  # a missing model, adapter or index: a message, no traceback
@@ -134,7 +144,8 @@ def answer_record(sample: dict, answer, seconds: float) -> dict:
     return {"id": sample["id"], "question": sample["question"], "sparql": answer.sparql,
             "skeletons": [list(s) for s in answer.skeletons], "trace": summarize_trace(answer.trace),
             "timings": answer.timings, "seconds": seconds, "backtracks": answer.backtracks,
-            "error": answer.error, "pipeline_failure": answer.failure}
+            "error": answer.error, "pipeline_failure": answer.failure, "queries": answer.queries,
+            "endpoint_faults": answer.endpoint_faults, "verified": answer.verified}
 
 
 def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) -> dict:
@@ -153,6 +164,8 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
         record["failure"] = None
     elif pipeline_failure in PIPELINE_FAILURES:
         record["failure"] = pipeline_failure
+    elif (record["pred_error"] or "").split(":")[0] in {e.__name__ for e in sparql.ENDPOINT_FAULTS}:
+        record["failure"] = "endpoint_error"  # the prediction may be right; the endpoint failed to run it
     elif not record["sparql"]:
         record["failure"] = "error"  # no query and no reason given: count it against the pipeline
     else:
@@ -178,6 +191,13 @@ def summarize(records: list[dict]) -> dict:
         "backtracks_per_sample": statistics.fmean(backtracks) if backtracks else None,
         "samples_with_backtracks": sum(b > 0 for b in backtracks),
         "failures": {kind: failures[kind] for kind in (*FAILURES, "correct")},
+        # over all questions (a dead endpoint also fails the gold queries, which skips them above)
+        "endpoint": {"questions_failed": sum("endpoint_error" in (r.get("failure"), r.get("pipeline_failure"))
+                                             for r in records),
+                     "unverified_answers": sum(r.get("verified") is False for r in records),
+                     "queries": sum(r.get("queries") or 0 for r in records),
+                     "faulty_queries": dict(sum((Counter(r.get("endpoint_faults") or {}) for r in records),
+                                                Counter()))},
         # seconds per question in each pipeline stage (a stage a question never reached counts 0)
         "timings_mean": {key: statistics.fmean(r["timings"].get(key, 0.0) for r in records
                                                if r.get("timings") is not None) for key in timing_keys},
@@ -198,24 +218,78 @@ def print_summary(summary: dict, name: str) -> None:
     print(f"  seconds/question   median {sec(summary['seconds']['median'])}, mean {sec(summary['seconds']['mean'])}")
     print(f"  backtracks/sample  {sec(backtracks)} ({summary['samples_with_backtracks']} samples backtracked)")
     print("  failures           " + ", ".join(f"{kind.replace('_', ' ')} {failures[kind]}" for kind in failures))
+    endpoint = summary["endpoint"]
+    faults = ", ".join(f"{kind} {count}" for kind, count in endpoint["faulty_queries"].items()) or "none"
+    print(f"  endpoint           {endpoint['questions_failed']} questions failed by the endpoint, "
+          f"{endpoint['unverified_answers']} unverified answers; faulty queries of {endpoint['queries']}: {faults}")
 
 
 def read_predictions(path: Path) -> list[dict]:
-    """Records of a predictions file; a cut-off last line (killed mid-write) is dropped from disk."""
-    if not path.exists():
-        return []
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    if lines and not lines[-1].endswith("\n"):
-        print(f"dropping an unfinished last line of {path}")
-        lines = lines[:-1]
-        path.write_text("".join(lines), encoding="utf-8")
-    return [json.loads(line) for line in lines if line.strip()]
+    """Records of a predictions file ([] before the first); a cut-off last line (killed mid-write) is
+    dropped from disk."""
+    return read_jsonl(path, appended=True)
 
 
-def write_jsonl(path: Path, records: list[dict]) -> None:
-    partial = path.with_suffix(".part")
-    partial.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-    partial.replace(path)  # atomic: a crash leaves the old file intact
+def prepare_run_dir(out: Path, config: dict, keys: tuple[str, ...]) -> None:
+    """Create the run directory and save `config` there; a run already there must agree on `keys`."""
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "config.json").exists():
+        saved = json.loads((out / "config.json").read_text())
+        changed = [key for key in keys if saved.get(key) != config[key]]
+        if changed:
+            raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
+                             f"pass another --out or delete {out}")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
+    """--skeleton-only: the top-1 generated skeleton of each question against its gold skeleton, no
+    endpoint (skeleton_score.py). `generator` replaces grisp.Grisp.generator (anything with
+    `skeletons(question) -> (kept, trace)`). Resumable like a full run; returns the summary."""
+    import search
+    import skeleton_score
+    if args.score_only or args.oracle_skeleton or args.skeletons_from:
+        raise ValueError("--skeleton-only generates and scores skeletons itself; drop --score-only, "
+                         "--oracle-skeleton and --skeletons-from")
+    options = pipeline_options(args)
+    if resolution := sorted(set(options) - set(GENERATION_OPTIONS)):
+        raise ValueError(f"--skeleton-only scores skeleton generation only, and {', '.join(resolution)} change "
+                         f"resolution: drop them (--ablation none or no-beam-search)")
+    args.benchmark = args.benchmark or "demo"
+    samples = benchmarks.load_benchmark(args.benchmark)[: args.limit]
+    lookup = skeleton_score.item_lookup(search.load_indices(args.index))  # gold items' labels and aliases
+    name = Path(args.benchmark).stem if args.benchmark.endswith(".jsonl") else args.benchmark
+    suffix = "skeletons" + ("" if args.ablation == "none" else f"-{args.ablation}")
+    out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
+    config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
+              "model_dir": str(args.model_dir), "adapter": str(args.adapter), "index": str(args.index),
+              "device": args.device, "limit": args.limit, "out": str(out)}
+    print(f"config: {json.dumps(config)}")
+    prepare_run_dir(out, config, SKELETON_RUN_KEYS)
+
+    predictions_path = out / "predictions.jsonl"
+    done = {record["id"] for record in read_predictions(predictions_path)}
+    todo = [sample for sample in samples if sample["id"] not in done]
+    print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
+    if todo:
+        generator = generator or load_pipeline(args, options, generate_only=True)
+        with open(predictions_path, "a", encoding="utf-8") as file:
+            for sample in tqdm(todo, desc="skeletons", unit="q"):
+                start = time.perf_counter()
+                record = skeleton_score.score_sample(sample, lookup, lambda q: generator.skeletons(q)[0])
+                record["seconds"] = time.perf_counter() - start
+                file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                file.flush()
+
+    ids = {sample["id"] for sample in samples}
+    summary = skeleton_score.summarize([r for r in read_predictions(predictions_path) if r["id"] in ids])
+    (out / "summary.json").write_text(json.dumps({**summary, "config": config}, indent=2) + "\n")
+    print(f"\n{name}: skeleton score of the top-1 generated skeleton\n")
+    print(skeleton_score.format_table(summary))
+    if summary["unskeletonisable"]:
+        print(f"(status \"unskeletonisable\" in the predictions; is {args.index} the index of this benchmark's KG?)")
+    print(f"wrote {predictions_path} and {out / 'summary.json'}")
+    return summary
 
 
 def main(args: argparse.Namespace, pipeline=None) -> dict:
@@ -224,6 +298,8 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     # --- setup
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be positive, not {args.limit}")
+    if getattr(args, "skeleton_only", False):
+        return evaluate_skeletons(args, pipeline)
     if args.skeletons_from and args.oracle_skeleton:
         raise ValueError("--skeletons-from and --oracle-skeleton both choose the skeletons; pass one")
     saved_run = {}  # --score-only: the run's own benchmark and endpoint unless given on the command line
@@ -267,14 +343,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
               "device": args.device, "limit": args.limit, "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     print(f"config: {json.dumps(config)}")
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "config.json").exists():
-        saved = json.loads((out / "config.json").read_text())
-        changed = [key for key in RUN_KEYS if saved.get(key) != config[key]]
-        if changed:
-            raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
-                             f"pass another --out or delete {out}")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    prepare_run_dir(out, config, RUN_KEYS)
 
     # --- answer the questions not answered yet
     predictions_path = out / "predictions.jsonl"
@@ -297,8 +366,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
                 record = answer_record(sample, answer, answer.timings.get("total", time.perf_counter() - start))
                 record["reused_skeletons"] = sample["id"] in generated
                 score_record(record, sample["sparql"], client)
-                file.write(json.dumps(record, ensure_ascii=False) + "\n")
-                file.flush()
+                append_jsonl(file, record)
 
     # --- summary over this benchmark selection
     records = [r for r in read_predictions(predictions_path) if r["id"] in gold_by_id]
@@ -316,7 +384,7 @@ if __name__ == "__main__":
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # data
     parser.add_argument("--benchmark", default=None,
-                        help="benchmark name (demo, wwq-dev-kg, wwq-dev, wwq-train) or a JSONL file "
+                        help="benchmark name (demo, wwq-dev-kg, wwq-dev, wwq-train, qald10-dev, qald10-train) or a JSONL file "
                              "({id, question, sparql, paraphrases, info} per line); default: demo, or "
                              "with --score-only the run's own")
     parser.add_argument("--out", default=None,
@@ -347,6 +415,9 @@ if __name__ == "__main__":
                         help="reuse the skeletons (and their recorded generation time) of an earlier run "
                              "with the same model and generation settings; for ablations that change "
                              "only resolution (no-rerank, no-constrained, no-kg-guidance, no-backtracking)")
+    parser.add_argument("--skeleton-only", action="store_true",
+                        help="no endpoint: score the top-1 generated skeleton against the gold query's "
+                             "skeleton (structure and label match by question shape; labels from --index)")
     add_flags(parser, KNOBS, unset=True)
     try:
         main(parser.parse_args())

@@ -1,9 +1,9 @@
-"""Precompute GRISP training samples (paper section 3, "Training Data"; METHOD.md section 2) for N
+"""Precompute GRISP training samples (paper section 3, "Training Data"; docs/method.md section 3.1) for N
 epochs as JSONL: a skeleton and a re-ranking sample per benchmark record and epoch, with the
 augmentations (samples.py holds the method; train.py makes the same samples online).
 
 Reads the benchmark records (`--data`) and the search index of their KG (`--index`; the Wikidata index
-is built in-process if missing), writes one sample per line to `--out` (under a `.part` name until
+is built in-process if missing), writes one sample per line to `--out` (under a temporary name until
 complete) and prints the statistics: counts of samples, skipped records and augmentations, and token
 lengths per task if the base model's tokenizer is present. A sample (see samples.py):
 
@@ -20,8 +20,10 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 import defaults
+from jsonl import write_jsonl
 from samples import (WIKIDATA_INDEX_DIR, Augment, SampleGenerator, add_generation_args, length_stats, load_records,
                      open_index)
 
@@ -39,31 +41,33 @@ def main(args: argparse.Namespace) -> None:
         sys.exit(f"error: {error}")
 
     # --- samples of every epoch, written as they are made
+    total, first_epoch = Counter(), []
+
+    def every_epoch() -> Iterator[dict]:
+        for epoch in range(args.epochs):
+            samples, stats = generator.epoch(epoch)
+            total.update(stats)
+            if epoch == 0:
+                first_epoch.extend(samples)
+                for sample in samples[: args.show]:
+                    print(json.dumps(sample, indent=1, ensure_ascii=False))
+            yield from samples
+
     out = Path(args.out).expanduser() if args.out else None
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
-    file = open(out.with_suffix(out.suffix + ".part"), "w", encoding="utf-8") if out else None
-    total, all_samples = Counter(), []
-    for epoch in range(args.epochs):
-        samples, stats = generator.epoch(epoch)
-        total.update(stats)
-        all_samples += samples if epoch == 0 else []
-        for sample in samples:
-            if file:
-                file.write(json.dumps(sample, ensure_ascii=False) + "\n")
-        for sample in samples[: args.show if epoch == 0 else 0]:
-            print(json.dumps(sample, indent=1, ensure_ascii=False))
-    if file:
-        file.close()
-        out.with_suffix(out.suffix + ".part").rename(out)  # only complete files appear under the real name
+        write_jsonl(out, every_epoch())  # under a temporary name until complete
+    else:
+        for _ in every_epoch():  # statistics only
+            pass
 
     # --- statistics
     print(f"{len(records)} records x {args.epochs} epochs -> {total['skeleton']} skeleton and {total['rerank']} "
           f"re-ranking samples" + (f" in {out}" if out else ""))
     print("counts: " + ", ".join(f"{k} {v}" for k, v in sorted(total.items())))
     model_dir = Path(args.model_dir).expanduser()
-    if (model_dir / "tokenizer.json").exists() and all_samples:
-        print(f"token lengths (epoch 0): {json.dumps(length_stats(all_samples, model_dir))}")
+    if (model_dir / "tokenizer.json").exists() and first_epoch:
+        print(f"token lengths (epoch 0): {json.dumps(length_stats(first_epoch, model_dir))}")
 
 
 if __name__ == "__main__":

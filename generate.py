@@ -1,4 +1,5 @@
-"""Beam search over model.py's Transformer: GRISP's skeleton generation (paper section 3, stage 1).
+"""Beam search over model.py's Transformer: GRISP's skeleton generation (paper section 3, stage 1;
+docs/method.md section 2.5).
 
 GRISP decodes several skeletons per question with beam search (width 8) that samples its candidate
 continuations (temperature 0.4, top-p 0.9). Each beam's score is the sum of the model's token

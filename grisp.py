@@ -27,7 +27,7 @@ from rerank import ModelReranker
 from resolve import Resolver
 from search import load_indices
 from skeleton import find_placeholders, parses
-from sparql import Result, SparqlClient
+from sparql import Result, SparqlClient, Tally
 from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
 from tracing import Listener
@@ -42,24 +42,45 @@ class Answer:
     trace: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     backtracks: int = 0
-    error: str | None = None
-    failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "error"
+    error: str | None = None  # why the answer is unverified, or the first endpoint fault of a failure
+    failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "endpoint_error", "error"
+    # the endpoint during this question (docs/method.md 6.7): SPARQL queries sent, those answered, and
+    # the faults by error type (sparql.ENDPOINT_FAULTS); verified: the final query returned a result,
+    # False: accepted without one (a timeout or 5xx at final validation), None: no answer or not checked
+    queries: int = 0
+    queries_answered: int = 0
+    endpoint_faults: dict[str, int] = field(default_factory=dict)
+    verified: bool | None = None
 
 
 class Grisp:
     def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None, index_dir: str | Path,
                  endpoint_url: str, options: Options, device: str = "auto"):
         model_dir, index_dir = Path(model_dir).expanduser(), Path(index_dir).expanduser()
-        if not (model_dir / "config.json").exists():
-            raise GrispError(f"no base model at {model_dir}; run `python get_model.py` or pass --model-dir")
-        if adapter_dir is not None and not (Path(adapter_dir) / peft_format.CONFIG_NAME).exists():
-            raise GrispError(f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
-                             f"train.py, or pass --adapter none to run the base model")
+        _check_model(model_dir, adapter_dir)
         if not (index_dir / "manifest.json").exists():
             raise GrispError(f"no search index at {index_dir}; build it with build_index.py or pass --index")
         self.client = SparqlClient(endpoint_url)
         if options.kg_guidance:  # fail fast, before loading the model: is the endpoint up?
-            self.client.query("ASK { }")
+            self.client.query("ASK { }", deadline=time.monotonic() + options.time_budget)
+        self._load_model(model_dir, adapter_dir, options, device)
+        self.indices = load_indices(index_dir)
+        reranker = ModelReranker(self.model, self.tokenizer) if options.rerank else None
+        self.resolver = Resolver(self.indices, self.client, reranker, options)
+
+    @classmethod
+    def generator(cls, model_dir: str | Path, adapter_dir: str | Path | None, options: Options,
+                  device: str = "auto") -> "Grisp":
+        """Stage 1 alone: a Grisp that only generates skeletons (`skeletons`), with no index and no
+        endpoint (infer.py and evaluate.py --skeleton-only); `answer` raises GrispError."""
+        model_dir = Path(model_dir).expanduser()
+        _check_model(model_dir, adapter_dir)
+        grisp = cls.__new__(cls)
+        grisp.client = grisp.indices = grisp.resolver = None
+        grisp._load_model(model_dir, adapter_dir, options, device)
+        return grisp
+
+    def _load_model(self, model_dir: Path, adapter_dir: str | Path | None, options: Options, device: str) -> None:
         self.options, self.device = options, pick_device(device)
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.tokenizer = Tokenizer(model_dir)
@@ -67,16 +88,15 @@ class Grisp:
         if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed
             peft_format.load_merged(self.model, adapter_dir)
         prepare_for_inference(self.model)
-        self.indices = load_indices(index_dir)
-        reranker = ModelReranker(self.model, self.tokenizer) if options.rerank else None
-        self.resolver = Resolver(self.indices, self.client, reranker, options)
 
     def use_options(self, options: Options) -> None:
         """Answer the next questions with `options` (serve.py: options per request). The re-ranker is made
         at load time, so re-ranking needs a Grisp loaded with rerank on."""
-        if options.rerank and self.resolver.reranker is None:
-            raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
-        self.options = self.resolver.options = options
+        if self.resolver is not None:
+            if options.rerank and self.resolver.reranker is None:
+                raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
+            self.resolver.options = options
+        self.options = options
 
     def skeletons(self, question: str, listener: Listener | None = None) -> tuple[list[tuple[str, float]], list[dict]]:
         """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of all beams."""
@@ -115,9 +135,14 @@ class Grisp:
     def answer_from_skeletons(self, question: str, skeletons: list[str] | list[tuple[str, float]],
                               deadline: float | None = None, listener: Listener | None = None) -> Answer:
         """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one): the first that
-        resolves to a valid query wins."""
+        resolves to a valid query wins. Every endpoint query ends within the time budget."""
+        if self.resolver is None:
+            raise GrispError("this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
+                             "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)")
         start = time.perf_counter()
         deadline = deadline if deadline is not None else time.monotonic() + self.options.time_budget
+        client = self.resolver.client
+        client.tally = Tally()  # this question's queries
         skeletons = [s if isinstance(s, tuple) else (s, 0.0) for s in skeletons]
         answer = Answer(question, None, None, skeletons, failure="no_skeleton" if not skeletons else None)
         for number, (skeleton, score) in enumerate(skeletons):
@@ -133,11 +158,39 @@ class Grisp:
             answer.failure = resolution.failure
             if resolution.sparql is not None:
                 answer.sparql, answer.result = with_prefixes(resolution.sparql), resolution.result
+                answer.verified = resolution.verified
                 break
-            if resolution.failure == "timeout":
+            if resolution.failure in ("timeout", "endpoint_error"):
                 break
         answer.timings["resolve"] = time.perf_counter() - start
-        return answer
+        return judge_endpoint(answer, client.tally)
+
+
+def judge_endpoint(answer: Answer, tally: Tally) -> Answer:
+    """Fill in the endpoint's part of `answer` from the question's query tally (docs/method.md 6.7).
+
+    An unverified answer (a timeout or 5xx at final validation, accepted as the reference does) stands
+    only if the endpoint answered some other query of the question; else the endpoint is broken and
+    the query unchecked. A failed answer is an "endpoint_error" when no query was answered and at
+    least one failed with an endpoint fault (or the endpoint was lost), not a failure of the method."""
+    answer.queries, answer.queries_answered = tally.sent, tally.answered
+    answer.endpoint_faults = dict(tally.faults)
+    if answer.verified is False and tally.answered == 0:  # an unchecked query from a broken endpoint
+        answer.sparql, answer.result, answer.verified, answer.failure = None, None, None, "endpoint_error"
+    if answer.sparql is None and (answer.failure == "endpoint_error" or tally.faults and not tally.answered):
+        answer.failure, answer.error = "endpoint_error", tally.first_fault
+    elif answer.verified is False:  # the final validation's error, kept in its trace event
+        answer.error = next(e["accepted_error"] for e in reversed(answer.trace) if "accepted_error" in e)
+    return answer
+
+
+def _check_model(model_dir: Path, adapter_dir: str | Path | None) -> None:
+    """GrispError naming the fix when the base model or the adapter is missing."""
+    if not (model_dir / "config.json").exists():
+        raise GrispError(f"no base model at {model_dir}; run `python get_model.py` or pass --model-dir")
+    if adapter_dir is not None and not (Path(adapter_dir) / peft_format.CONFIG_NAME).exists():
+        raise GrispError(f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
+                         f"train.py, or pass --adapter none to run the base model")
 
 
 def answer_to_json(answer: Answer) -> dict:

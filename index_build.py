@@ -1,5 +1,5 @@
-"""Build the search indices of a knowledge graph: the library behind build_index.py (METHOD.md section 4;
-GRASP's `data` + `index`).
+"""Build the search indices of a knowledge graph: the library behind build_index.py (docs/method.md
+sections 5.1-5.3; GRASP's `data` + `index`).
 
 Reads every item's id, main label, aliases, description and popularity, either (a) from an items
 JSONL file ({"id", "label", "aliases", "description", "count"} per line, Wikidata Q/P ids or full
@@ -43,11 +43,13 @@ from urllib.parse import unquote
 from tqdm import tqdm
 
 from indices import EmbeddingIndex, PrefixIndex
+from jsonl import iter_jsonl
 from search import KINDS, ItemStore
 from skeleton import split_variant
 from sparql import SparqlClient
+from sparql_syntax import PREFIXES
 
-WD_ENTITY = "http://www.wikidata.org/entity/"
+WD_ENTITY = PREFIXES["wd"]  # Wikidata items and properties: wd:Q42, wd:P19
 WIKIDATA_ID = re.compile(r"[QP]\d+")
 SCHEMAS = ("wikidata", "generic")  # endpoint vocabularies
 EMBED = ("properties", "all", "none")  # which kinds get an embedding index; the first is the default
@@ -58,28 +60,25 @@ PAGE_SIZE = 10000  # rows per paged SPARQL query
 
 
 def items_from_jsonl(path: Path, kind: str) -> Iterator[dict]:
-    """Items of `kind` from a JSONL file; Q/P ids become Wikidata IRIs, others need a "kind" key."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                iri, label = row["id"], row["label"]
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{number}: not an item line with 'id' and 'label' ({e})")
-            if WIKIDATA_ID.fullmatch(iri):
-                row_kind, iri = ("property" if iri[0] == "P" else "entity"), WD_ENTITY + iri
-            else:
-                row_kind = row.get("kind", "entity")
-            if row_kind == kind:
-                yield {
-                    "id": iri,
-                    "label": label or local_name(iri),
-                    "aliases": [a for a in row.get("aliases") or [] if a and a != label],
-                    "description": row.get("description") or "",
-                    "popularity": float(row.get("count", row.get("popularity", 0)) or 0),
-                }
+    """Items of `kind` from a JSONL file (read lazily); Q/P ids become Wikidata IRIs, others need a
+    "kind" key. A line that is not JSON, or not an item, raises ValueError naming the file and line."""
+    for number, row in iter_jsonl(path):
+        try:
+            iri, label = row["id"], row["label"]
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{path}:{number}: not an item line with 'id' and 'label' ({e})") from None
+        if WIKIDATA_ID.fullmatch(iri):
+            row_kind, iri = ("property" if iri[0] == "P" else "entity"), WD_ENTITY + iri
+        else:
+            row_kind = row.get("kind", "entity")
+        if row_kind == kind:
+            yield {
+                "id": iri,
+                "label": label or local_name(iri),
+                "aliases": [a for a in row.get("aliases") or [] if a and a != label],
+                "description": row.get("description") or "",
+                "popularity": float(row.get("count", row.get("popularity", 0)) or 0),
+            }
 
 
 # ---------------------------------------------------------------------------- SPARQL endpoint

@@ -1,4 +1,4 @@
-"""Prefix-keyword and embedding indices as NumPy arrays (METHOD.md section 4; GRASP's PFX and SIM).
+"""Prefix-keyword and embedding indices as NumPy arrays (docs/method.md sections 5.2-5.3; GRASP's PFX and SIM).
 
 GRISP resolves every placeholder by an index search followed by SLM re-ranking (paper section 3).
 Entities are found by keywords, properties by embedding similarity (keywords miss "born in" ->
@@ -29,7 +29,7 @@ import numpy as np
 
 MIN_KEYWORD_LEN = 3  # shorter query keywords only refine candidates found by longer ones
 MAX_WORD_BYTES = 64  # vocabulary words are compared on their first 64 UTF-8 bytes
-EXACT, PREFIX, UNMATCHED_KEYWORD, UNMATCHED_WORD = 1.0, 0.75, -0.5, -0.25  # METHOD.md section 4
+EXACT, PREFIX, UNMATCHED_KEYWORD, UNMATCHED_WORD = 1.0, 0.75, -0.5, -0.25  # docs/method.md section 5.2
 
 # Letters that Unicode decomposition (NFKD) does not reduce to ASCII, plus typographic punctuation.
 _TRANSLIT = {
@@ -114,7 +114,7 @@ def load_arrays(directory: Path, names: list[str]) -> dict[str, np.ndarray]:
 
 
 class PrefixIndex:
-    """Prefix-keyword index over item names (label and aliases), scored as in METHOD.md section 4.
+    """Prefix-keyword index over item names (label and aliases), scored as in docs/method.md section 5.2.
 
     Arrays (memory-mapped after `load`):
       vocab      S<=64 [V]      sorted distinct normalised words

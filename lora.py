@@ -1,7 +1,7 @@
 """LoRA: low-rank adapters on the linear layers of a frozen model (the idea, as in loralib).
 
 GRISP fine-tunes Qwen2.5 with LoRA (Hu et al., 2022), r=32, alpha=32, on all linear layers of the
-transformer blocks (paper, training setup; METHOD.md section 2). A frozen linear layer W gets a
+transformer blocks (paper, training setup; docs/method.md section 4.2). A frozen linear layer W gets a
 trainable low-rank update:  y = W x + (alpha / r) * B A dropout(x),  with A [r, in] and B [out, r].
 B starts at zero, so step 0 is exactly the base model.
 

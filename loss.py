@@ -1,4 +1,5 @@
-"""GRISP's training objective: from a sample to its loss (paper section 3, "Training Data").
+"""GRISP's training objective: from a sample to its loss (paper section 3, "Training Data";
+docs/method.md section 4.1).
 
 The model is trained jointly on two tasks with one loss per sample:
 - skeleton: next-token cross-entropy on the answer tokens (the skeleton and <|im_end|>), averaged
@@ -9,7 +10,7 @@ Logits are computed only at these loss positions (model.forward's `logits_at`), 
 large lm_head matmul everywhere else. The identifier tokens and their logits come from rerank.py, the
 scoring rule inference uses. Used by train.py; tested in tests/test_train.py.
 
-    encoded = [encode(sample, tokenizer) for sample in samples]   # gen_data.py samples
+    encoded = [encode(sample, tokenizer) for sample in samples]   # samples.py samples (made online or read from gen_data.py)
     losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id))  # [B], [B]
 """
 import torch

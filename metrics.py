@@ -1,7 +1,7 @@
 """The GRASP scoring protocol: how a predicted SPARQL answer is compared with the gold one.
 
 GRISP (paper section 4, "evaluation protocol") scores a question by executing the gold and the
-predicted query and comparing their results row by row (METHOD.md section 5):
+predicted query and comparing their results row by row (docs/method.md section 7.2):
 
 - If the gold query is an ASK query, compare truth values (a SELECT prediction counts as true when
   it returns a row). An ASK prediction for a SELECT gold query scores 0: a trivial
@@ -29,8 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-XSD_STRING = "http://www.w3.org/2001/XMLSchema#string"
-RDF_LANG_STRING = "http://www.w3.org/1999/02/22-rdf-syntax-ns#langString"
+from sparql_syntax import PREFIXES
+
+XSD_STRING = PREFIXES["xsd"] + "string"
+RDF_LANG_STRING = PREFIXES["rdf"] + "langString"
 EXACT_ABOVE = 1024  # more rows than this on either side -> multiset F1 (the assignment is O(n^3))
 
 # One RDF term, hashable: (kind, value, datatype, language) with kind in {"uri", "literal", "bnode"}

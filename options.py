@@ -47,7 +47,8 @@ class Options:
     kg_guidance: bool = option(True, "no constraints and no final validation")
     backtracking: bool = option(True, "a dead end fails the skeleton")
     # seconds per question for resolution (after generation, whose cost is hardware-bound)
-    time_budget: float = option(60.0, "seconds per question for resolving its skeletons (generation not counted)")
+    time_budget: float = option(60.0, "seconds per question for resolving its skeletons, a hard limit on every "
+                                "endpoint query (generation not counted)")
 
     def __post_init__(self):
         problems = [f"{name} = {value} must be {rule}" for name, value, ok, rule in [

@@ -1,5 +1,5 @@
 """Position inference: is a placeholder the subject, the property or the object of a triple
-pattern, or somewhere else (paper Section 3; METHOD.md section 3)? The position picks the index the
+pattern, or somewhere else (paper Section 3; docs/method.md section 6.2)? The position picks the index the
 resolver searches (entities for subject / object, properties for property).
 
     from positions import infer_position
@@ -14,7 +14,7 @@ from sparql_syntax import Unsupported, closers, tokenize, where_start
 def infer_position(text: str, ph: Placeholder) -> str:
     """The position of `ph`: "subject", "property", "object" or "unknown" (FILTER, BIND, VALUES ...).
 
-    METHOD.md 3: take the prefix up to the placeholder, append terms, close the open brackets
+    docs/method.md section 6.2: take the prefix up to the placeholder, append terms, close the open brackets
     and parse: 3 terms parse -> subject, 2 -> property, 1 -> object. The placeholder becomes an IRI
     (so it may sit inside a property path) followed by fresh variables, and the triple ends with
     `;`, which only a triple pattern accepts (so `FILTER(?x = <ph>)` is unknown, not an object).

@@ -1,12 +1,12 @@
-"""The two prompts GRISP trains and runs one model on (paper section 3, METHOD.md sections 2-3).
+"""The two prompts GRISP trains and runs one model on (paper section 3; docs/method.md sections 3.3 and 2.5).
 
 1. Skeleton generation: question -> SPARQL skeleton with `<iri>label</iri>` placeholders.
 2. List-wise re-ranking: question + partially resolved query with the current placeholder marked
    `<rep>label</rep>` + lettered alternatives (plus "None of the above") -> one identifier letter.
 
-Training (gen_data.py / train.py) and inference (resolve.py) both build their prompts here, so the
-model always sees exactly the text it was trained on. Prompts are chat messages; model.py's
-tokenizer turns them into Qwen's chat format.
+Training (samples.py, for gen_data.py and train.py) and inference (grisp.py for skeletons, rerank.py
+for re-ranking) both build their prompts here, so the model always sees exactly the text it was
+trained on. Prompts are chat messages; tokenizer.chat_prompt turns them into Qwen's chat format.
 """
 from dataclasses import dataclass, field
 

@@ -1,4 +1,5 @@
-"""Model re-ranking: the scoring rule and the re-ranker that resolve.py calls (paper section 3).
+"""Model re-ranking: the scoring rule and the re-ranker that resolve.py calls (paper section 3;
+docs/method.md section 6.4).
 
 The re-ranking prompt (prompts.rerank_messages) lists the alternatives with identifier letters A, B, ...
 and "None of the above" last. An alternative's score is the logit of its identifier's token at the
@@ -8,7 +9,8 @@ position after the prompt: one forward pass scores the whole list. Training uses
 the identifiers' logits, absent ones masked).
 
 `ModelReranker` adds the speed-up: it keeps the KV cache of its previous prompt and runs only the
-tokens after the start the two prompts share (tests/test_rerank.py: same scores as a full forward).
+tokens after the start the two prompts share (tests/test_rerank.py: same scores as a full forward;
+docs/cpu_speed.md section 3.3: the speed-up).
 
     reranker = ModelReranker(model, tokenizer)
     scores = reranker(question, marked_query, alternatives)   # len(alternatives) + 1, None's last

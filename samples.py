@@ -1,5 +1,5 @@
 """Training samples for GRISP's two tasks from question-query pairs (paper section 3, "Training Data";
-METHOD.md section 2). The library behind gen_data.py (offline samples) and train.py (online samples).
+docs/method.md section 3). The library behind gen_data.py (offline samples) and train.py (online samples).
 
 For every benchmark record and epoch it makes one sample of each task:
 - skeleton: the question (or a random paraphrase) -> the gold query with every KG IRI replaced by a
@@ -29,7 +29,6 @@ index does not know are skipped and counted. A sample:
 """
 import argparse
 import hashlib
-import json
 import random
 import statistics
 import sys
@@ -43,6 +42,7 @@ import benchmarks
 import compose
 import defaults
 import index_build
+from jsonl import iter_jsonl
 from prompts import IDENTIFIERS, mark_current, rerank_messages, skeleton_messages, to_alternative
 from search import Indices, load_indices
 from skeleton import find_placeholders, split_variant, substitute
@@ -54,8 +54,9 @@ WIKIDATA_INDEX_DIR = defaults.GRISP_HOME / "indices" / "wikidata-items"  # built
 
 @dataclass
 class Augment:
-    """Probabilities of the sample variations (METHOD.md section 2: "small, such as 0.05-0.2"; vary_k is
-    higher because METHOD draws k at random and constrained lists at inference have any length)."""
+    """Probabilities of the sample variations (docs/method.md section 3.4: the reference gives only "small,
+    about 0.05 to 0.2"; vary_k is higher because the reference draws k at random and constrained lists at
+    inference have any length)."""
 
     alias: float = 0.2  # a placeholder shows a random alias instead of the main label
     vary_k: float = 0.5  # re-rank k uniform in [min_k, max_k] alternatives instead of max_k (constrained lists vary)
@@ -188,8 +189,9 @@ class SampleGenerator:
 
 # ---------------------------------------------------------------------------- data, index, files
 def load_records(data: str) -> list[dict]:
-    """Benchmark records of `--data`: wwq (WikiWebQuestions train), demo, a benchmarks.py name or a JSONL path."""
-    return benchmarks.load_benchmark(DATASETS.get(data, data))
+    """Benchmark records of `--data`: wwq (WikiWebQuestions train), demo, a benchmarks.py name or a JSONL
+    path; never a held-out dev set (benchmarks.load_training: "qald10" gives "qald10-train")."""
+    return benchmarks.load_training(DATASETS.get(data, data))
 
 
 def default_index_dir(data: str) -> Path:
@@ -219,8 +221,9 @@ def validation_split(fraction: float, seed: int):
 def read_samples(path: str | Path) -> dict[int, list[dict]]:
     """Precomputed samples by epoch; a line that is not a sample raises ValueError naming it."""
     by_epoch = {}
-    for number, sample in enumerate(benchmarks.read_jsonl(Path(path)), 1):
-        if sample.get("task") not in ("skeleton", "rerank") or not {"id", "epoch", "messages", "target"} <= sample.keys():
+    for number, sample in iter_jsonl(path):
+        if (not isinstance(sample, dict) or sample.get("task") not in ("skeleton", "rerank")
+                or not {"id", "epoch", "messages", "target"} <= sample.keys()):
             raise ValueError(f"{path}: line {number} is not a gen_data.py sample (needs id, epoch, task, messages, target)")
         by_epoch.setdefault(sample["epoch"], []).append(sample)
     if not by_epoch:
@@ -240,13 +243,13 @@ def length_stats(samples: list[dict], model_dir: Path) -> dict:
             for task, v in lengths.items()}
 
 
-def is_sample_file(path: str) -> bool:
+def is_sample_file(path: str | Path) -> bool:
     """True if `path` is a JSONL file of gen_data.py samples (not benchmark records)."""
-    if not Path(path).expanduser().is_file():
+    path = Path(path).expanduser()
+    if not path.is_file():
         return False
-    with open(Path(path).expanduser(), encoding="utf-8") as f:
-        first = next((line for line in f if line.strip()), "{}")
     try:
-        return "task" in json.loads(first)
-    except json.JSONDecodeError:
+        _, first = next(iter_jsonl(path), (0, {}))
+    except ValueError:  # not JSON: not a sample file either
         return False
+    return isinstance(first, dict) and "task" in first

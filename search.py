@@ -1,4 +1,4 @@
-"""The search indices of a knowledge graph, as the rest of GRISP uses them (METHOD.md section 4).
+"""The search indices of a knowledge graph, as the rest of GRISP uses them (docs/method.md section 5).
 
 GRISP resolves every placeholder by a search followed by SLM re-ranking (paper section 3): entities
 by the prefix-keyword index, properties by the embedding index (indices.py), optionally restricted
@@ -30,6 +30,7 @@ from typing import Iterable
 import numpy as np
 
 import defaults
+import jsonl
 from indices import EmbeddingIndex, PrefixIndex, load_arrays, save_arrays
 
 KINDS = {"entity": "entities", "property": "properties"}  # search kind -> sub-directory
@@ -78,9 +79,8 @@ class ItemStore:
         offsets, popularity, hashes = [0], [], []
         with open(directory / "items.jsonl", "wb") as f:
             for item in items:
-                fields = {key: item[key] for key in ITEM_FIELDS}
-                line = json.dumps(fields, ensure_ascii=False)
-                offsets.append(offsets[-1] + f.write(line.encode() + b"\n"))
+                # byte offsets of every line, so that `get` reads one item without parsing the file
+                offsets.append(offsets[-1] + f.write(jsonl.line({key: item[key] for key in ITEM_FIELDS}).encode()))
                 popularity.append(item["popularity"])
                 hashes.append(_iri_hash(item["id"]))
         hashes = np.array(hashes, dtype=np.uint64)

@@ -171,11 +171,14 @@ def run(grisp: Grisp, job: Job) -> dict:
                             failure=None if skeletons else "no_skeleton")
         else:
             answer = grisp.answer(q.question, listener)
-    except SparqlError as e:  # the endpoint went away or failed hard mid-question
+    except SparqlError as e:  # an endpoint fault the pipeline did not record in the answer
         return {"type": "error", "kind": "endpoint", "message": f"the SPARQL endpoint failed: {e}"}
-    data = answer_to_json(answer) | {"labels": result_labels(grisp.indices, answer.result), "mode": q.mode,
-                                     "options": asdict(q.options)}
-    return {"type": "answer", "answer": plain(data)}
+    data = plain(answer_to_json(answer) | {"labels": result_labels(grisp.indices, answer.result), "mode": q.mode,
+                                           "options": asdict(q.options)})
+    if answer.failure == "endpoint_error":  # the endpoint went away or kept failing mid-question
+        return {"type": "error", "kind": "endpoint", "message": f"the SPARQL endpoint failed: {answer.error}",
+                "answer": data}
+    return {"type": "answer", "answer": data}
 
 
 # --- the web app
@@ -220,8 +223,9 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str],
                 elif message["type"] == "answer":
                     return JSONResponse(message["answer"])
                 elif message["type"] in TERMINAL:
-                    return JSONResponse({"error": message["message"], "kind": message.get("kind", message["type"])},
-                                        STATUS[message.get("kind", message["type"])])
+                    kind = message.get("kind", message["type"])
+                    return JSONResponse({"error": message["message"], "kind": kind}
+                                        | ({"answer": message["answer"]} if "answer" in message else {}), STATUS[kind])
         finally:
             job.cancel("client")
 
@@ -291,7 +295,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"warning: serving on {args.host}: anyone who can reach this machine can use the model", file=sys.stderr)
     app = make_app(grisp, info, options, examples, args.max_waiting, args.time_limit)
     print(f"open http://{args.host}:{args.port}")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 
 

@@ -1,5 +1,5 @@
 """SPARQL skeletons: placeholders, Wikidata property variants and parsing (paper Section 3;
-METHOD.md section 1). Pure functions, no model.
+docs/method.md sections 2.1, 2.2 and 2.4). Pure functions, no model.
 
 A skeleton is a SPARQL query without PREFIX lines whose KG IRIs are natural-language placeholders
 `<iri>label</iri>`; property placeholders end with their Wikidata variant hint,

@@ -1,4 +1,4 @@
-"""Gold query -> skeleton, for training data (paper Section 3; METHOD.md sections 1-2): drop the
+"""Gold query -> skeleton, for training data (paper Section 3; docs/method.md section 2.3): drop the
 PREFIX lines and replace every knowledge-graph IRI the index can name by its placeholder
 (`wdt:P19` -> `<iri>place of birth (wdt)</iri>`); vocabularies such as rdfs:label stay verbatim.
 
@@ -7,7 +7,7 @@ PREFIX lines and replace every knowledge-graph IRI the index can name by its pla
     s.skeleton  # "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x }"
     s.iris      # the replaced IRIs in order: what resolution must find again
 
-Pure functions over the text; gen_data.py and evaluate.py (oracle skeletons) use it.
+Pure functions over the text; samples.py (training targets) and evaluate.py (oracle skeletons) use it.
 """
 from dataclasses import dataclass
 from typing import Callable
@@ -55,7 +55,7 @@ class Skeletonized:
 
 
 def skeletonize(sparql: str, name_for: Callable[[str], str | None]) -> Skeletonized:
-    """Skeleton of a gold query (METHOD.md 1-2). `name_for(canonical_iri)` returns the text for an
+    """Skeleton of a gold query (docs/method.md section 2.3). `name_for(canonical_iri)` returns the text for an
     item's placeholder (its label or an alias) or None if the index does not know it; Wikidata
     properties are looked up by their entity IRI and get their variant hint (`(wdt)`)."""
     tokens = tokenize(sparql)

@@ -1,4 +1,5 @@
-"""Fine-tune the base model with LoRA on GRISP's two tasks at once (paper section 3, "Training").
+"""Fine-tune the base model with LoRA on GRISP's two tasks at once (paper section 3, "Training";
+docs/method.md section 4).
 
 One model learns (1) question -> SPARQL skeleton, with next-token cross-entropy on the answer tokens
 (the skeleton and <|im_end|>), and (2) list-wise re-ranking, with cross-entropy restricted to the
@@ -42,6 +43,7 @@ import lora
 import loss
 import peft_format
 import samples
+from jsonl import append_jsonl, read_jsonl, write_jsonl
 from model import Transformer, pick_device
 from tokenizer import Tokenizer
 
@@ -209,9 +211,8 @@ def start_run_dir(run: Run, config: dict, state: TrainState) -> None:
     print(json.dumps(config, indent=1))
     (run.run_dir / "config.json").write_text(json.dumps(config, indent=1))
     log_path = run.run_dir / "log.jsonl"  # drop lines of steps after the checkpoint we resume from
-    kept = [l for l in log_path.read_text().splitlines() if json.loads(l)["step"] <= state.step] \
-        if run.args.resume and log_path.exists() else []
-    log_path.write_text("".join(l + "\n" for l in kept))
+    kept = [r for r in read_jsonl(log_path, appended=True) if r["step"] <= state.step] if run.args.resume else []
+    write_jsonl(log_path, kept)
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -325,8 +326,8 @@ class TrainingLoop:
 
     def log(self, record: dict) -> None:
         if self.run.rank == 0:
-            with open(self.run.run_dir / "log.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+            with open(self.run.run_dir / "log.jsonl", "a", encoding="utf-8") as f:
+                append_jsonl(f, record)
 
     def all_agree(self, stopping: bool) -> bool:
         """Stop if any rank stops (signals may reach the processes at different times)."""

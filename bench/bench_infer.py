@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 from generate import beam_search  # noqa: E402
 from grisp import Grisp, GrispError  # noqa: E402
+from jsonl import read_jsonl  # noqa: E402
 from model import Transformer  # noqa: E402
 from options import Options  # noqa: E402
 from tokenizer import chat_prompt  # noqa: E402
@@ -170,7 +171,7 @@ def main(args: argparse.Namespace) -> int:
     except (GrispError, SparqlError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    questions = [json.loads(line) for line in open(args.questions_file, encoding="utf-8")][:args.questions]
+    questions = read_jsonl(args.questions_file)[:args.questions]
     print(f"config: {json.dumps(vars(args))}; torch {torch.__version__}, {torch.get_num_threads()} threads")
 
     # --- the parts, cheapest first

@@ -6,7 +6,6 @@ source's top token move?).
     python bench/compare_adapters.py ~/.cache/grisp/runs/wwq-0.5b-l8/best adapters/grisp-wwq-0.5b
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 import peft_format  # noqa: E402
+from jsonl import read_jsonl  # noqa: E402
 from model import Transformer  # noqa: E402
 from prompts import skeleton_messages  # noqa: E402
 from tokenizer import Tokenizer, chat_prompt  # noqa: E402
@@ -37,7 +37,7 @@ def answer_logprobs(model_dir: Path, adapter: Path, tokenizer: Tokenizer, sample
 
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    samples = [json.loads(line) for line in open(args.questions, encoding="utf-8")][: args.limit]
+    samples = read_jsonl(args.questions)[: args.limit]
     tokenizer = Tokenizer(args.model_dir)
     source = answer_logprobs(args.model_dir, args.source, tokenizer, samples)
     other = answer_logprobs(args.model_dir, args.other, tokenizer, samples)

@@ -3,15 +3,14 @@
 For every property in the items file that has an alias, one alias is held out (not indexed) and used
 as the query; a search succeeds if it returns that property. This is the situation of GRISP's
 resolver, whose placeholders are labels or aliases the model learned, phrased in ways the index may
-not hold (METHOD.md section 4: keywords miss "born in" -> "place of birth"). Printed: recall@1,
+not hold (docs/method.md section 5.3: keywords miss "born in" -> "place of birth"). Printed: recall@1,
 recall@10, MRR@10 and mean query time per method; this is the measurement behind the encoder choice.
 
-    python bench/eval_property_search.py                         # ../shared/data/wikidata/items.jsonl
+    python bench/eval_property_search.py                         # items: defaults.SHARED_DATA_DIR/wikidata/items.jsonl
     python bench/eval_property_search.py --subset 500 --qwen   # adds our Qwen model as encoder
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,26 +22,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 import defaults  # noqa: E402
 from encoder import MINILM, load_encoder  # noqa: E402
 from indices import EmbeddingIndex, PrefixIndex, normalize  # noqa: E402
+from jsonl import iter_jsonl  # noqa: E402
 
 
 def held_out_split(items_file: Path, seed: int) -> tuple[list[list[str]], list[tuple[str, int]]]:
     """Names per property with one alias removed, and (held-out alias, property row) queries."""
     rng = np.random.default_rng(seed)
     names, queries = [], []
-    with open(items_file, encoding="utf-8") as f:
-        for line in f:
-            item = json.loads(line)
-            if not item["id"].startswith("P"):
-                continue
-            label, aliases = item["label"], list(dict.fromkeys(item.get("aliases") or []))
-            keys = [tuple(normalize(name)) for name in [label] + aliases]
-            # hold out an alias whose normalised text no other name of the property has
-            candidates = [a for a, key in zip(aliases, keys[1:]) if keys.count(key) == 1]
-            if candidates:
-                held = candidates[rng.integers(len(candidates))]
-                aliases.remove(held)
-                queries.append((held, len(names)))
-            names.append([label] + aliases)
+    for _, item in iter_jsonl(items_file):
+        if not item["id"].startswith("P"):
+            continue
+        label, aliases = item["label"], list(dict.fromkeys(item.get("aliases") or []))
+        keys = [tuple(normalize(name)) for name in [label] + aliases]
+        # hold out an alias whose normalised text no other name of the property has
+        candidates = [a for a, key in zip(aliases, keys[1:]) if keys.count(key) == 1]
+        if candidates:
+            held = candidates[rng.integers(len(candidates))]
+            aliases.remove(held)
+            queries.append((held, len(names)))
+        names.append([label] + aliases)
     return names, queries
 
 

@@ -20,6 +20,7 @@ from model import Transformer  # noqa: E402
 from prompts import to_alternative  # noqa: E402
 from rerank import ModelReranker  # noqa: E402
 from search import load_indices  # noqa: E402
+from sparql_syntax import PREFIXES  # noqa: E402
 from tokenizer import Tokenizer  # noqa: E402
 
 # the right answer first, then other properties of the film (as a constrained search would list them)
@@ -37,7 +38,7 @@ def scores_by_length(adapter: str, model_dir: Path, index_dir: Path) -> list[lis
     model = Transformer.from_pretrained(model_dir)
     peft_format.load_merged(model, adapter)
     indices = load_indices(index_dir)
-    alternatives = [to_alternative(indices.item("http://www.wikidata.org/entity/" + p), "wdt") for p in PROPERTIES]
+    alternatives = [to_alternative(indices.item(PREFIXES["wd"] + p), "wdt") for p in PROPERTIES]
     rerank = ModelReranker(model, tokenizer)
     return [[(s[0], s[-1]) for n in range(2, len(PROPERTIES) + 1) for s in [rerank(q, query, alternatives[:n])]]
             for q, query in CASES]

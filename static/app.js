@@ -160,6 +160,7 @@ function handle(message) {
     case "answer": showAnswer(message.answer); break;
     case "timeout": fail("Timeout", message.message); break;
     case "error":
+      if (message.answer) showTimings(message.answer);
       fail(message.kind === "endpoint" ? "Endpoint error" : "Error", message.message); break;
   }
   if (!["answer", "timeout", "error"].includes(message.type)) tick();  // a final message set the status
@@ -272,6 +273,7 @@ const drawers = {
   },
   exhausted() { return el("div", {class: "step stop"}, el("div", {class: "head"}, "dead end: every alternative failed")); },
   timeout() { return el("div", {class: "step stop"}, el("div", {class: "head"}, "time budget used up")); },
+  endpoint_lost(e) { return el("div", {class: "step stop"}, el("div", {class: "head"}, `endpoint lost: ${e.error}`)); },
 };
 
 // --- the answer
@@ -279,6 +281,7 @@ const FAILURES = {
   no_skeleton: ["No skeleton", "the model wrote no SPARQL skeleton that parses; try rephrasing the question."],
   dead_end: ["Dead end", "no skeleton resolved to a query with a non-empty result on this knowledge graph."],
   timeout: ["Timeout", "the time budget for resolving the skeletons ran out."],
+  endpoint_error: ["Endpoint error", "the SPARQL endpoint failed during the search."],
 };
 
 function fail(title, text) {
@@ -292,6 +295,14 @@ function formatQuery(sparql) {  // one clause a line, for reading; Copy takes th
                .replace(/\{\n {2} \.\n\}/g, "{ }");
 }
 
+function showTimings(answer) {
+  const t = answer.timings;
+  const parts = ["generate", "resolve", "search", "constraint", "rerank", "validate"].filter((k) => k in t)
+    .map((k) => `${k} ${seconds(t[k])}`);
+  $("timings").textContent = `${parts.join(" · ")} · total ${seconds(t.total || 0)} · backtracks ${answer.backtracks}`;
+  return t;
+}
+
 function showAnswer(answer) {
   $("result").hidden = false;
   if (answer.sparql) {
@@ -299,10 +310,7 @@ function showAnswer(answer) {
     $("query").textContent = formatQuery(answer.sparql);
     $("query").dataset.raw = answer.sparql;
   }
-  const t = answer.timings;
-  const parts = ["generate", "resolve", "search", "constraint", "rerank", "validate"].filter((k) => k in t)
-    .map((k) => `${k} ${seconds(t[k])}`);
-  $("timings").textContent = `${parts.join(" · ")} · total ${seconds(t.total || 0)} · backtracks ${answer.backtracks}`;
+  const t = showTimings(answer);
   if (answer.mode === "generate") {
     const kept = answer.skeletons.length;
     $("message").replaceChildren(kept ? el("p", {}, `${kept} skeleton(s) kept (skeletons only: no resolution).`)
@@ -316,6 +324,9 @@ function showAnswer(answer) {
     return;
   }
   $("table").replaceChildren(resultTable(answer.result, answer.labels));
+  if (answer.verified === false) {  // accepted although the endpoint failed on the final query
+    $("message").replaceChildren(el("p", {class: "more"}, `Unverified: ${answer.error}`));
+  }
   setStatus(`Answered in ${seconds(t.total || 0)}.`);
 }
 

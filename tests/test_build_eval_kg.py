@@ -7,6 +7,7 @@ import sys
 import pyoxigraph as ox
 import pytest
 
+import benchmarks
 import build_eval_kg
 import defaults
 import endpoint
@@ -51,15 +52,20 @@ def write_jsonl(path, records):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
+def build(tmp_path, items=ITEMS, setting="closed", extra_kg=None, name="kg"):
+    """Run main on DEV and `items` in `tmp_path`; returns the output directory."""
+    write_jsonl(tmp_path / "dev.jsonl", DEV)
+    write_jsonl(tmp_path / f"{name}-items.jsonl", items)
+    out = tmp_path / name
+    build_eval_kg.main(argparse.Namespace(
+        setting=setting, benchmark=str(tmp_path / "dev.jsonl"), items=str(tmp_path / f"{name}-items.jsonl"),
+        extra_kg=extra_kg, out=str(out), verify=False, store=None, port=None))
+    return out
+
+
 @pytest.fixture
 def built(tmp_path):
-    write_jsonl(tmp_path / "dev.jsonl", DEV)
-    write_jsonl(tmp_path / "items.jsonl", ITEMS)
-    out = tmp_path / "kg"
-    build_eval_kg.main(argparse.Namespace(benchmark=str(tmp_path / "dev.jsonl"),
-                                          items=str(tmp_path / "items.jsonl"), out=str(out),
-                                          verify=False))
-    return out
+    return build(tmp_path)
 
 
 def test_single_pattern_recognises_only_one_wdt_triple():
@@ -124,6 +130,93 @@ def test_items_file_lists_the_labelled_items(built):
     assert sorted(ids) == sorted(i["id"] for i in ITEMS)
 
 
+# ---------------------------------------------------------------------------- the full setting
+
+ITEMS_FULL = ITEMS + [  # items no question mentions: a homonym of Q1 and an unused property
+    {"id": "Q50", "label": "label Q1", "aliases": ["paris"], "description": "another Q1", "count": 0},
+    {"id": "P999", "label": "unused property", "aliases": [], "description": None, "count": 0},
+]
+EXTRA_KG = """@prefix wd: <http://www.wikidata.org/entity/> .
+@prefix wdt: <http://www.wikidata.org/prop/direct/> .
+@prefix wds: <http://www.wikidata.org/entity/statement/> .
+@prefix p: <http://www.wikidata.org/prop/> .
+@prefix rdfs: <http://www.w3.org/2000/01/rdf-schema#> .
+wd:Q1 wdt:P19 wd:Q77 .
+wd:Q4 wdt:P26 wd:Q3 .
+wd:Q50 wdt:P19 wd:Q2 .
+wd:Q50 p:P19 wds:Q50-P19-Q2 .
+wd:Q1 rdfs:label "label Q1"@en .
+"""  # a second birth place of Q1 (question "object" gains an answer), a fact agreeing with the
+# gold answers of "subject", a distractor's fact and statement, and a label the item cache repeats
+
+
+@pytest.fixture
+def full(tmp_path):
+    (tmp_path / "extra.ttl").write_text(EXTRA_KG)
+    return build(tmp_path, items=ITEMS_FULL, setting="full", extra_kg=[str(tmp_path / "extra.ttl")])
+
+
+def load_store(directory):
+    store = ox.Store()
+    store.load(path=str(directory / "kg.nt"), format=ox.RdfFormat.N_TRIPLES)
+    return store
+
+
+def test_full_setting_labels_every_item_and_adds_the_extra_kg(full, tmp_path):
+    store = load_store(full)
+
+    def objects(item_id, predicate):
+        return {q.object for q in store.quads_for_pattern(ox.NamedNode(WD + item_id), ox.NamedNode(predicate), None)}
+
+    for item in ITEMS_FULL:  # every record of the item cache, mentioned or not
+        assert objects(item["id"], build_eval_kg.RDFS_LABEL) == {ox.Literal(item["label"], language="en")}
+        aliases = {ox.Literal(alias, language="en") for alias in item["aliases"]}
+        assert objects(item["id"], build_eval_kg.SKOS_ALT_LABEL) == aliases
+        assert len(objects(item["id"], build_eval_kg.SCHEMA_DESCRIPTION)) == (item["description"] is not None)
+        if item["id"].startswith("P"):  # what constraint queries and the resolver use of a property
+            assert objects(item["id"], build_eval_kg.WIKIBASE_DIRECT_CLAIM) == {ox.NamedNode(WDT + item["id"])}
+            assert objects(item["id"], build_eval_kg.RDF_TYPE) == {ox.NamedNode(build_eval_kg.WIKIBASE_PROPERTY)}
+    extra = [q.triple for q in ox.parse(path=str(tmp_path / "extra.ttl"), format=ox.RdfFormat.TURTLE)]
+    assert all(ox.Quad(t.subject, t.predicate, t.object) in store for t in extra)
+    lines = (full / "kg.nt").read_text().splitlines()
+    assert len(lines) == len(set(lines)) == len(store)  # the repeated label is written once
+    assert not (full / "items.jsonl").exists()  # the item cache itself is what gets indexed
+
+
+def test_full_setting_keeps_gold_answers_exact(full):
+    covered = [json.loads(line) for line in (full / "questions.jsonl").read_text().splitlines()]
+    # "object" gains the extra KG's second birth place: dropped and reported; "subject" stays
+    assert [sample["id"] for sample in covered] == ["subject", "literal", "kept", "full-iris"]
+    store = load_store(full)
+    for sample in covered:
+        document = store.query(sample["sparql"]).serialize(format=ox.QueryResultsFormat.JSON)
+        assert sorted(metrics.from_json(json.loads(document)).rows) == sorted(
+            metrics.from_bindings(sample["info"]["results"]).rows)
+    stats = json.loads((full / "stats.json").read_text())
+    assert (stats["setting"], stats["changed_by_extra_kg"], stats["conflicting"]) == ("full", ["object"], 1)
+    assert (stats["covered"], stats["unlabelled_topic"], stats["label_records"]) == (4, 1, len(ITEMS_FULL))
+    assert list(stats["extra_kg_triples"].values()) == [5]
+    assert stats["unlabelled"] == ["Q5", "Q77", "Q8", "Q99"]  # ids only, no statement nodes
+    assert (stats["items"], stats["properties"]) == (8 + 4, 6)  # labelled + unlabelled ids
+
+
+def test_closed_setting_is_unchanged_by_more_item_records(tmp_path, built):
+    more = build(tmp_path, items=ITEMS_FULL, name="more")  # the default setting, a larger item cache
+    for name in ("kg.nt", "questions.jsonl", "items.jsonl"):
+        assert (more / name).read_bytes() == (built / name).read_bytes(), name
+    stats = json.loads((more / "stats.json").read_text())
+    assert (stats["setting"], stats["extra_kg_triples"], stats["changed_by_extra_kg"]) == ("closed", {}, [])
+    assert "Q77" not in (more / "kg.nt").read_text() and "Q50" not in (more / "kg.nt").read_text()
+
+
+def test_wwq_dev_full_is_a_benchmark_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(benchmarks, "EVAL_KG_FULL_DIR", tmp_path)
+    with pytest.raises(FileNotFoundError, match="python build_eval_kg.py --setting full"):
+        benchmarks.load_benchmark("wwq-dev-full")
+    write_jsonl(tmp_path / "questions.jsonl", DEV[:1])
+    assert benchmarks.load_benchmark("wwq-dev-full")[0]["id"] == "object"
+
+
 def run_script(*args):
     return subprocess.run([sys.executable, "build_eval_kg.py", *args], cwd=defaults.REPO_DIR,
                           capture_output=True, text=True, timeout=60)
@@ -138,3 +231,14 @@ def test_missing_benchmark_exits_with_a_message(tmp_path):
     result = run_script("--benchmark", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"))
     assert result.returncode != 0
     assert "nope.jsonl" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_missing_extra_kg_exits_with_a_message(tmp_path):
+    write_jsonl(tmp_path / "dev.jsonl", DEV)
+    write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    result = run_script("--setting", "full", "--benchmark", str(tmp_path / "dev.jsonl"), "--items",
+                        str(tmp_path / "items.jsonl"), "--extra-kg", str(tmp_path / "nope.ttl"),
+                        "--out", str(tmp_path / "o"), "--no-verify")
+    assert result.returncode != 0
+    assert "nope.ttl" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "o").exists()

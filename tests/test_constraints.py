@@ -74,6 +74,27 @@ def test_constraint_query(text, expected):
     assert query is None or parses(query)
 
 
+# Texts that are not valid SPARQL have no constraint query: each malformed token below would be copied
+# into the query, which would not parse either (the first was found by the hypothesis test of
+# test_skeleton.py). The second column is the same text made valid, which does get a constraint.
+MALFORMED = [
+    ("ASK { ?x SELECTwdt:P31 ?x . ?x wdt:P31 ?x . FILTER(?x != <iri>film</iri>) . ?x wdt:P31 ?x ; wdt:P1 $PH . }",
+     "ASK { ?x wdt:P31 ?x . ?x wdt:P31 ?x . FILTER(?x != <iri>film</iri>) . ?x wdt:P31 ?x ; wdt:P1 $PH . }"),
+    ("ASK { ?x foo:p ?y . ?x wdt:P1 $PH }", "PREFIX foo: <http://foo.org/> ASK { ?x foo:p ?y . ?x wdt:P1 $PH }"),
+    ("ASK { ?x wdt:P31 [ SELECT ] . ?x wdt:P1 $PH }", "ASK { ?x wdt:P31 [ wdt:P2 ?o ] . ?x wdt:P1 $PH }"),
+    ('ASK { ?x wdt:P31 "a" ^^ SELECT . ?x wdt:P1 $PH }', 'ASK { ?x wdt:P31 "a" ^^ xsd:string . ?x wdt:P1 $PH }'),
+]
+
+
+@pytest.mark.parametrize("malformed, valid", MALFORMED)
+def test_a_text_that_does_not_parse_has_no_constraint_query(malformed, valid):
+    malformed, valid = malformed.replace("$PH", PH), valid.replace("$PH", PH)
+    assert not parses(malformed) and parses(valid)
+    assert constraint_query(malformed, find_placeholders(malformed)[-1]) is None
+    query = constraint_query(valid, find_placeholders(valid)[-1])
+    assert query is not None and parses(query) and "?candidate" in query, query
+
+
 TINY_KG = """@prefix wd: <http://www.wikidata.org/entity/> .
 @prefix wdt: <http://www.wikidata.org/prop/direct/> .
 wd:Q104123 wdt:P57 wd:Q3772 ; wdt:P136 wd:Q351718 .

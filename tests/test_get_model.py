@@ -223,15 +223,6 @@ def test_a_changed_file_is_rebuilt(tiny, tmp_path):
     assert (tmp_path / "config.json").read_text() == good
 
 
-def test_an_interrupted_write_leaves_no_file(tmp_path):
-    def crash(tmp: Path) -> None:
-        tmp.write_bytes(b"half a file")
-        raise KeyboardInterrupt
-    with pytest.raises(KeyboardInterrupt):
-        gguf_convert.write_atomic(tmp_path / "model.safetensors", crash)
-    assert not (tmp_path / "model.safetensors").exists()
-
-
 def make_wheels(gguf_path: Path, cache_dir: Path) -> None:
     """Fake part wheels: the GGUF bytes cut into six <pkg>/data/partNN.bin members."""
     data = gguf_path.read_bytes()

@@ -12,7 +12,7 @@ import peft_format
 from grisp import Answer, Grisp, GrispError, answer_to_json
 from model import Transformer
 from options import Options
-from sparql import EndpointUnreachable, Result, SparqlClient, parse_results
+from sparql import Result, SparqlClient, parse_results
 from tests.tiny import make_model_dir
 
 torch.set_num_threads(1)
@@ -87,11 +87,16 @@ def test_unreachable_endpoint_is_a_clear_error(tiny_model, demo_index):
     assert "endpoint.py start" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_endpoint_lost_during_resolution_raises(tiny_model, demo_index, demo_endpoint):
+def test_endpoint_lost_during_resolution_ends_the_question(tiny_model, demo_index, demo_endpoint):
     grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3))
     grisp.resolver.client = SparqlClient("http://127.0.0.1:9/query", retries=0)
-    with pytest.raises(EndpointUnreachable):
-        grisp.answer_from_skeletons("q", ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }"])
+    answer = grisp.answer_from_skeletons("q", ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
+                                               "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"])
+    assert answer.sparql is None and answer.failure == "endpoint_error" and answer.verified is None
+    assert answer.queries == 1 and answer.endpoint_faults == {"EndpointUnreachable": 1}
+    assert "cannot connect to http://127.0.0.1:9/query" in answer.error
+    assert [e["event"] for e in answer.trace].count("resolve") == 1, "no further skeleton once the endpoint is lost"
+    assert answer.trace[-1]["event"] == "endpoint_lost"
 
 
 def test_garbage_model_gives_no_skeleton_and_exit_1(tiny_model, demo_index, demo_endpoint, tmp_path):
@@ -114,6 +119,8 @@ def test_oracle_skeletons_move_on_to_the_next_skeleton(tiny_model, demo_index, d
     assert answer.sparql is not None and answer.sparql.endswith("SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x . }")
     assert "PREFIX wd: <http://www.wikidata.org/entity/>" in answer.sparql
     assert {r["x"]["value"] for r in answer.result.rows} == {"http://www.wikidata.org/entity/Q3772"}
+    assert answer.verified is True and answer.endpoint_faults == {} and answer.error is None
+    assert answer.queries == answer.queries_answered > 0  # constraint and final queries, all answered
 
 
 def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint, tmp_path):
@@ -140,3 +147,55 @@ def test_shipped_adapter_answers_the_readme_question(demo_endpoint):
     assert out.returncode == 0, out.stderr
     assert "SELECT DISTINCT ?x WHERE { wd:Q104123 wdt:P57 ?y . ?y wdt:P19 ?x . }" in out.stdout
     assert "Knoxville (wd:Q185582)" in out.stdout
+
+
+# ---------------------------------------------------------------------------- --skeleton-only (generate-only)
+def test_generator_needs_no_index_or_endpoint(tiny_model):
+    generator = Grisp.generator(tiny_model, None, Options(num_beams=2, max_new_tokens=8))
+    assert generator.indices is None and generator.resolver is None and generator.client is None
+    kept, trace = generator.skeletons("who directed pulp fiction?")
+    assert len(trace) == 2 and all(e["event"] == "skeleton" for e in trace)
+    assert len(kept) <= 2
+    with pytest.raises(GrispError, match="only generates skeletons"):
+        generator.answer_from_skeletons("q", ["SELECT ?x WHERE { <iri>a</iri> <iri>b (wdt)</iri> ?x }"])
+    with pytest.raises(GrispError, match="no base model"):
+        Grisp.generator(tiny_model.parent / "nothing", None, Options())
+
+
+def test_skeleton_only_runs_without_index_or_endpoint(tiny_model, tmp_path):
+    out = run_infer("who directed pulp fiction?", "--skeleton-only", "--model-dir", str(tiny_model), "--adapter", "none",
+                    "--index", str(tmp_path / "no-index"), "--endpoint", "http://127.0.0.1:9/query",
+                    "--num-beams", "2", "--json", str(tmp_path / "s.json"))
+    # a random model writes no skeleton that parses: a message and exit 1, never an index or endpoint error
+    assert out.returncode == 1 and "no skeleton" in out.stderr and "Traceback" not in out.stderr
+    assert "skeleton" in out.stdout and "timings: generate" in out.stdout  # the beams and their verdicts
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["question"] == "who directed pulp fiction?" and saved["skeletons"] == []
+    assert len(saved["trace"]) == 2 and saved["timings"]["generate"] > 0
+    out = run_infer("q?", "--skeleton-only", "--model-dir", str(tmp_path / "no-model"))
+    assert out.returncode == 2 and "get_model.py" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_skeleton_only_prints_the_ranked_skeletons(tiny_model, tmp_path, monkeypatch, capsys):
+    import runpy
+
+    class FakeGenerator:
+        def skeletons(self, question):
+            kept = [("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25),
+                    ("SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }", -3.5)]
+            return kept, [{"event": "skeleton", "skeleton": s, "score": score, "verdict": "kept"} for s, score in kept]
+    built = []
+    monkeypatch.setattr(Grisp, "generator", classmethod(lambda cls, *args: built.append(args) or FakeGenerator()))
+    monkeypatch.setattr(sys, "argv", ["infer.py", "who directed pulp fiction?", "--skeleton-only", "--quiet",
+                                      "--model-dir", str(tiny_model), "--adapter", "none", "--num-skeletons", "5",
+                                      "--json", str(tmp_path / "s.json")])
+    with pytest.raises(SystemExit) as exit:
+        runpy.run_path(str(defaults.REPO_DIR / "infer.py"), run_name="__main__")
+    assert exit.value.code == 0
+    (model_dir, adapter, options, _), = built
+    assert adapter is None and options.num_skeletons == 5
+    assert capsys.readouterr().out.splitlines() == [
+        "1.   -0.250  SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
+        "2.   -3.500  SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }"]
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["skeletons"][0] == ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25]

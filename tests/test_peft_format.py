@@ -14,25 +14,11 @@ import lora
 import peft_format
 from model import Transformer
 from tests.test_lora import IDS, LAYERS, EXACT, host_model, logits, randomize_b
+from tests.test_lora import model_dir, one_thread_and_a_seed  # noqa: F401  (the same fixtures)
 from tests.tiny import make_model_dir
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(autouse=True)
-def one_thread_and_a_seed():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)  # lora_A's random init
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random Qwen2 with a tied lm_head (like Qwen2.5-0.5B), shared by every model in a test."""
-    return make_model_dir(tmp_path_factory.mktemp("tiny"), tie_word_embeddings=True, num_hidden_layers=LAYERS)
 
 
 def hf_model(model_dir) -> torch.nn.Module:

@@ -1,5 +1,5 @@
 """Tests of the search indices (indices.py), the item store and load_indices API (search.py) and the
-MiniLM encoder (encoder.py): hand-computed METHOD.md scores, a brute-force reference, round trips.
+MiniLM encoder (encoder.py): hand-computed scores of docs/method.md section 5.2, a brute-force reference, round trips.
 """
 
 import json
@@ -112,7 +112,7 @@ def test_prefix_save_load_round_trip_memory_mapped(index, tmp_path):
 
 
 def reference_search(names, popularity, query, k, allowed=None):
-    """METHOD.md section 4 written out directly, one name at a time."""
+    """docs/method.md section 5.2 written out directly, one name at a time."""
     keywords = normalize(query)
     finders = [len(kw) >= 3 for kw in keywords] if any(len(kw) >= 3 for kw in keywords) else None
     best = {}

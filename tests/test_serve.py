@@ -212,6 +212,8 @@ def test_endpoint_down_mid_question_is_an_error_event_and_502(grisp, server):
     assert messages[-1]["type"] == "error" and messages[-1]["kind"] == "endpoint"
     assert "cannot connect to http://127.0.0.1:9/query" in messages[-1]["message"]
     assert any(m["type"] == "trace" and m["event"]["event"] == "placeholder" for m in messages)  # it failed midway
+    answer = messages[-1]["answer"]  # what was done up to there, recorded by the pipeline
+    assert answer["failure"] == "endpoint_error" and answer["trace"][-1]["event"] == "endpoint_lost"
     assert posted.status_code == 502 and posted.json()["kind"] == "endpoint"
     assert requests.post(url + "/api/answer", json={"question": QUESTION}, timeout=60).status_code == 200
 

@@ -3,7 +3,7 @@
 import socket
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import skeleton
@@ -125,6 +125,9 @@ def skeleton_texts(draw) -> str:
 
 @settings(max_examples=200, deadline=None)
 @given(skeleton_texts(), st.text(max_size=3))
+# found by this test: a constraint query copied the malformed `SELECTwdt:P31` and did not parse
+@example("ASK { ?x SELECTwdt:P31 ?x . ?x wdt:P31 ?x . FILTER(?x != <iri>film</iri>) . "
+         "?x wdt:P31 ?x ; wdt:P1 <iri>x</iri> . }", "")
 def test_no_skeleton_text_crashes(text, noise):
     text += noise
     parses(text)

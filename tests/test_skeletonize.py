@@ -15,7 +15,7 @@ def first(text: str) -> Placeholder:
     return find_placeholders(text)[0]
 
 
-WWQ = [  # from /work/shared/data/wwq/train.jsonl (WebQTrn-0, -1, -144, -17, -924, -301, -103, -560, -1263, -407)
+WWQ = [  # from WWQ train, benchmarks.load_benchmark("wwq-train") (WebQTrn-0, -1, -144, -17, -924, -301, -103, -560, -1263, -407)
     'PREFIX wdt: <http://www.wikidata.org/prop/direct/> PREFIX wd: <http://www.wikidata.org/entity/> SELECT DISTINCT ?x WHERE { wd:Q34086 wdt:P3373 ?x . ?x wdt:P21 wd:Q6581097 . }',
     'PREFIX ps: <http://www.wikidata.org/prop/statement/> PREFIX pq: <http://www.wikidata.org/prop/qualifier/> PREFIX wd: <http://www.wikidata.org/entity/> PREFIX wdt: <http://www.wikidata.org/prop/direct/> PREFIX p: <http://www.wikidata.org/prop/> SELECT DISTINCT ?x WHERE { ?p wdt:P8345 wd:Q462 ; p:P161 ?y . ?y ps:P161 wd:Q37876 ; pq:P453 ?x . }',
     'PREFIX xsd: <http://www.w3.org/2001/XMLSchema#> PREFIX ps: <http://www.wikidata.org/prop/statement/> PREFIX pq: <http://www.wikidata.org/prop/qualifier/> PREFIX wd: <http://www.wikidata.org/entity/> PREFIX p: <http://www.wikidata.org/prop/> SELECT DISTINCT ?x WHERE { ?x p:P39 ?p . ?p ps:P39 wd:Q740126 ; pq:P580 ?y ; pq:P582 ?z . FILTER ( ( ?y < "2012-01-01T00:00:00Z" ^^ xsd:dateTime ) && ( ?z >= "2011-01-01T00:00:00Z" ^^ xsd:dateTime ) ) }',

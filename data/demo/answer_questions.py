@@ -11,7 +11,6 @@ rebuilding kg.ttl.
     python data/demo/answer_questions.py --check   # exit 1 if a recorded answer is stale
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -20,8 +19,10 @@ import pyoxigraph as ox
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's top-level modules
 import benchmarks  # noqa: E402
 import defaults  # noqa: E402
+from jsonl import write_jsonl  # noqa: E402
+from sparql_syntax import PREFIXES  # noqa: E402
 
-RDFS_LABEL = ox.NamedNode("http://www.w3.org/2000/01/rdf-schema#label")
+RDFS_LABEL = ox.NamedNode(PREFIXES["rdfs"] + "label")
 
 
 def answers(store: ox.Store, sparql: str) -> list[str]:
@@ -55,8 +56,7 @@ def main(args: argparse.Namespace) -> None:
     print(f"{len(questions)} gold queries answer on {args.kg}; recorded answers changed: {stale or 'none'}")
     if args.check:
         sys.exit(1 if stale else 0)
-    with open(args.questions, "w", encoding="utf-8") as file:
-        file.writelines(json.dumps(question, ensure_ascii=False) + "\n" for question in questions)
+    write_jsonl(args.questions, questions)
     print(f"wrote {args.questions}")
 
 

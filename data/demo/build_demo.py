@@ -6,8 +6,8 @@ on which the README example, the demo questions and the tests run. Sources:
 
     facts.tsv     (this folder) one row per fact or per qualifier of a fact, ids AND labels written out
     entities.tsv  (this folder) items without facts that share a name with one in facts.tsv (distractors)
-    wikidata/items.jsonl, wwq/dev.jsonl  (the data cache, ../shared/data): names, popularity counts,
-                  and WWQ dev gold answers (info.results)
+    wikidata/items.jsonl, wwq/dev.jsonl  (the data cache, filled from ../shared/data or a download):
+                  names, popularity counts, and WWQ dev gold answers (info.results)
 
 All problems are reported together before anything is written: every id must be in items.jsonl with
 exactly the label in the table; literals only on date/quantity properties; no duplicate rows; every
@@ -32,6 +32,7 @@ import pyoxigraph as ox
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's top-level modules
 import benchmarks  # noqa: E402
 import defaults  # noqa: E402
+from jsonl import read_jsonl  # noqa: E402
 from sparql_syntax import PREFIXES  # noqa: E402
 
 FACT_COLUMNS = ["subject", "subject_label", "property", "value", "value_label", "statement",
@@ -261,7 +262,7 @@ def main(args: argparse.Namespace) -> None:
               for c in ("subject", "property", "value", "qualifier", "qualifier_value")}
     wanted |= {r["id"] for _, r in entities}
     items_path = args.items or benchmarks.cached_file(benchmarks.ITEMS_FILE)
-    items = {r["id"]: r for r in benchmarks.read_jsonl(items_path) if r["id"] in wanted}  # ~75k lines
+    items = {r["id"]: r for r in read_jsonl(items_path) if r["id"] in wanted}  # ~75k lines
     dev = {sample["id"]: sample for sample in benchmarks.load_benchmark(args.dev)}
 
     # --- check everything, report all problems at once
