@@ -205,7 +205,9 @@ function candidates(event, chosen) {  // the ranked list: re-ranked with None's 
                    el("span", {}, iriLink(iri, run.labels.get(iri) || compact(iri)), el("span", {class: "id"}, compact(iri))),
                    el("span", {class: "score"}, shown)));
   }
-  if (!ranked.length) list.append(el("li", {class: "below"}, el("span"), "no candidates", el("span")));
+  const pending = !("hits" in event) ? "searching…" : !("kept" in event) ? "re-ranking…" : null;  // notes to come
+  if (!ranked.length && !pending) list.append(el("li", {class: "below"}, el("span"), "no candidates", el("span")));
+  if (pending && event.event === "placeholder") list.append(el("li", {class: "below"}, el("span"), pending, el("span")));
   return list;
 }
 
