@@ -9,6 +9,7 @@ are thin command-line fronts over this class.
     grisp = Grisp(model_dir, adapter_dir, index_dir, endpoint_url, Options())
     answer = grisp.answer("Where was the Pulp Fiction director born?")
     answer.sparql, answer.result, answer.trace
+    answer = grisp.answer(question, listener=print)   # each trace event as it happens (serve.py)
 """
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from skeleton import find_placeholders, parses
 from sparql import Result, SparqlClient, Tally
 from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
+from tracing import Listener
 
 
 @dataclass
@@ -87,7 +89,16 @@ class Grisp:
             peft_format.load_merged(self.model, adapter_dir)
         prepare_for_inference(self.model)
 
-    def skeletons(self, question: str) -> tuple[list[tuple[str, float]], list[dict]]:
+    def use_options(self, options: Options) -> None:
+        """Answer the next questions with `options` (serve.py: options per request). The re-ranker is made
+        at load time, so re-ranking needs a Grisp loaded with rerank on."""
+        if self.resolver is not None:
+            if options.rerank and self.resolver.reranker is None:
+                raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
+            self.resolver.options = options
+        self.options = options
+
+    def skeletons(self, question: str, listener: Listener | None = None) -> tuple[list[tuple[str, float]], list[dict]]:
         """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of all beams."""
         o = self.options
         prompt = self.tokenizer.encode(chat_prompt(skeleton_messages(question)))
@@ -102,24 +113,27 @@ class Grisp:
                        else "does not parse" if not parses(text) else "kept")
             seen.add(text)
             trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
+            if listener is not None:
+                listener(trace[-1])
             if verdict == "kept" and len(kept) < (o.num_skeletons if o.beam_search else 1):
                 kept.append((text, h.score))
         return kept, trace
 
-    def answer(self, question: str) -> Answer:
+    def answer(self, question: str, listener: Listener | None = None) -> Answer:
+        """`listener` sees every trace event as it happens (tracing.py); if it raises, answering stops."""
         if not question.strip():
             raise GrispError("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
         start = time.perf_counter()
-        skeletons, trace = self.skeletons(question)
+        skeletons, trace = self.skeletons(question, listener)
         generation = time.perf_counter() - start
-        answer = self.answer_from_skeletons(question, skeletons)
+        answer = self.answer_from_skeletons(question, skeletons, listener=listener)
         answer.trace[:0] = trace
         answer.timings["generate"] = generation
         answer.timings["total"] = time.perf_counter() - start
         return answer
 
     def answer_from_skeletons(self, question: str, skeletons: list[str] | list[tuple[str, float]],
-                              deadline: float | None = None) -> Answer:
+                              deadline: float | None = None, listener: Listener | None = None) -> Answer:
         """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one): the first that
         resolves to a valid query wins. Every endpoint query ends within the time budget."""
         if self.resolver is None:
@@ -134,7 +148,9 @@ class Grisp:
         for number, (skeleton, score) in enumerate(skeletons):
             answer.trace.append({"event": "resolve", "skeleton": skeleton, "number": number,
                                  "placeholders": len(find_placeholders(skeleton))})
-            resolution = self.resolver.resolve(question, skeleton, deadline)
+            if listener is not None:
+                listener(answer.trace[-1])
+            resolution = self.resolver.resolve(question, skeleton, deadline, listener)
             answer.trace += resolution.trace
             answer.backtracks += resolution.backtracks
             for name, seconds in resolution.timings.items():
