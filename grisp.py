@@ -66,7 +66,12 @@ class Grisp:
             peft_format.load_merged(self.model, adapter_dir)
         prepare_for_inference(self.model)
         self.indices = load_indices(index_dir)
-        reranker = ModelReranker(self.model, self.tokenizer) if options.rerank else None
+        # the re-ranking prompt format the adapter was trained on (docs/method.md section 3.3)
+        try:
+            self.prompt_format = peft_format.read_prompt_format(adapter_dir)
+        except ValueError as error:
+            raise GrispError(str(error)) from None
+        reranker = ModelReranker(self.model, self.tokenizer, prompt_format=self.prompt_format) if options.rerank else None
         self.resolver = Resolver(self.indices, self.client, reranker, options)
 
     def skeletons(self, question: str) -> tuple[list[tuple[str, float]], list[dict]]:
