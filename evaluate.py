@@ -7,10 +7,12 @@ on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Wri
     config.json        the resolved configuration of the run
     predictions.jsonl  one record per question: id, question, predicted sparql, answers, skeletons,
                        trace summary, timings, seconds, backtracks, error, pipeline failure,
-                       gold status, failure kind (no_skeleton, dead_end, timeout, error,
-                       wrong_answer or null when correct), f1, em, reused_skeletons
+                       endpoint queries / faults / verified, gold status, failure kind
+                       (no_skeleton, dead_end, timeout, error, endpoint_error, wrong_answer or
+                       null when correct), f1, em, reused_skeletons
     summary.json       F1, EM, scored/skipped samples, seconds per question, backtracks per sample,
-                       and where failures arise (no skeleton, resolution dead end, wrong answer)
+                       where failures arise (no skeleton, resolution dead end, wrong answer), and
+                       the endpoint's faults counted apart from the method's (docs/method.md 7.3)
 
 Runs resume: ids already in predictions.jsonl are skipped; each record is appended and flushed as
 soon as it is scored. `--oracle-skeleton` feeds the gold query's skeleton to the resolver (the
@@ -53,7 +55,8 @@ ABLATIONS = {
     "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
 KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed")  # options.Options fields, passed if set
-PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error")  # grisp.Answer.failure values
+# grisp.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
+PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
             "endpoint", "skeletons_from")  # a resumed run must agree with the saved config on these
@@ -135,7 +138,8 @@ def answer_record(sample: dict, answer, seconds: float) -> dict:
     return {"id": sample["id"], "question": sample["question"], "sparql": answer.sparql,
             "skeletons": [list(s) for s in answer.skeletons], "trace": summarize_trace(answer.trace),
             "timings": answer.timings, "seconds": seconds, "backtracks": answer.backtracks,
-            "error": answer.error, "pipeline_failure": answer.failure}
+            "error": answer.error, "pipeline_failure": answer.failure, "queries": answer.queries,
+            "endpoint_faults": answer.endpoint_faults, "verified": answer.verified}
 
 
 def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) -> dict:
@@ -154,6 +158,8 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
         record["failure"] = None
     elif pipeline_failure in PIPELINE_FAILURES:
         record["failure"] = pipeline_failure
+    elif (record["pred_error"] or "").split(":")[0] in {e.__name__ for e in sparql.ENDPOINT_FAULTS}:
+        record["failure"] = "endpoint_error"  # the prediction may be right; the endpoint failed to run it
     elif not record["sparql"]:
         record["failure"] = "error"  # no query and no reason given: count it against the pipeline
     else:
@@ -179,6 +185,13 @@ def summarize(records: list[dict]) -> dict:
         "backtracks_per_sample": statistics.fmean(backtracks) if backtracks else None,
         "samples_with_backtracks": sum(b > 0 for b in backtracks),
         "failures": {kind: failures[kind] for kind in (*FAILURES, "correct")},
+        # over all questions (a dead endpoint also fails the gold queries, which skips them above)
+        "endpoint": {"questions_failed": sum("endpoint_error" in (r.get("failure"), r.get("pipeline_failure"))
+                                             for r in records),
+                     "unverified_answers": sum(r.get("verified") is False for r in records),
+                     "queries": sum(r.get("queries") or 0 for r in records),
+                     "faulty_queries": dict(sum((Counter(r.get("endpoint_faults") or {}) for r in records),
+                                                Counter()))},
         # seconds per question in each pipeline stage (a stage a question never reached counts 0)
         "timings_mean": {key: statistics.fmean(r["timings"].get(key, 0.0) for r in records
                                                if r.get("timings") is not None) for key in timing_keys},
@@ -199,6 +212,10 @@ def print_summary(summary: dict, name: str) -> None:
     print(f"  seconds/question   median {sec(summary['seconds']['median'])}, mean {sec(summary['seconds']['mean'])}")
     print(f"  backtracks/sample  {sec(backtracks)} ({summary['samples_with_backtracks']} samples backtracked)")
     print("  failures           " + ", ".join(f"{kind.replace('_', ' ')} {failures[kind]}" for kind in failures))
+    endpoint = summary["endpoint"]
+    faults = ", ".join(f"{kind} {count}" for kind, count in endpoint["faulty_queries"].items()) or "none"
+    print(f"  endpoint           {endpoint['questions_failed']} questions failed by the endpoint, "
+          f"{endpoint['unverified_answers']} unverified answers; faulty queries of {endpoint['queries']}: {faults}")
 
 
 def read_predictions(path: Path) -> list[dict]:

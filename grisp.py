@@ -26,7 +26,7 @@ from rerank import ModelReranker
 from resolve import Resolver
 from search import load_indices
 from skeleton import find_placeholders, parses
-from sparql import Result, SparqlClient
+from sparql import Result, SparqlClient, Tally
 from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
 
@@ -40,8 +40,15 @@ class Answer:
     trace: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     backtracks: int = 0
-    error: str | None = None
-    failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "error"
+    error: str | None = None  # why the answer is unverified, or the first endpoint fault of a failure
+    failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "endpoint_error", "error"
+    # the endpoint during this question (docs/method.md 6.7): SPARQL queries sent, those answered, and
+    # the faults by error type (sparql.ENDPOINT_FAULTS); verified: the final query returned a result,
+    # False: accepted without one (a timeout or 5xx at final validation), None: no answer or not checked
+    queries: int = 0
+    queries_answered: int = 0
+    endpoint_faults: dict[str, int] = field(default_factory=dict)
+    verified: bool | None = None
 
 
 class Grisp:
@@ -57,7 +64,7 @@ class Grisp:
             raise GrispError(f"no search index at {index_dir}; build it with build_index.py or pass --index")
         self.client = SparqlClient(endpoint_url)
         if options.kg_guidance:  # fail fast, before loading the model: is the endpoint up?
-            self.client.query("ASK { }")
+            self.client.query("ASK { }", deadline=time.monotonic() + options.time_budget)
         self.options, self.device = options, pick_device(device)
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.tokenizer = Tokenizer(model_dir)
@@ -106,17 +113,23 @@ class Grisp:
         return answer
 
     def answer_from_skeletons(self, question: str, skeletons: list[str] | list[tuple[str, float]],
-                              deadline: float | None = None) -> Answer:
+                              deadline: float = float("inf")) -> Answer:
         """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one): the first that
-        resolves to a valid query wins."""
+        resolves to a valid query wins. Each skeleton has its own time budget, as in the reference: a
+        skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
+        (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget; every
+        endpoint query ends within its skeleton's budget (and by `deadline`, an optional overall cap).
+        Once the endpoint has failed every query of the question, no further skeleton is tried."""
         start = time.perf_counter()
-        deadline = deadline if deadline is not None else time.monotonic() + self.options.time_budget
+        client = self.resolver.client
+        client.tally = Tally()  # this question's queries
         skeletons = [s if isinstance(s, tuple) else (s, 0.0) for s in skeletons]
         answer = Answer(question, None, None, skeletons, failure="no_skeleton" if not skeletons else None)
         for number, (skeleton, score) in enumerate(skeletons):
             answer.trace.append({"event": "resolve", "skeleton": skeleton, "number": number,
                                  "placeholders": len(find_placeholders(skeleton))})
-            resolution = self.resolver.resolve(question, skeleton, deadline)
+            budget_end = min(time.monotonic() + self.options.time_budget, deadline)
+            resolution = self.resolver.resolve(question, skeleton, budget_end)
             answer.trace += resolution.trace
             answer.backtracks += resolution.backtracks
             for name, seconds in resolution.timings.items():
@@ -124,11 +137,30 @@ class Grisp:
             answer.failure = resolution.failure
             if resolution.sparql is not None:
                 answer.sparql, answer.result = with_prefixes(resolution.sparql), resolution.result
+                answer.verified = resolution.verified
                 break
-            if resolution.failure == "timeout":
-                break
+            if resolution.failure == "endpoint_error" or (client.tally.faults and not client.tally.answered):
+                break  # the endpoint is lost or has answered nothing: another skeleton would fare no better
         answer.timings["resolve"] = time.perf_counter() - start
-        return answer
+        return judge_endpoint(answer, client.tally)
+
+
+def judge_endpoint(answer: Answer, tally: Tally) -> Answer:
+    """Fill in the endpoint's part of `answer` from the question's query tally (docs/method.md 6.7).
+
+    An unverified answer (a timeout or 5xx at final validation, accepted as the reference does) stands
+    only if the endpoint answered some other query of the question; else the endpoint is broken and
+    the query unchecked. A failed answer is an "endpoint_error" when no query was answered and at
+    least one failed with an endpoint fault (or the endpoint was lost), not a failure of the method."""
+    answer.queries, answer.queries_answered = tally.sent, tally.answered
+    answer.endpoint_faults = dict(tally.faults)
+    if answer.verified is False and tally.answered == 0:  # an unchecked query from a broken endpoint
+        answer.sparql, answer.result, answer.verified, answer.failure = None, None, None, "endpoint_error"
+    if answer.sparql is None and (answer.failure == "endpoint_error" or tally.faults and not tally.answered):
+        answer.failure, answer.error = "endpoint_error", tally.first_fault
+    elif answer.verified is False:  # the final validation's error, kept in its trace event
+        answer.error = next(e["accepted_error"] for e in reversed(answer.trace) if "accepted_error" in e)
+    return answer
 
 
 def answer_to_json(answer: Answer) -> dict:

@@ -8,6 +8,15 @@ by endpoint.py, its index from build_index.py, the shipped adapter).
     python infer.py "Where was the Pulp Fiction director born?"
     python infer.py "Who directed Pulp Fiction?" --no-rerank --json answer.json
     python infer.py "..." --endpoint https://qlever.cs.uni-freiburg.de/api/wikidata --index ~/.cache/grisp/indices/wikidata-items
+
+Exit codes:
+  0  answered: the final query ran and returned a result (or KG guidance is off: nothing was checked)
+  1  no answer, the method failed: no skeleton parses, every skeleton dead-ended, or the time budget ran out
+  2  bad input or setup: empty question, bad settings, missing model/adapter/index, unreachable endpoint
+  3  no answer, the endpoint failed: it answered none of the question's queries (HTTP 5xx, invalid JSON,
+     no answer in time, connection lost), or it became unreachable; the message counts the faults
+  4  answered but unverified: the final query timed out or got HTTP 5xx (accepted as the reference does,
+     because the endpoint answered other queries of the question); there is no result to show
 """
 import argparse
 import json
@@ -19,7 +28,7 @@ import torch
 import defaults
 from grisp import Answer, Grisp, GrispError, answer_to_json
 from options import add_flags, from_flags
-from sparql import SparqlError
+from sparql import EndpointUnreachable, SparqlError
 from sparql_syntax import compact
 
 
@@ -36,6 +45,8 @@ def describe(event: dict) -> str:
             lines.append(f"    constrained to {event['constraint_size']} IRIs by: {event['constraint']}")
         elif "constraint_error" in event:
             lines.append(f"    constraint failed ({event['constraint_error']}); searching unconstrained")
+        if "hits" not in event:  # the endpoint was lost in the constraint step, before the search
+            return "\n".join(lines)
         ranked = event.get("reranked") or [(iri, score) for iri, _, score in event["hits"]]
         labels = {iri: label for iri, label, _ in event["hits"]}
         shown = [f"{compact(iri) if iri else 'None'} {labels.get(iri, '')!r} {score}" for iri, score in ranked]
@@ -48,18 +59,24 @@ def describe(event: dict) -> str:
         return f"  backtrack to {event['to']} ({event['left']} alternatives left{ranked})"
     if kind == "validate":
         outcome = "ok" if event["ok"] else "rejected"
-        detail = event.get("error") or (f"accepted despite {event['accepted_error']}" if "accepted_error" in event
+        detail = event.get("error") or (f"unverified, accepted despite {event['accepted_error']}"
+                                        if "accepted_error" in event
                                         else f"boolean {event['boolean']}" if event.get("boolean") is not None
                                         else f"{event['rows']} rows")
         return f"  validate: {outcome} ({detail})"
+    if kind == "endpoint_lost":
+        return f"  endpoint lost: {event['error']}"
     return f"  {kind}"
 
 
 def answer_table(grisp: Grisp, answer: Answer, limit: int = 20) -> str:
     """The result rows with labels for IRIs the index knows."""
     result = answer.result
+    if answer.verified is False:
+        return (f"(unverified: the final query was not checked, {answer.error}; kept because the endpoint "
+                f"answered {answer.queries_answered} other queries of this question)")
     if result is None:
-        return "(no result: KG guidance is off, or the endpoint timed out on the final query)"
+        return "(no result: KG guidance is off, the query was not run)"
     if result.boolean is not None:
         return f"ASK: {'yes' if result.boolean else 'no'}"
 
@@ -78,6 +95,25 @@ def answer_table(grisp: Grisp, answer: Answer, limit: int = 20) -> str:
     return "\n".join(lines)
 
 
+# what each endpoint fault (sparql.ENDPOINT_FAULTS) means, for the final message
+FAULT_TEXT = {"ServerError": "answered HTTP 5xx", "InvalidResponse": "sent invalid JSON or a broken answer",
+              "QueryTimeout": "did not answer in time", "EndpointUnreachable": "could not be reached"}
+
+
+def fault_report(answer: Answer) -> str:
+    """E.g. 'sent invalid JSON or a broken answer for 14 of 14 queries; first error: InvalidResponse: ...'."""
+    faults = "; ".join(f"{FAULT_TEXT.get(kind, kind)} for {count} of {answer.queries} queries"
+                       for kind, count in answer.endpoint_faults.items())
+    return f"{faults or f'answered none of {answer.queries} queries'}; first error: {answer.error}"
+
+
+def exit_code(answer: Answer) -> int:
+    """0 answered, 1 the method found no answer, 3 the endpoint failed, 4 answered but unverified."""
+    if answer.sparql is None:
+        return 3 if answer.failure == "endpoint_error" else 1
+    return 4 if answer.verified is False else 0
+
+
 def main(args: argparse.Namespace) -> int:
     # --- setup
     if not args.question.strip():
@@ -92,33 +128,47 @@ def main(args: argparse.Namespace) -> int:
         grisp = Grisp(args.model_dir, adapter, args.index, args.endpoint, options, args.device)
         loaded = time.perf_counter() - start
         answer = grisp.answer(args.question)
-    except (GrispError, SparqlError) as e:
+    except GrispError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except SparqlError as e:  # the start-up check `ASK { }`: no endpoint there (2) or a faulty one (3)
+        print(f"error: the endpoint {args.endpoint} failed the start-up query ASK {{ }}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 2 if isinstance(e, EndpointUnreachable) else 3
 
     # --- report
     if not args.quiet:
         print("\n".join(describe(e) for e in answer.trace))
         timings = ", ".join(f"{k} {v:.2f}s" for k, v in answer.timings.items())
-        print(f"timings: load {loaded:.2f}s, {timings}; backtracks {answer.backtracks}\n")
+        print(f"timings: load {loaded:.2f}s, {timings}; backtracks {answer.backtracks}; SPARQL queries "
+              f"{answer.queries} ({answer.queries_answered} answered, faults {answer.endpoint_faults or 'none'})\n")
+    code = exit_code(answer)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(answer_to_json(answer) | {"options": vars(args)}, f, indent=2)
+            json.dump(answer_to_json(answer) | {"exit_code": code, "options": vars(args)}, f, indent=2)
     if answer.sparql is None:
         reason = {"no_skeleton": "the model produced no skeleton that parses",
                   "dead_end": "no skeleton resolved to a query with a non-empty result",
-                  "timeout": f"the time budget of {options.time_budget:.0f} s ran out"}.get(answer.failure, answer.failure)
+                  "timeout": f"the time budget of {options.time_budget:g} s per skeleton ran out",
+                  "endpoint_error": f"the endpoint {args.endpoint} failed: it {fault_report(answer)}",
+                  }.get(answer.failure, answer.failure)
         print(f"no answer: {reason}", file=sys.stderr)
-        return 1
+        return code
     print(answer.sparql)
     print()
     print(answer_table(grisp, answer))
-    return 0
+    if answer.verified is False:
+        print(f"warning: unverified answer: {answer.error}", file=sys.stderr)
+    return code
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after each flag; the epilog (the exit codes) keeps its line breaks."""
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Exit codes:"):],
+                                     formatter_class=HelpFormatter)
     parser.add_argument("question", help="the natural-language question")
     # model, index and knowledge graph
     parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (get_model.py)")

@@ -46,8 +46,11 @@ class Options:
     constrained: bool = option(True, "search without KG constraints")
     kg_guidance: bool = option(True, "no constraints and no final validation")
     backtracking: bool = option(True, "a dead end fails the skeleton")
-    # seconds per question for resolution (after generation, whose cost is hardware-bound)
-    time_budget: float = option(60.0, "seconds per question for resolving its skeletons (generation not counted)")
+    # seconds per skeleton for resolution (after generation, whose cost is hardware-bound), as in the
+    # reference: a skeleton out of time fails and the next one gets a fresh budget (docs/method.md 6.7)
+    time_budget: float = option(60.0, "seconds per skeleton for resolving it, then the next skeleton (at most "
+                                "num_skeletons x this per question); also a hard limit on every endpoint query "
+                                "(generation not counted)")
 
     def __post_init__(self):
         problems = [f"{name} = {value} must be {rule}" for name, value, ok, rule in [

@@ -51,9 +51,10 @@ class Resolution:
     sparql: str | None  # the resolved query (no PREFIX lines), None if the skeleton failed
     result: Result | None  # its result from the final validation (None without KG guidance)
     backtracks: int
-    failure: str | None = None  # None, "dead_end" or "timeout"
+    failure: str | None = None  # None, "dead_end", "timeout" or "endpoint_error" (the endpoint was lost)
     trace: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    verified: bool | None = None  # the final query returned a result; False: accepted unchecked; None: not run
 
 
 class Resolver:
@@ -63,16 +64,33 @@ class Resolver:
         self.indices, self.client, self.reranker, self.options = indices, client, reranker, options
 
     def resolve(self, question: str, skeleton: str, deadline: float = float("inf")) -> Resolution:
-        """Resolve every placeholder of `skeleton`; Resolution.sparql is None if the skeleton failed."""
-        trace, backtracks = Trace(), 0
+        """Resolve every placeholder of `skeleton`; Resolution.sparql is None if the skeleton failed.
+        Every endpoint query ends by `deadline` (time.monotonic() seconds); an endpoint that cannot
+        be reached any more ends the search with failure "endpoint_error" (docs/method.md 6.7)."""
+        trace = Trace()
+        try:
+            return self.dfs(question, skeleton, deadline, trace)
+        except EndpointUnreachable as e:  # nothing more can be checked; searching on would hide it
+            trace.event("endpoint_lost", error=f"{type(e).__name__}: {e}")
+            backtracks = sum(event["event"] == "backtrack" for event in trace.events)
+            return Resolution(None, None, backtracks, "endpoint_error", trace.events, trace.timings)
+
+    def dfs(self, question: str, skeleton: str, deadline: float, trace: Trace) -> Resolution:
+        """The depth-first search of `resolve` (module docstring), recorded in `trace`."""
+        backtracks = 0
 
         def finish(sparql: str | None, result: Result | None, failure: str | None = None) -> Resolution:
-            return Resolution(sparql, result, backtracks, failure, trace.events, trace.timings)
+            # verified: the final query returned a result; False: accepted despite a busy endpoint (validate)
+            verified = None if sparql is None or not self.options.kg_guidance else result is not None
+            return Resolution(sparql, result, backtracks, failure, trace.events, trace.timings, verified)
 
+        if time.monotonic() > deadline:  # earlier skeletons used up the time budget
+            trace.event("timeout")
+            return finish(None, None, "timeout")
         if not find_placeholders(skeleton):  # nothing to resolve: only validate
-            ok, result = self.validate(skeleton, trace) if self.options.kg_guidance else (True, None)
+            ok, result = self.validate(skeleton, trace, deadline) if self.options.kg_guidance else (True, None)
             return finish(skeleton if ok else None, result, None if ok else "dead_end")
-        stack = [self.candidates(question, skeleton, trace)]
+        stack = [self.candidates(question, skeleton, trace, deadline)]
         while stack:
             if time.monotonic() > deadline:
                 trace.event("timeout")
@@ -83,11 +101,12 @@ class Resolver:
                 text = substitute(frame.text, frame.placeholder, choice.id)
                 trace.event("choose", placeholder=frame.placeholder.text, iri=choice.id, label=choice.label)
                 if find_placeholders(text):  # go deeper: the next placeholder
-                    stack.append(self.candidates(question, text, trace, frame.resolved + [self.shown(choice, frame)]))
+                    resolved = frame.resolved + [self.shown(choice, frame)]  # what the next re-ranking prompt lists
+                    stack.append(self.candidates(question, text, trace, deadline, resolved))
                     continue
                 if not self.options.kg_guidance:
                     return finish(text, None)
-                ok, result = self.validate(text, trace)  # final validation
+                ok, result = self.validate(text, trace, deadline)  # final validation
                 if ok:
                     return finish(text, result)
                 # an invalid query: back to this placeholder's next alternative
@@ -104,13 +123,14 @@ class Resolver:
         return finish(None, None, "dead_end")
 
     # --- one placeholder: its candidates, in the four steps of the paper
-    def candidates(self, question: str, text: str, trace: Trace, resolved: list[Alternative] = ()) -> Frame:
+    def candidates(self, question: str, text: str, trace: Trace, deadline: float = float("inf"),
+                   resolved: list[Alternative] = ()) -> Frame:
         """The frame of the first unresolved placeholder of `text` (after the items `resolved`), its
         alternatives re-ranked."""
         placeholder = find_placeholders(text)[0]
         position, kind = self.position(text, placeholder)
         trace.event("placeholder", placeholder=placeholder.text, position=position, kind=kind)
-        allowed = self.constraint(text, placeholder, trace)
+        allowed = self.constraint(text, placeholder, trace, deadline)
         frame = Frame(text, placeholder, kind, self.search(placeholder, kind, allowed, trace), list(resolved))
         self.rerank(question, frame, trace)
         return frame
@@ -123,7 +143,8 @@ class Resolver:
             kind = "property"  # a variant hint (wdt, p, ps, pq) only fits a property
         return position, kind
 
-    def constraint(self, text: str, placeholder: Placeholder, trace: Trace) -> set[str] | None:
+    def constraint(self, text: str, placeholder: Placeholder, trace: Trace,
+                   deadline: float = float("inf")) -> set[str] | None:
         """Step 2: the IRIs the resolved prefix allows here (from the constraint query), None = any."""
         if not (self.options.constrained and self.options.kg_guidance):
             return None
@@ -132,9 +153,9 @@ class Resolver:
             return None
         with trace.timed("constraint"):
             try:
-                rows = self.client.query(query)
+                rows = self.client.query(query, deadline=deadline)
             except EndpointUnreachable:
-                raise  # no endpoint at all: the user must fix that, searching on would hide it
+                raise  # no endpoint any more: resolve() ends the search
             except SparqlError as e:  # an engine error only costs the constraint, not the search
                 trace.note(constraint=query, constraint_error=f"{type(e).__name__}: {e}")
                 return None
@@ -178,12 +199,14 @@ class Resolver:
             "property" if self.indices.stores["property"].get(hit.id) is not None else "entity")
         return to_alternative(hit, frame.placeholder.variant, kind)
 
-    def validate(self, sparql: str, trace: Trace) -> tuple[bool, Result | None]:
+    def validate(self, sparql: str, trace: Trace, deadline: float = float("inf")) -> tuple[bool, Result | None]:
         """Final validation: the query must execute and return something (an ASK answer counts). As in
-        the reference, a timeout or server error is accepted: the KG was busy, not the query wrong."""
+        the reference, a timeout or server error is accepted: the KG was busy, not the query wrong. Such
+        a query is unverified (no result); grisp.py keeps it only if the endpoint answered other queries
+        of the question."""
         with trace.timed("validate"):
             try:
-                result = self.client.query(sparql)
+                result = self.client.query(sparql, deadline=deadline)
                 ok, fields = not result.is_empty, {"rows": len(result.rows), "boolean": result.boolean}
             except EndpointUnreachable:
                 raise

@@ -14,9 +14,17 @@ PREFIXES table, compact / expand, the read-only check) lives in sparql_syntax.py
     result.variables, result.rows  # ['d'], [{'d': {'type': 'uri', 'value': '...Q3772'}}]
 
 Every failure is a `SparqlError`: `EndpointUnreachable`, `QueryTimeout`, `BadQuery` (4xx),
-`ServerError` (5xx after retries), `InvalidResponse` (invalid or truncated JSON; oxigraph reports a
-query cancelled by its timeout as HTTP 200 with truncated JSON), `ForbiddenQuery` (SERVICE or a SPARQL
-Update, refused before anything is sent; defined with the check in sparql_syntax.py).
+`ServerError` (5xx after retries), `InvalidResponse` (invalid or truncated JSON, or a connection lost
+mid-answer; oxigraph reports a query cancelled by its timeout as HTTP 200 with truncated JSON),
+`ForbiddenQuery` (SERVICE or a SPARQL Update, refused before anything is sent; defined with the check
+in sparql_syntax.py). `ENDPOINT_FAULTS` are the endpoint's failures rather than the query's.
+
+A `deadline` (time.monotonic() seconds) makes the time budget a hard limit: every request's connect
+and read timeouts are cut to the time left, and no retry waits past it. `client.tally` counts the
+queries sent, those answered and the endpoint faults by type (grisp.py starts a new one per question):
+
+    result = client.query(query, deadline=time.monotonic() + 20)
+    client.tally  # Tally(sent=3, answered=2, faults={'ServerError': 1}, first_fault='ServerError: ...')
 """
 import json
 import re
@@ -24,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 import requests
+import urllib3
 
 import defaults
 # SparqlError and ForbiddenQuery (refused for its text) are defined with the read-only check; imported
@@ -51,6 +60,20 @@ class ServerError(SparqlError):
 
 class InvalidResponse(SparqlError):
     """The answer is not a valid (or is a truncated) SPARQL JSON results document."""
+
+
+# the endpoint's failures, not the query's (BadQuery, ForbiddenQuery): they say nothing about the query
+ENDPOINT_FAULTS = (EndpointUnreachable, QueryTimeout, ServerError, InvalidResponse)
+
+
+@dataclass
+class Tally:
+    """What a client's queries came to: sent, answered with a result, endpoint faults by error type."""
+
+    sent: int = 0
+    answered: int = 0
+    faults: dict[str, int] = field(default_factory=dict)  # error class name -> queries
+    first_fault: str | None = None  # "ServerError: HTTP 500 from ..." of the first fault
 
 
 # ---------------------------------------------------------------------------- results
@@ -133,6 +156,7 @@ class SparqlClient:
     `method`: "post" sends an HTML form (no URL length limit), "get" puts the query in the URL.
     Connection errors, 5xx and 429 are retried `retries` times, waiting backoff_s * 2**attempt.
     Client read timeouts and server-reported timeouts are not retried (the query is too heavy).
+    `tally` counts every query sent (see Tally); replace it with a new Tally to count afresh.
     """
 
     def __init__(self, url: str = defaults.ENDPOINT_URL, *, method: str = "post",
@@ -147,6 +171,7 @@ class SparqlClient:
         self.url, self.method, self.prefixes = url, method, prefixes
         self.timeout = (connect_timeout_s, read_timeout_s)
         self.retries, self.backoff_s = retries, backoff_s
+        self.tally = Tally()
         self.session = requests.Session()
         self.session.headers.update({
             "Accept": "application/sparql-results+json",
@@ -154,30 +179,56 @@ class SparqlClient:
             "User-Agent": "grisp-reference/0.1 (SPARQL client; python-requests)",
         })
 
-    def query(self, sparql: str) -> Result:
-        """Run a read-only query; returns a Result or raises a SparqlError subclass."""
+    def query(self, sparql: str, deadline: float | None = None) -> Result:
+        """Run a read-only query; returns a Result or raises a SparqlError subclass. With a `deadline`
+        (time.monotonic() seconds) no request or retry outlasts it. Counted in `self.tally`."""
         check_read_only(sparql)
-        sparql = with_prefixes(sparql, self.prefixes)
-        error: SparqlError | None = None
+        if deadline is not None and time.monotonic() >= deadline:  # not sent, so not counted
+            raise QueryTimeout(f"the time budget ran out before the query was sent to {self.url}")
+        self.tally.sent += 1
+        try:
+            result = self._send(with_prefixes(sparql, self.prefixes), deadline)
+        except ENDPOINT_FAULTS as e:
+            name = type(e).__name__
+            self.tally.faults[name] = self.tally.faults.get(name, 0) + 1
+            self.tally.first_fault = self.tally.first_fault or f"{name}: {e}"
+            raise
+        self.tally.answered += 1
+        return result
+
+    def _send(self, sparql: str, deadline: float | None) -> Result:
+        """The HTTP exchange with retries; timeouts and waits cut to the time left before `deadline`."""
+        deadline = float("inf") if deadline is None else deadline
+        error, attempts = None, 0
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                pause = self.backoff_s * 2 ** (attempt - 1)
+                if deadline - time.monotonic() <= pause:
+                    break  # no time left for another attempt: report the last error
+                time.sleep(pause)
+            attempts, left = attempt + 1, max(deadline - time.monotonic(), 1e-3)
+            timeout = (min(self.timeout[0], left), min(self.timeout[1], left))
             try:
                 if self.method == "post":
-                    response = self.session.post(self.url, data={"query": sparql}, timeout=self.timeout)
+                    response = self.session.post(self.url, data={"query": sparql}, timeout=timeout)
                 else:
-                    response = self.session.get(self.url, params={"query": sparql}, timeout=self.timeout)
+                    response = self.session.get(self.url, params={"query": sparql}, timeout=timeout)
             except requests.ConnectTimeout:
-                error = EndpointUnreachable(f"connecting to {self.url} timed out after {self.timeout[0]} s")
+                error = EndpointUnreachable(f"connecting to {self.url} timed out after {timeout[0]:.3g} s")
                 continue
             except requests.ReadTimeout:
-                raise QueryTimeout(f"no answer from {self.url} within {self.timeout[1]} s "
-                                   "(raise read_timeout_s or simplify the query)") from None
+                hint = ("the rest of the time budget" if timeout[1] < self.timeout[1]
+                        else "raise read_timeout_s or simplify the query")
+                raise QueryTimeout(f"no answer from {self.url} within {timeout[1]:.3g} s ({hint})") from None
             except requests.ConnectionError as e:
-                error = EndpointUnreachable(f"cannot connect to {self.url} ({type(e).__name__}); is the "
-                                            "endpoint running? (local: python endpoint.py start)")
+                if isinstance(e.args[0] if e.args else None, urllib3.exceptions.ProtocolError):
+                    # connected, then reset or closed before the answer: retried like a refused connection
+                    error = EndpointUnreachable(f"{self.url} dropped the connection without an answer ({e})")
+                else:
+                    error = EndpointUnreachable(f"cannot connect to {self.url} ({type(e).__name__}); is the "
+                                                "endpoint running? (local: python endpoint.py start)")
                 continue
-            except requests.RequestException as e:  # e.g. a chunked body cut off mid-stream
+            except requests.RequestException as e:  # e.g. an answer cut off mid-stream (connection reset)
                 raise InvalidResponse(f"broken answer from {self.url}: {e}") from None
             message = response.text[:500].strip()
             if response.status_code >= 500 or response.status_code == 429:
@@ -194,7 +245,7 @@ class SparqlClient:
                     raise QueryTimeout(f"the endpoint {self.url} cancelled the query (timeout): {e}") from None
                 raise
         assert error is not None, f"no attempt was made (retries={self.retries})"
-        raise type(error)(f"{error} (after {self.retries + 1} attempts)")
+        raise type(error)(f"{error} (after {attempts} attempt{'s' if attempts > 1 else ''})")
 
     def close(self) -> None:
         self.session.close()

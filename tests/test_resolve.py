@@ -57,7 +57,7 @@ def events(resolution, name):
 def test_picks_the_film_over_the_genre(indices, client):
     reranker = ScriptedReranker({FILM: 9.0, GENRE: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
     resolution = Resolver(indices, client, reranker, Options()).resolve("q", SKELETON)
-    assert resolution.sparql == RESOLVED
+    assert resolution.sparql == RESOLVED and resolution.verified is True
     assert [e["iri"] for e in events(resolution, "choose")] == [FILM, DIRECTOR, BIRTHPLACE]
     assert resolution.backtracks == 0 and resolution.failure is None
     assert {row["place"]["value"] for row in resolution.result.rows} == {KNOXVILLE}
@@ -132,22 +132,23 @@ def test_final_validation_rejects_an_empty_result(indices, client):
 def test_final_validation_accepts_a_busy_endpoint(indices, client, error):
     # as in the reference: a timeout or 5xx on the final query means the KG was busy, not the query wrong
     class BusyOnFullQueries:
-        def query(self, sparql):
+        def query(self, sparql, deadline=None):
             if "wdt:P19" in sparql and "<" not in sparql:  # the resolved query; constraints pass through
                 raise error
-            return client.query(sparql)
+            return client.query(sparql, deadline)
 
     skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
     reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
     resolution = Resolver(indices, BusyOnFullQueries(), reranker, Options(constrained=False)).resolve("q", skeleton)
     assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }" and resolution.result is None
+    assert resolution.verified is False  # accepted without a result: unverified
     [validation] = events(resolution, "validate")
     assert validation["ok"] and type(error).__name__ in validation["accepted_error"]
 
 
 def test_final_validation_rejects_a_bad_query(indices, client):
     class Rejecting:
-        def query(self, sparql):
+        def query(self, sparql, deadline=None):
             raise BadQuery("parse error")
     skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
     reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
@@ -181,12 +182,12 @@ def test_without_reranking_the_index_order_is_taken(indices, client):
 
 def test_without_kg_guidance_nothing_is_executed(indices, client):
     class NoClient:
-        def query(self, sparql):
+        def query(self, sparql, deadline=None):
             raise AssertionError(f"no query may run without KG guidance: {sparql}")
 
     reranker = ScriptedReranker({FILM: 9.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
     resolution = Resolver(indices, NoClient(), reranker, Options(kg_guidance=False)).resolve("q", SKELETON)
-    assert resolution.sparql == RESOLVED and resolution.result is None
+    assert resolution.sparql == RESOLVED and resolution.result is None and resolution.verified is None
 
 
 def test_timeout_stops_the_search(indices, client):

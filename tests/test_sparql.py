@@ -192,3 +192,38 @@ def test_bad_client_arguments():
         SparqlClient("localhost:7878/query")
     with pytest.raises(ValueError, match="method"):
         SparqlClient("http://localhost:7878/query", method="put")
+
+
+# ---------------------------------------------------------------------------- deadline and tally
+
+
+def test_deadline_cuts_the_read_timeout_and_the_retries(fake):
+    slow = fake((200, ROW, 2.0))
+    start = time.monotonic()
+    with pytest.raises(QueryTimeout, match="within 0.3 s \\(the rest of the time budget\\)"):
+        SparqlClient(slow.url).query("SELECT * WHERE { ?s ?p ?o }", deadline=time.monotonic() + 0.3)
+    assert time.monotonic() - start < 0.8
+    # a 500 would be retried after 0.5 s and 1 s; with 0.3 s left there is no second attempt
+    broken = fake((500, "internal error", 0.0))
+    start = time.monotonic()
+    with pytest.raises(ServerError, match="after 1 attempt\\)"):
+        SparqlClient(broken.url, retries=2).query("SELECT * WHERE { ?s ?p ?o }", deadline=time.monotonic() + 0.3)
+    assert time.monotonic() - start < 0.3 and len(broken.requests) == 1
+    # a deadline already passed: nothing is sent
+    client = SparqlClient(broken.url)
+    with pytest.raises(QueryTimeout, match="ran out before the query was sent"):
+        client.query("SELECT * WHERE { ?s ?p ?o }", deadline=time.monotonic() - 1)
+    assert len(broken.requests) == 1 and client.tally == sparql.Tally()
+
+
+def test_tally_counts_queries_answers_and_faults(fake):
+    server = fake((200, ROW, 0.0), (500, "internal error", 0.0), (200, "<html>", 0.0), (400, "syntax", 0.0))
+    client = SparqlClient(server.url, retries=0)
+    client.query("SELECT * WHERE { ?s ?p ?o }")
+    for error in (ServerError, InvalidResponse, BadQuery):
+        with pytest.raises(error):
+            client.query("SELECT * WHERE { ?s ?p ?o }")
+    # a bad query (HTTP 400) is the query's failure, not the endpoint's
+    assert (client.tally.sent, client.tally.answered) == (4, 1)
+    assert client.tally.faults == {"ServerError": 1, "InvalidResponse": 1}
+    assert client.tally.first_fault.startswith("ServerError: HTTP 500")
