@@ -88,7 +88,7 @@ class Grisp:
         generator = torch.Generator(device=self.device).manual_seed(o.seed)
         hyps = beam_search(self.model, prompt, self.tokenizer.eos_ids, num_beams=o.num_beams if o.beam_search else 1,
                            max_new_tokens=o.max_new_tokens, sample=o.sample and o.beam_search,
-                           temperature=o.temperature, top_p=o.top_p, generator=generator)
+                           temperature=o.temperature, top_p=o.top_p, generator=generator, ranking=o.beam_ranking)
         kept, trace, seen = [], [], set()
         for h in hyps:
             text = self.tokenizer.decode(h.tokens).strip()
