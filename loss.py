@@ -1,23 +1,35 @@
 """GRISP's training objective: from a sample to its loss (paper section 3, "Training Data";
 docs/method.md section 4.1).
 
-The model is trained jointly on two tasks with one loss per sample:
-- skeleton: next-token cross-entropy on the answer tokens (the skeleton and <|im_end|>), averaged
-  over them;
+The model is trained jointly on two tasks:
+- skeleton: next-token cross-entropy on each answer token (the skeleton and <|im_end|>);
 - re-ranking: cross-entropy restricted to the logits of the identifier tokens present in the prompt
-  (A, B, ..., and the one of "None of the above"), read at the first answer position.
+  (A, B, ..., and the one of "None of the above"), read at the first answer position: one row.
+How they add up is the weighting (WEIGHTINGS; docs/method.md section 4.1):
+- "reference" (the reference implementation's, the default): the batch loss is the sum of all token
+  and row cross-entropies over the whole batch, divided by (skeleton answer tokens + re-ranking rows)
+  of the whole batch; a 40-token skeleton weighs 40 re-ranking choices;
+- "per-sample" (the first adapter's): a skeleton's tokens are averaged first, every sample weighs 1,
+  the batch loss is the mean over samples.
+Both are sum(sample losses) / sum(units) over the batch: `sample_losses` gives each sample's summed
+(reference) or averaged (per-sample) cross-entropy, `units` its share of the denominator (its loss
+positions, or 1). train.py counts the units of the whole batch before its micro-batches, so gradient
+accumulation and DDP give the loss of the whole batch exactly.
 Logits are computed only at these loss positions (model.forward's `logits_at`), which saves the
 large lm_head matmul everywhere else. The identifier tokens and their logits come from rerank.py, the
 scoring rule inference uses. Used by train.py; tested in tests/test_train.py.
 
     encoded = [encode(sample, tokenizer) for sample in samples]   # samples.py samples (made online or read from gen_data.py)
-    losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id))  # [B], [B]
+    losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id, "reference"))  # [B], [B]
+    batch_loss = losses.sum() / sum(units(e, "reference") for e in encoded)
 """
 import torch
 import torch.nn.functional as F
 
 from rerank import identifier_logits, identifier_token_ids
 from tokenizer import Tokenizer, chat_prompt
+
+WEIGHTINGS = ("reference", "per-sample")  # how skeleton tokens and re-ranking rows add up (module docstring)
 
 
 def encode(sample: dict, tokenizer: Tokenizer) -> dict:
@@ -31,9 +43,19 @@ def encode(sample: dict, tokenizer: Tokenizer) -> dict:
             "target": sample["identifiers"].index(sample["target"])}
 
 
-def collate(batch: list[dict], pad_id: int) -> dict:
+def units(sample: dict, weighting: str) -> int:
+    """An encoded sample's share of the loss's denominator: its loss positions (the skeleton's answer
+    tokens, or the one re-ranking row) under "reference", 1 under "per-sample"."""
+    assert weighting in WEIGHTINGS, f"weighting must be one of {WEIGHTINGS}, got {weighting!r}"
+    if weighting == "per-sample" or sample["choices"]:
+        return 1
+    return len(sample["ids"]) - sample["n_prompt"]
+
+
+def collate(batch: list[dict], pad_id: int, weighting: str = "reference") -> dict:
     """Right-padded tokens [B, T] and, per loss position (row-major, as model.forward's bool
-    logits_at returns them): the label id, the owning row, the weight 1/answer-length, and for
+    logits_at returns them): the label id, the owning row, the weight (units / loss positions of its
+    sample: 1 under "reference", 1/answer-length for a skeleton under "per-sample"), and for
     re-ranking rows the identifier ids [N, K] (-1 = padding) and the target column."""
     T = max(len(s["ids"]) for s in batch)
     tokens = torch.full((len(batch), T), pad_id, dtype=torch.long)
@@ -50,7 +72,7 @@ def collate(batch: list[dict], pad_id: int) -> dict:
         at[b, positions] = True
         labels += row_labels
         rows += [b] * len(positions)
-        weights += [1.0 / len(positions)] * len(positions)
+        weights += [units(s, weighting) / len(positions)] * len(positions)
         choices += [s["choices"] + [-1] * (K - len(s["choices"]))] * len(positions)
         targets += [s["target"]] * len(positions)
     return {"tokens": tokens, "at": at, "labels": torch.tensor(labels), "rows": torch.tensor(rows),
@@ -64,8 +86,9 @@ def restricted_cross_entropy(logits: torch.Tensor, choices: torch.Tensor, target
 
 
 def sample_losses(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loss per sample [B] (mean over a skeleton's answer tokens; one restricted CE per re-ranking
-    sample) and whether each re-ranking sample ranks its target first [B] (skeletons: False)."""
+    """Loss per sample [B]: the weighted sum of its cross-entropies (collate's weights: the sum over a
+    skeleton's answer tokens, or their mean; one restricted CE per re-ranking sample), and whether each
+    re-ranking sample ranks its target first [B] (skeletons: False)."""
     device = batch["tokens"].device
     logits = model(batch["tokens"], logits_at=batch["at"])  # [N, V], only the loss positions
     rerank = batch["labels"] < 0  # [N]

@@ -239,7 +239,7 @@ class TrainingLoop:
                 self.epoch_data.clear()
                 steps = plan_steps([len(s["ids"]) for s in data], args.batch_size, args.seed, epoch)
                 while state.step_in_epoch < len(steps) and state.step < self.total_steps:
-                    self.step([data[i] for i in steps[state.step_in_epoch][run.rank::run.world]], epoch)  # this rank's share
+                    self.step([data[i] for i in steps[state.step_in_epoch]], epoch)
                     if args.eval_every and state.step % args.eval_every == 0:
                         self.validate()
                     if args.stop_after and state.step >= args.stop_after:
@@ -267,25 +267,19 @@ class TrainingLoop:
         self.bar.close()
         return True
 
-    def step(self, mine: list[dict], epoch: int) -> None:
-        """One optimiser step on this rank's share of the batch, accumulated over micro-batches; logs it."""
+    def step(self, batch: list[dict], epoch: int) -> None:
+        """One optimiser step on the batch: this rank's share, accumulated over micro-batches; logs it."""
         args, run, state = self.args, self.run, self.state
         started = time.time()
         lr = lr_at(state.step, self.total_steps, args.lr, args.warmup)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        micro = [mine[i:i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
-        step_loss, tokens, by_task = 0.0, 0, {"skeleton": [], "rerank": []}
-        for j, batch in enumerate(micro):
-            sync = nullcontext() if run.world == 1 or j == len(micro) - 1 else self.model.no_sync()
-            with sync, run.autocast:
-                losses, _ = loss.sample_losses(self.model, to_device(loss.collate(batch, self.pad_id), run.device))
-                # DDP averages gradients over ranks, so scale each rank's sum by world/batch
-                (losses.sum() * run.world / args.batch_size).backward()
-            step_loss += losses.sum().item() / len(mine)
-            for s, value in zip(batch, losses.tolist()):
-                by_task["rerank" if s["choices"] else "skeleton"].append(value)
-            tokens += sum(len(s["ids"]) for s in batch)
+        mine = batch[run.rank::run.world]
+        total = sum(loss.units(s, args.loss_weighting) for s in batch)  # the whole batch's denominator
+        by_task = backward_batch(self.model, mine, total, args.micro_batch_size, args.loss_weighting, self.pad_id,
+                                 run.device, run.autocast, run.world)
+        step_loss = sum(value for value, _ in by_task.values()) / total  # this rank's part of the batch loss
+        tokens = sum(len(s["ids"]) for s in mine)
         if args.clip_grad:
             torch.nn.utils.clip_grad_norm_(self.params, args.clip_grad)
         self.optimizer.step()
@@ -293,12 +287,12 @@ class TrainingLoop:
         state.step += 1
         state.step_in_epoch += 1
         if run.world > 1:  # log the loss and tokens of the whole batch, not of this rank's share
-            totals = torch.tensor([step_loss / run.world, float(tokens)], device=run.device)
+            totals = torch.tensor([step_loss, float(tokens)], device=run.device)
             dist.all_reduce(totals)
             step_loss, tokens = totals.tolist()
         seconds = time.time() - started
         self.log({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr, "tokens": tokens,
-                  **{f"loss_{task}": sum(v) / len(v) for task, v in by_task.items() if v},  # this rank's share
+                  **{f"loss_{task}": value / n for task, (value, n) in by_task.items() if n},  # this rank's share
                   "s_per_step": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)})
         self.bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}")
         self.bar.update()
@@ -309,7 +303,8 @@ class TrainingLoop:
         state.evaluated_step = state.step
         if not self.val:
             return
-        result = evaluate(self.model, self.val, self.args.micro_batch_size, self.pad_id, self.run.device, self.run.autocast)
+        result = evaluate(self.model, self.val, self.args.micro_batch_size, self.pad_id, self.run.device, self.run.autocast,
+                          self.args.loss_weighting)
         improved = state.best_val is None or result["val_loss"] < state.best_val
         state.best_val = result["val_loss"] if improved else state.best_val
         state.bad_evals = 0 if improved else state.bad_evals + 1
@@ -338,24 +333,49 @@ class TrainingLoop:
         return bool(flag.item())
 
 
+def backward_batch(model, mine: list[dict], total: int, micro_batch_size: int, weighting: str, pad_id: int,
+                   device, autocast, world: int = 1) -> dict[str, tuple[float, int]]:
+    """Accumulate the gradient of sum(sample losses of `mine`) / `total` over micro-batches, where
+    `total` is the units of the whole batch (loss.units: counted before any micro-batch, so the result
+    is the whole batch's loss however it is split); DDP averages gradients over the `world` processes,
+    hence the factor. Returns per task (summed sample losses, units) of `mine`."""
+    by_task = {"skeleton": (0.0, 0), "rerank": (0.0, 0)}
+    micro = [mine[i:i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+    for j, batch in enumerate(micro):
+        sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
+        with sync, autocast:
+            losses, _ = loss.sample_losses(model, to_device(loss.collate(batch, pad_id, weighting), device))
+            (losses.sum() * world / total).backward()
+        for s, value in zip(batch, losses.tolist()):
+            task = "rerank" if s["choices"] else "skeleton"
+            by_task[task] = (by_task[task][0] + value, by_task[task][1] + loss.units(s, weighting))
+    return by_task
+
+
 @torch.no_grad()
-def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, autocast) -> dict:
-    """Mean validation loss per task and re-ranking accuracy (no dropout, no RNG use)."""
+def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, autocast, weighting: str) -> dict:
+    """Validation loss as training weighs it (sum of losses / units), the same per task, and the
+    re-ranking accuracy (no dropout, no RNG use)."""
     model.eval()
-    totals = {"skeleton": [], "rerank": [], "rerank_correct": []}
+    totals = {"skeleton": [0.0, 0], "rerank": [0.0, 0]}
+    correct_reranks = []
     order = sorted(range(len(val)), key=lambda i: len(val[i]["ids"]))
     for start in range(0, len(order), micro_batch):
         batch = [val[i] for i in order[start:start + micro_batch]]
         with autocast:
-            losses, correct = loss.sample_losses(model, to_device(loss.collate(batch, pad_id), device))
+            losses, correct = loss.sample_losses(model, to_device(loss.collate(batch, pad_id, weighting), device))
         for s, value, ok in zip(batch, losses.tolist(), correct.tolist()):
-            totals["rerank" if s["choices"] else "skeleton"].append(value)
+            task = "rerank" if s["choices"] else "skeleton"
+            totals[task][0] += value
+            totals[task][1] += loss.units(s, weighting)
             if s["choices"]:
-                totals["rerank_correct"].append(float(ok))
+                correct_reranks.append(float(ok))
     model.train()
-    mean = {k: sum(v) / len(v) if v else float("nan") for k, v in totals.items()}
-    return {"val_loss": sum(totals["skeleton"] + totals["rerank"]) / max(1, len(val)),
-            "val_skeleton": mean["skeleton"], "val_rerank": mean["rerank"], "val_rerank_acc": mean["rerank_correct"]}
+    mean = {task: value / n if n else float("nan") for task, (value, n) in totals.items()}
+    units = totals["skeleton"][1] + totals["rerank"][1]
+    return {"val_loss": (totals["skeleton"][0] + totals["rerank"][0]) / max(1, units),
+            "val_skeleton": mean["skeleton"], "val_rerank": mean["rerank"],
+            "val_rerank_acc": sum(correct_reranks) / len(correct_reranks) if correct_reranks else float("nan")}
 
 
 def to_device(batch: dict, device) -> dict:
@@ -460,6 +480,10 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay to 0")
     group.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     group.add_argument("--clip-grad", type=float, default=1.0, help="clip the gradient norm (0 = off)")
+    group.add_argument("--loss-weighting", choices=loss.WEIGHTINGS, default="reference",
+                       help="reference: sum of all skeleton-token and re-ranking cross-entropies of the batch / "
+                            "(skeleton tokens + re-ranking rows), as the reference implementation; per-sample: "
+                            "each sample weighs 1, a skeleton's tokens averaged (the first adapter's)")
     group.add_argument("--max-steps", type=int, default=0, help="train at most this many steps; the schedule spans them (0 = all epochs)")
     group.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (0 = after each epoch)")
     group.add_argument("--patience", type=int, default=2, help="stop after this many validations without a new best loss")

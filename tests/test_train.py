@@ -78,12 +78,13 @@ def test_restricted_cross_entropy_by_hand():
     assert loss.restricted_cross_entropy(logits, choices, targets).tolist() == pytest.approx(expected, abs=1e-6)
 
 
-def test_sample_losses_equal_a_loop_over_full_logits(model_dir):
+@pytest.mark.parametrize("weighting", loss.WEIGHTINGS)
+def test_sample_losses_equal_a_loop_over_full_logits(model_dir, weighting):
     tokenizer = Tokenizer(model_dir)
     model = Transformer.from_pretrained(model_dir)
     samples = make_samples(3)
     encoded = [loss.encode(s, tokenizer) for s in samples]
-    losses, correct = loss.sample_losses(model, loss.collate(encoded, tokenizer.pad_id))
+    losses, correct = loss.sample_losses(model, loss.collate(encoded, tokenizer.pad_id, weighting))
     for b, (s, e) in enumerate(zip(samples, encoded)):
         with torch.no_grad():
             logits = model(torch.tensor([e["ids"]]))[0].double()  # [T, V], the sample alone: no padding
@@ -91,7 +92,8 @@ def test_sample_losses_equal_a_loop_over_full_logits(model_dir):
         if s["task"] == "skeleton":
             answer = tokenizer.encode(s["target"]) + [tokenizer.im_end_id]
             assert e["ids"][P:] == answer
-            expected = sum(-logits[P - 1 + t].log_softmax(-1)[a] for t, a in enumerate(answer)) / len(answer)
+            expected = sum(-logits[P - 1 + t].log_softmax(-1)[a] for t, a in enumerate(answer))
+            expected /= len(answer) if weighting == "per-sample" else 1  # a mean, or the tokens' sum
             assert not correct[b]
         else:
             ids = [tokenizer.encode(i)[0] for i in s["identifiers"]]
@@ -99,6 +101,64 @@ def test_sample_losses_equal_a_loop_over_full_logits(model_dir):
             expected = -picked.log_softmax(-1)[s["identifiers"].index(s["target"])]
             assert bool(correct[b]) == (int(picked.argmax()) == s["identifiers"].index(s["target"]))
         assert float(losses[b].detach()) == pytest.approx(float(expected), abs=1e-4)
+
+
+class ConstantLogits(torch.nn.Module):
+    """A "model" whose logits are 0 everywhere: every token CE is log V, every restricted CE log K."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.bias = vocab, torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, tokens, logits_at):
+        return torch.zeros(int(logits_at.sum()), self.vocab) + self.bias
+
+
+def test_loss_weightings_by_hand():
+    V = 300
+    skeleton = lambda n: {"ids": [5] * (10 + n), "n_prompt": 10, "choices": [], "target": -1}  # n answer tokens
+    rerank = lambda k: {"ids": [5] * 12, "n_prompt": 12, "choices": list(range(20, 20 + k)), "target": 0}
+    batch = [skeleton(3), skeleton(1), rerank(4)]
+    model = ConstantLogits(V)
+    for weighting, expected_losses, units in [
+            ("reference", [3 * math.log(V), math.log(V), math.log(4)], [3, 1, 1]),
+            ("per-sample", [math.log(V), math.log(V), math.log(4)], [1, 1, 1])]:
+        losses, _ = loss.sample_losses(model, loss.collate(batch, 0, weighting))
+        assert losses.tolist() == pytest.approx(expected_losses, abs=1e-5)
+        assert [loss.units(s, weighting) for s in batch] == units
+    # the batch loss: (3 + 1 token CEs + 1 row CE) / 5 under the reference weighting, a mean of 3 under per-sample
+    reference = (4 * math.log(V) + math.log(4)) / 5
+    per_sample = (2 * math.log(V) + math.log(4)) / 3
+    for weighting, expected in (("reference", reference), ("per-sample", per_sample)):
+        total = sum(loss.units(s, weighting) for s in batch)
+        by_task = train.backward_batch(model, batch, total, 2, weighting, 0, "cpu", torch.autocast("cpu", enabled=False))
+        assert sum(v for v, _ in by_task.values()) / total == pytest.approx(expected, abs=1e-5)
+        assert by_task["skeleton"][1] == (4 if weighting == "reference" else 2) and by_task["rerank"][1] == 1
+
+
+@pytest.mark.parametrize("weighting", loss.WEIGHTINGS)
+def test_accumulated_micro_batches_equal_one_big_batch(model_dir, weighting):
+    """The normaliser counts the units of the whole batch before the micro-batches: the accumulated
+    gradient equals the gradient of the whole batch's loss computed at once, for any split."""
+    tokenizer = Tokenizer(model_dir)
+    encoded = [loss.encode(s, tokenizer) for s in make_samples(4)]  # skeletons of different lengths + re-rankings
+    encoded[0]["ids"] += encoded[0]["ids"][-3:]  # a longer skeleton: per-token and per-sample weights differ
+    model = Transformer.from_pretrained(model_dir)
+    total = sum(loss.units(s, weighting) for s in encoded)
+    losses, _ = loss.sample_losses(model, loss.collate(encoded, tokenizer.pad_id, weighting))
+    (losses.sum() / total).backward()
+    whole = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for micro in (1, 3):
+        model.zero_grad()
+        train.backward_batch(model, encoded, total, micro, weighting, tokenizer.pad_id, "cpu",
+                             torch.autocast("cpu", enabled=False))
+        assert all(torch.allclose(p.grad, whole[n], atol=1e-5, rtol=1e-5) for n, p in model.named_parameters()), micro
+    # and the two weightings really differ on this batch
+    other = "per-sample" if weighting == "reference" else "reference"
+    model.zero_grad()
+    train.backward_batch(model, encoded, sum(loss.units(s, other) for s in encoded), 8, other, tokenizer.pad_id, "cpu",
+                         torch.autocast("cpu", enabled=False))
+    assert max(float((p.grad - whole[n]).abs().max()) for n, p in model.named_parameters()) > 1e-2
 
 
 def test_plan_steps_is_a_length_sorted_partition():
