@@ -19,11 +19,14 @@ soon as it is scored. `--oracle-skeleton` feeds the gold query's skeleton to the
 paper's skeleton-vs-resolution error split); `--skeletons-from` resolves the skeletons an earlier
 run generated (ablations of the resolution only, without decoding again); `--score-only` re-scores a
 predictions file without loading the model (the endpoint is still needed: gold and predicted queries
-are executed again).
+are executed again). `--skeleton-only` needs no endpoint: it scores the top-1 generated skeleton
+against the gold query's skeleton (skeleton_score.py: structure and label match by question shape),
+writing predictions.jsonl and summary.json the same way.
 
     python evaluate.py                                  # demo questions on the demo KG
     python evaluate.py --ablation no-rerank --skeletons-from ~/.cache/grisp/eval/demo-none
     python evaluate.py --score-only ~/.cache/grisp/eval/demo-none/predictions.jsonl
+    python evaluate.py --skeleton-only --benchmark qald10-dev --index ~/.cache/grisp/indices/wikidata-items
 """
 import argparse
 import json
@@ -61,6 +64,7 @@ FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
             "endpoint", "skeletons_from")  # a resumed run must agree with the saved config on these
 GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking")  # what decides stage 1's output
+SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index")  # the same for --skeleton-only
 
 
 def pipeline_options(args: argparse.Namespace) -> dict:
@@ -69,10 +73,12 @@ def pipeline_options(args: argparse.Namespace) -> dict:
             **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob) is not None}}
 
 
-def load_pipeline(args: argparse.Namespace, options: dict):
+def load_pipeline(args: argparse.Namespace, options: dict, generate_only: bool = False):
     import grisp  # the model stack is only imported when questions are really answered
     adapter = None if str(args.adapter).lower() == "none" else args.adapter
     try:
+        if generate_only:  # --skeleton-only: the model alone, no index, no endpoint
+            return grisp.Grisp.generator(args.model_dir, adapter, Options(**options), device=args.device)
         return grisp.Grisp(args.model_dir, adapter, args.index, args.endpoint, Options(**options),
                            device=args.device)
     except GrispError as error:  # a missing model, adapter or index: a message, no traceback
@@ -224,12 +230,76 @@ def read_predictions(path: Path) -> list[dict]:
     return read_jsonl(path, appended=True)
 
 
+def prepare_run_dir(out: Path, config: dict, keys: tuple[str, ...]) -> None:
+    """Create the run directory and save `config` there; a run already there must agree on `keys`."""
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "config.json").exists():
+        saved = json.loads((out / "config.json").read_text())
+        changed = [key for key in keys if saved.get(key) != config[key]]
+        if changed:
+            raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
+                             f"pass another --out or delete {out}")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
+    """--skeleton-only: the top-1 generated skeleton of each question against its gold skeleton, no
+    endpoint (skeleton_score.py). `generator` replaces grisp.Grisp.generator (anything with
+    `skeletons(question) -> (kept, trace)`). Resumable like a full run; returns the summary."""
+    import search
+    import skeleton_score
+    if args.score_only or args.oracle_skeleton or args.skeletons_from:
+        raise ValueError("--skeleton-only generates and scores skeletons itself; drop --score-only, "
+                         "--oracle-skeleton and --skeletons-from")
+    options = pipeline_options(args)
+    if resolution := sorted(set(options) - set(GENERATION_OPTIONS)):
+        raise ValueError(f"--skeleton-only scores skeleton generation only, and {', '.join(resolution)} change "
+                         f"resolution: drop them (--ablation none or no-beam-search)")
+    args.benchmark = args.benchmark or "demo"
+    samples = benchmarks.load_benchmark(args.benchmark)[: args.limit]
+    lookup = skeleton_score.item_lookup(search.load_indices(args.index))  # gold items' labels and aliases
+    name = Path(args.benchmark).stem if args.benchmark.endswith(".jsonl") else args.benchmark
+    suffix = "skeletons" + ("" if args.ablation == "none" else f"-{args.ablation}")
+    out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
+    config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
+              "model_dir": str(args.model_dir), "adapter": str(args.adapter), "index": str(args.index),
+              "device": args.device, "limit": args.limit, "out": str(out)}
+    print(f"config: {json.dumps(config)}")
+    prepare_run_dir(out, config, SKELETON_RUN_KEYS)
+
+    predictions_path = out / "predictions.jsonl"
+    done = {record["id"] for record in read_predictions(predictions_path)}
+    todo = [sample for sample in samples if sample["id"] not in done]
+    print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
+    if todo:
+        generator = generator or load_pipeline(args, options, generate_only=True)
+        with open(predictions_path, "a", encoding="utf-8") as file:
+            for sample in tqdm(todo, desc="skeletons", unit="q"):
+                start = time.perf_counter()
+                record = skeleton_score.score_sample(sample, lookup, lambda q: generator.skeletons(q)[0])
+                record["seconds"] = time.perf_counter() - start
+                file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                file.flush()
+
+    ids = {sample["id"] for sample in samples}
+    summary = skeleton_score.summarize([r for r in read_predictions(predictions_path) if r["id"] in ids])
+    (out / "summary.json").write_text(json.dumps({**summary, "config": config}, indent=2) + "\n")
+    print(f"\n{name}: skeleton score of the top-1 generated skeleton\n")
+    print(skeleton_score.format_table(summary))
+    if summary["unskeletonisable"]:
+        print(f"(status \"unskeletonisable\" in the predictions; is {args.index} the index of this benchmark's KG?)")
+    print(f"wrote {predictions_path} and {out / 'summary.json'}")
+    return summary
+
+
 def main(args: argparse.Namespace, pipeline=None) -> dict:
     """Run (or only score) an evaluation; returns the summary. `pipeline` replaces grisp.Grisp
     (anything with `answer(question)` and `answer_from_skeletons(question, skeletons)`)."""
     # --- setup
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be positive, not {args.limit}")
+    if getattr(args, "skeleton_only", False):
+        return evaluate_skeletons(args, pipeline)
     if args.skeletons_from and args.oracle_skeleton:
         raise ValueError("--skeletons-from and --oracle-skeleton both choose the skeletons; pass one")
     saved_run = {}  # --score-only: the run's own benchmark and endpoint unless given on the command line
@@ -273,14 +343,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
               "device": args.device, "limit": args.limit, "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     print(f"config: {json.dumps(config)}")
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "config.json").exists():
-        saved = json.loads((out / "config.json").read_text())
-        changed = [key for key in RUN_KEYS if saved.get(key) != config[key]]
-        if changed:
-            raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
-                             f"pass another --out or delete {out}")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    prepare_run_dir(out, config, RUN_KEYS)
 
     # --- answer the questions not answered yet
     predictions_path = out / "predictions.jsonl"
@@ -321,7 +384,7 @@ if __name__ == "__main__":
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # data
     parser.add_argument("--benchmark", default=None,
-                        help="benchmark name (demo, wwq-dev-kg, wwq-dev, wwq-train) or a JSONL file "
+                        help="benchmark name (demo, wwq-dev-kg, wwq-dev, wwq-train, qald10-dev, qald10-train) or a JSONL file "
                              "({id, question, sparql, paraphrases, info} per line); default: demo, or "
                              "with --score-only the run's own")
     parser.add_argument("--out", default=None,
@@ -352,6 +415,9 @@ if __name__ == "__main__":
                         help="reuse the skeletons (and their recorded generation time) of an earlier run "
                              "with the same model and generation settings; for ablations that change "
                              "only resolution (no-rerank, no-constrained, no-kg-guidance, no-backtracking)")
+    parser.add_argument("--skeleton-only", action="store_true",
+                        help="no endpoint: score the top-1 generated skeleton against the gold query's "
+                             "skeleton (structure and label match by question shape; labels from --index)")
     add_flags(parser, KNOBS, unset=True)
     try:
         main(parser.parse_args())

@@ -55,16 +55,30 @@ class Grisp:
     def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None, index_dir: str | Path,
                  endpoint_url: str, options: Options, device: str = "auto"):
         model_dir, index_dir = Path(model_dir).expanduser(), Path(index_dir).expanduser()
-        if not (model_dir / "config.json").exists():
-            raise GrispError(f"no base model at {model_dir}; run `python get_model.py` or pass --model-dir")
-        if adapter_dir is not None and not (Path(adapter_dir) / peft_format.CONFIG_NAME).exists():
-            raise GrispError(f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
-                             f"train.py, or pass --adapter none to run the base model")
+        _check_model(model_dir, adapter_dir)
         if not (index_dir / "manifest.json").exists():
             raise GrispError(f"no search index at {index_dir}; build it with build_index.py or pass --index")
         self.client = SparqlClient(endpoint_url)
         if options.kg_guidance:  # fail fast, before loading the model: is the endpoint up?
             self.client.query("ASK { }", deadline=time.monotonic() + options.time_budget)
+        self._load_model(model_dir, adapter_dir, options, device)
+        self.indices = load_indices(index_dir)
+        reranker = ModelReranker(self.model, self.tokenizer, prompt_format=self.prompt_format) if options.rerank else None
+        self.resolver = Resolver(self.indices, self.client, reranker, options)
+
+    @classmethod
+    def generator(cls, model_dir: str | Path, adapter_dir: str | Path | None, options: Options,
+                  device: str = "auto") -> "Grisp":
+        """Stage 1 alone: a Grisp that only generates skeletons (`skeletons`), with no index and no
+        endpoint (infer.py and evaluate.py --skeleton-only); `answer` raises GrispError."""
+        model_dir = Path(model_dir).expanduser()
+        _check_model(model_dir, adapter_dir)
+        grisp = cls.__new__(cls)
+        grisp.client = grisp.indices = grisp.resolver = None
+        grisp._load_model(model_dir, adapter_dir, options, device)
+        return grisp
+
+    def _load_model(self, model_dir: Path, adapter_dir: str | Path | None, options: Options, device: str) -> None:
         self.options, self.device = options, pick_device(device)
         dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
         self.tokenizer = Tokenizer(model_dir)
@@ -72,14 +86,11 @@ class Grisp:
         if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed
             peft_format.load_merged(self.model, adapter_dir)
         prepare_for_inference(self.model)
-        self.indices = load_indices(index_dir)
         # the re-ranking prompt format the adapter was trained on (docs/method.md section 3.3)
         try:
             self.prompt_format = peft_format.read_prompt_format(adapter_dir)
         except ValueError as error:
             raise GrispError(str(error)) from None
-        reranker = ModelReranker(self.model, self.tokenizer, prompt_format=self.prompt_format) if options.rerank else None
-        self.resolver = Resolver(self.indices, self.client, reranker, options)
 
     def skeletons(self, question: str) -> tuple[list[tuple[str, float]], list[dict]]:
         """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of all beams."""
@@ -120,6 +131,9 @@ class Grisp:
         (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget; every
         endpoint query ends within its skeleton's budget (and by `deadline`, an optional overall cap).
         Once the endpoint has failed every query of the question, no further skeleton is tried."""
+        if self.resolver is None:
+            raise GrispError("this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
+                             "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)")
         start = time.perf_counter()
         client = self.resolver.client
         client.tally = Tally()  # this question's queries
@@ -161,6 +175,15 @@ def judge_endpoint(answer: Answer, tally: Tally) -> Answer:
     elif answer.verified is False:  # the final validation's error, kept in its trace event
         answer.error = next(e["accepted_error"] for e in reversed(answer.trace) if "accepted_error" in e)
     return answer
+
+
+def _check_model(model_dir: Path, adapter_dir: str | Path | None) -> None:
+    """GrispError naming the fix when the base model or the adapter is missing."""
+    if not (model_dir / "config.json").exists():
+        raise GrispError(f"no base model at {model_dir}; run `python get_model.py` or pass --model-dir")
+    if adapter_dir is not None and not (Path(adapter_dir) / peft_format.CONFIG_NAME).exists():
+        raise GrispError(f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
+                         f"train.py, or pass --adapter none to run the base model")
 
 
 def answer_to_json(answer: Answer) -> dict:

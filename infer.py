@@ -8,6 +8,7 @@ by endpoint.py, its index from build_index.py, the shipped adapter).
     python infer.py "Where was the Pulp Fiction director born?"
     python infer.py "Who directed Pulp Fiction?" --no-rerank --json answer.json
     python infer.py "..." --endpoint https://qlever.cs.uni-freiburg.de/api/wikidata --index ~/.cache/grisp/indices/wikidata-items
+    python infer.py "Who directed Pulp Fiction?" --skeleton-only --num-skeletons 8 --json skeletons.json  # no index, no KG
 
 Exit codes:
   0  answered: the final query ran and returned a result (or KG guidance is off: nothing was checked)
@@ -114,6 +115,31 @@ def exit_code(answer: Answer) -> int:
     return 4 if answer.verified is False else 0
 
 
+def print_skeletons(args: argparse.Namespace, adapter: str | None) -> int:
+    """--skeleton-only: stage 1 alone, no index and no endpoint; the kept skeletons, best first."""
+    try:
+        options = from_flags(args)
+        generator = Grisp.generator(args.model_dir, adapter, options, args.device)
+        start = time.perf_counter()
+        skeletons, trace = generator.skeletons(args.question)
+    except GrispError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    if not args.quiet:  # every beam with its verdict (kept, duplicate, does not parse, unfinished)
+        print("\n".join(describe(e) for e in trace) + f"\ntimings: generate {seconds:.2f}s\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"question": args.question, "skeletons": [list(s) for s in skeletons], "trace": trace,
+                       "timings": {"generate": seconds}, "options": vars(args)}, f, indent=2)
+    if not skeletons:
+        print("no skeleton: the model produced no skeleton that parses", file=sys.stderr)
+        return 1
+    for rank, (skeleton, score) in enumerate(skeletons, start=1):
+        print(f"{rank}. {score:8.3f}  {skeleton}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     # --- setup
     if not args.question.strip():
@@ -122,6 +148,8 @@ def main(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     adapter = None if args.adapter.lower() == "none" else args.adapter
+    if args.skeleton_only:
+        return print_skeletons(args, adapter)
     start = time.perf_counter()
     try:
         options = from_flags(args)
@@ -179,7 +207,9 @@ if __name__ == "__main__":
     # skeleton generation and placeholder resolution (the paper's ablations): one flag per options.Options field
     add_flags(parser)
     # output and runtime
-    parser.add_argument("--json", help="write the answer, trace and timings to this JSON file")
+    parser.add_argument("--skeleton-only", action="store_true",
+                        help="only generate: print the ranked skeletons with their scores (no index, no endpoint)")
+    parser.add_argument("--json", help="write the answer (or with --skeleton-only the skeletons), trace and timings to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="print only the query and the answers")
     parser.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda, ...")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")

@@ -189,8 +189,9 @@ class SampleGenerator:
 
 # ---------------------------------------------------------------------------- data, index, files
 def load_records(data: str) -> list[dict]:
-    """Benchmark records of `--data`: wwq (WikiWebQuestions train), demo, a benchmarks.py name or a JSONL path."""
-    return benchmarks.load_benchmark(DATASETS.get(data, data))
+    """Benchmark records of `--data`: wwq (WikiWebQuestions train), demo, a benchmarks.py name or a JSONL
+    path; never a held-out dev set (benchmarks.load_training: "qald10" gives "qald10-train")."""
+    return benchmarks.load_training(DATASETS.get(data, data))
 
 
 def default_index_dir(data: str) -> Path:

@@ -73,3 +73,56 @@ def test_closed_kg_questions_need_build_eval_kg(tmp_path, monkeypatch):
         benchmarks.load_benchmark("wwq-dev-kg")
     write_jsonl(tmp_path / "questions.jsonl", [SAMPLE])
     assert benchmarks.load_benchmark("wwq-dev-kg")[0]["id"] == "q1"
+
+
+def test_holdout_is_a_deterministic_disjoint_order_independent_fifth():
+    records = [{"id": f"train_{i}"} for i in range(2000)]
+    train, dev = benchmarks.holdout(records, "qald10-dev")
+    assert 0.18 < len(dev) / len(records) < 0.22  # ~20% (a hash threshold, not an exact count)
+    assert {r["id"] for r in train}.isdisjoint(r["id"] for r in dev) and len(train) + len(dev) == len(records)
+    assert benchmarks.holdout(records, "qald10-dev") == (train, dev)  # deterministic
+    shuffled = records[::-1][1000:] + records[::-1][:1000]
+    assert {r["id"] for r in benchmarks.holdout(shuffled, "qald10-dev")[1]} == {r["id"] for r in dev}
+    subset = records[::3]  # the same ids stay held out in any subset
+    assert {r["id"] for r in benchmarks.holdout(subset, "qald10-dev")[1]} == {r["id"] for r in dev} & {r["id"] for r in subset}
+    other_salt = benchmarks.holdout(records, "another-dev")[1]
+    assert {r["id"] for r in other_salt} != {r["id"] for r in dev}
+
+
+@pytest.fixture
+def qald(tmp_path, monkeypatch):
+    """A small stand-in for extra/qald10_train.jsonl registered under the held-out name qald10."""
+    path = tmp_path / "qald10_train.jsonl"
+    write_jsonl(path, [{**SAMPLE, "id": f"train_{i}"} for i in range(60)])
+    monkeypatch.setitem(benchmarks.HELD_OUT, "qald10", (str(path), None, "qald10-dev"))
+    return path
+
+
+def test_qald10_dev_and_train_are_the_two_parts_and_training_never_sees_dev(qald):
+    import samples
+    dev = benchmarks.load_benchmark("qald10-dev")
+    train = benchmarks.load_benchmark("qald10-train")
+    assert dev and train and len(dev) + len(train) == 60
+    assert ([r["id"] for r in train], [r["id"] for r in dev]) == tuple(
+        [r["id"] for r in part] for part in benchmarks.holdout(benchmarks.read_jsonl(qald), "qald10-dev"))
+    # training loads records through benchmarks.load_training: the whole file gives only its train part
+    for data in ("qald10", "qald10-train", str(qald)):
+        assert [r["id"] for r in samples.load_records(data)] == [r["id"] for r in train]
+    with pytest.raises(ValueError, match="qald10-dev is held out .* train on qald10-train"):
+        samples.load_records("qald10-dev")
+
+
+def test_the_real_qald10_split_is_fixed():
+    source = benchmarks.defaults.SHARED_DATA_DIR / benchmarks.HELD_OUT["qald10"][0]
+    if not source.exists():
+        pytest.skip(f"{source} is not here")
+    train, dev = benchmarks.holdout(benchmarks.read_jsonl(source), "qald10-dev")
+    assert (len(train), len(dev)) == (326, 86)  # documented in docs/method.md section 7.7
+    assert [r["id"] for r in dev[:3]] == ["train_2", "train_6", "train_15"]
+
+
+def test_record_without_a_gold_query_is_refused(tmp_path):
+    path = tmp_path / "b.jsonl"
+    write_jsonl(path, [SAMPLE, {**SAMPLE, "id": "q2", "sparql": " "}])
+    with pytest.raises(ValueError, match="record 2 \\(id 'q2'\\) has no gold SPARQL"):
+        benchmarks.load_benchmark(path)

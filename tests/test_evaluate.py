@@ -277,3 +277,111 @@ def test_bad_input_exits_with_a_message(bench, tmp_path, endpoint_url):
         evaluate.main(make_args(bench, tmp_path, "http://127.0.0.1:9/query"))
     with pytest.raises(ValueError, match="--limit must be positive"):
         evaluate.main(make_args(bench, tmp_path, endpoint_url, limit=0))
+
+
+# ---------------------------------------------------------------------------- --skeleton-only (no endpoint)
+NO_ENDPOINT = "http://127.0.0.1:9/query"  # nothing listens there: --skeleton-only must not need it
+SKELETON_BENCH = {  # id -> (question, gold query)
+    "born": ("where was douglas adams born?", BORN),
+    "ask": ("was douglas adams born in cambridge?", "ASK { wd:Q1 wdt:P19 wd:Q2 }"),
+    "unknown": ("who is Q999?", "SELECT ?x WHERE { wd:Q999 wdt:P19 ?x }"),  # Q999 has no label: not scored
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_index(tmp_path_factory):
+    """An index of three items (Q1 with an alias) built from an items file, as build_index.py does."""
+    tmp = tmp_path_factory.mktemp("skeleton-index")
+    (tmp / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+        {"id": "Q1", "label": "Douglas Adams", "aliases": ["DNA"], "description": "writer", "count": 1},
+        {"id": "Q2", "label": "Cambridge", "aliases": [], "description": "city", "count": 1},
+        {"id": "P19", "label": "place of birth", "aliases": ["birthplace"], "description": "", "count": 1}]))
+    built = subprocess.run([sys.executable, "build_index.py", "--items", str(tmp / "items.jsonl"), "--out",
+                            str(tmp / "index"), "--embed", "none"],
+                           cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    return tmp / "index"
+
+
+@pytest.fixture
+def skeleton_bench(tmp_path):
+    path = tmp_path / "skeleton-bench.jsonl"
+    path.write_text("".join(json.dumps({"id": qid, "question": q, "sparql": gold}) + "\n"
+                            for qid, (q, gold) in SKELETON_BENCH.items()))
+    return path
+
+
+class FakeGenerator:
+    """grisp.Grisp.generator's interface: skeletons(question) -> (kept skeletons with scores, trace)."""
+    answers = {"where was douglas adams born?": [("SELECT ?x WHERE { <iri>DNA</iri> <iri>birthplace (wdt)</iri> ?x }", -0.5)],
+               # right structure, wrong object label
+               "was douglas adams born in cambridge?": [("ASK { <iri>Douglas Adams</iri> <iri>place of birth (wdt)</iri> "
+                                                         "<iri>Oxford</iri> }", -0.7)]}
+
+    def __init__(self):
+        self.asked = []
+
+    def skeletons(self, question):
+        self.asked.append(question)
+        return self.answers[question], []
+
+
+def test_skeleton_only_scores_generated_skeletons_without_an_endpoint(skeleton_bench, tiny_index, tmp_path):
+    out = tmp_path / "run"
+    first = FakeGenerator()
+    args = make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True, limit=1)
+    summary = evaluate.main(args, pipeline=first)
+    assert first.asked == ["where was douglas adams born?"] and summary["scored"] == 1
+    # resumed: only the questions not done yet are generated; the unknown one is not generated at all
+    second = FakeGenerator()
+    summary = evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True),
+                            pipeline=second)
+    assert second.asked == ["was douglas adams born in cambridge?"]
+    assert (summary["questions"], summary["scored"], summary["unskeletonisable"]) == (3, 2, 1)
+    assert summary["all"] == {"questions": 2, "structure": 1.0, "label": 0.5}
+    assert summary["by_shape"] == {"ask": {"questions": 1, "structure": 1.0, "label": 0.0},
+                                   "one triple": {"questions": 1, "structure": 1.0, "label": 1.0}}
+    records = {r["id"]: r for r in map(json.loads, (out / "predictions.jsonl").open())}
+    assert len(records) == 3
+    born = records["born"]
+    assert born["gold_skeleton"] == "SELECT ?x WHERE { <iri>Douglas Adams</iri> <iri>place of birth (wdt)</iri> ?x }"
+    assert born["generated"] == FakeGenerator.answers["where was douglas adams born?"][0][0]
+    assert (born["structure_match"], born["label_match"], born["shape"]) == (True, True, "one triple")
+    assert records["unknown"]["status"] == "unskeletonisable"
+    assert records["unknown"]["unknown"] == ["http://www.wikidata.org/entity/Q999"]
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["all"] == summary["all"] and saved["config"]["skeleton_only"] is True
+    with pytest.raises(ValueError, match="other settings \\(options\\)"):
+        evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True, num_beams=2),
+                      pipeline=FakeGenerator())
+    with pytest.raises(ValueError, match="rerank change resolution: drop them"):
+        evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
+                                ablation="no-rerank"), pipeline=FakeGenerator())
+
+
+def test_skeleton_only_end_to_end_with_a_tiny_model(skeleton_bench, tiny_index, tmp_path):
+    from tests.tiny import make_model_dir
+    model = make_model_dir(tmp_path / "tiny")
+    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
+                        "--model-dir", str(model), "--adapter", "none", "--device", "cpu", "--num-beams", "2",
+                        "--out", str(tmp_path / "run"), "--endpoint", NO_ENDPOINT)
+    assert result.returncode == 0, result.stderr
+    assert "| shape | questions | structure match % | label match % |" in result.stdout
+    assert "3 questions: 2 scored, 1 not skeletonisable" in result.stdout
+    records = [json.loads(line) for line in (tmp_path / "run" / "predictions.jsonl").open()]
+    assert [r["id"] for r in records] == list(SKELETON_BENCH)
+    # a random model writes no skeleton that parses: scored as misses, not as errors
+    assert all(r["structure_match"] is False for r in records if r["status"] == "scored")
+
+
+def test_skeleton_only_bad_input_exits_with_a_message(skeleton_bench, tiny_index, tmp_path):
+    no_sparql = tmp_path / "no-sparql.jsonl"
+    no_sparql.write_text(json.dumps({"id": "q1", "question": "who?"}) + "\n")
+    result = run_script("--skeleton-only", "--benchmark", str(no_sparql), "--index", str(tiny_index))
+    assert result.returncode != 0 and "lacks sparql" in result.stderr and "Traceback" not in result.stderr
+    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tmp_path / "no-index"))
+    assert result.returncode != 0 and "no index at" in result.stderr and "build_index.py" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
+                        "--model-dir", str(tmp_path / "no-model"), "--out", str(tmp_path / "run"))
+    assert result.returncode != 0 and "get_model.py" in result.stderr and "Traceback" not in result.stderr

@@ -172,3 +172,55 @@ def test_each_skeleton_gets_its_own_time_budget(tiny_model, demo_index, demo_end
     seen.clear()
     answer = grisp.answer_from_skeletons("q", ["slow", "slow"], deadline=time.monotonic() + 1.0)  # an overall cap
     assert len(seen) == 2 and all(left <= 1.0 for _, left in seen) and answer.failure == "timeout"
+
+
+# ---------------------------------------------------------------------------- --skeleton-only (generate-only)
+def test_generator_needs_no_index_or_endpoint(tiny_model):
+    generator = Grisp.generator(tiny_model, None, Options(num_beams=2, max_new_tokens=8))
+    assert generator.indices is None and generator.resolver is None and generator.client is None
+    kept, trace = generator.skeletons("who directed pulp fiction?")
+    assert len(trace) == 2 and all(e["event"] == "skeleton" for e in trace)
+    assert len(kept) <= 2
+    with pytest.raises(GrispError, match="only generates skeletons"):
+        generator.answer_from_skeletons("q", ["SELECT ?x WHERE { <iri>a</iri> <iri>b (wdt)</iri> ?x }"])
+    with pytest.raises(GrispError, match="no base model"):
+        Grisp.generator(tiny_model.parent / "nothing", None, Options())
+
+
+def test_skeleton_only_runs_without_index_or_endpoint(tiny_model, tmp_path):
+    out = run_infer("who directed pulp fiction?", "--skeleton-only", "--model-dir", str(tiny_model), "--adapter", "none",
+                    "--index", str(tmp_path / "no-index"), "--endpoint", "http://127.0.0.1:9/query",
+                    "--num-beams", "2", "--json", str(tmp_path / "s.json"))
+    # a random model writes no skeleton that parses: a message and exit 1, never an index or endpoint error
+    assert out.returncode == 1 and "no skeleton" in out.stderr and "Traceback" not in out.stderr
+    assert "skeleton" in out.stdout and "timings: generate" in out.stdout  # the beams and their verdicts
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["question"] == "who directed pulp fiction?" and saved["skeletons"] == []
+    assert len(saved["trace"]) == 2 and saved["timings"]["generate"] > 0
+    out = run_infer("q?", "--skeleton-only", "--model-dir", str(tmp_path / "no-model"))
+    assert out.returncode == 2 and "get_model.py" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_skeleton_only_prints_the_ranked_skeletons(tiny_model, tmp_path, monkeypatch, capsys):
+    import runpy
+
+    class FakeGenerator:
+        def skeletons(self, question):
+            kept = [("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25),
+                    ("SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }", -3.5)]
+            return kept, [{"event": "skeleton", "skeleton": s, "score": score, "verdict": "kept"} for s, score in kept]
+    built = []
+    monkeypatch.setattr(Grisp, "generator", classmethod(lambda cls, *args: built.append(args) or FakeGenerator()))
+    monkeypatch.setattr(sys, "argv", ["infer.py", "who directed pulp fiction?", "--skeleton-only", "--quiet",
+                                      "--model-dir", str(tiny_model), "--adapter", "none", "--num-skeletons", "5",
+                                      "--json", str(tmp_path / "s.json")])
+    with pytest.raises(SystemExit) as exit:
+        runpy.run_path(str(defaults.REPO_DIR / "infer.py"), run_name="__main__")
+    assert exit.value.code == 0
+    (model_dir, adapter, options, _), = built
+    assert adapter is None and options.num_skeletons == 5
+    assert capsys.readouterr().out.splitlines() == [
+        "1.   -0.250  SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
+        "2.   -3.500  SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }"]
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["skeletons"][0] == ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25]
