@@ -17,12 +17,15 @@ positions, or 1). train.py counts the units of the whole batch before its micro-
 accumulation and DDP give the loss of the whole batch exactly.
 Logits are computed only at these loss positions (model.forward's `logits_at`), which saves the
 large lm_head matmul everywhere else. The identifier tokens and their logits come from rerank.py, the
-scoring rule inference uses. Used by train.py; tested in tests/test_train.py.
+scoring rule inference uses. `backward_batch` accumulates a batch's gradient over micro-batches and
+`evaluate` weighs a validation set the same way. Used by train.py; tested in tests/test_train.py.
 
     encoded = [encode(sample, tokenizer) for sample in samples]   # samples.py samples (made online or read from gen_data.py)
     losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id, "reference"))  # [B], [B]
     batch_loss = losses.sum() / sum(units(e, "reference") for e in encoded)
 """
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 
@@ -103,3 +106,54 @@ def sample_losses(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, to
         best = identifier_logits(logits[rerank], choices).argmax(-1)
         correct[batch["rows"][rerank]] = best == targets
     return losses, correct
+
+
+# ---------------------------------------------------------------------------- a batch, a validation set
+def backward_batch(model, mine: list[dict], total: int, micro_batch_size: int, weighting: str, pad_id: int,
+                   device, autocast, world: int = 1) -> dict[str, tuple[float, int]]:
+    """Accumulate the gradient of sum(sample losses of `mine`) / `total` over micro-batches, where
+    `total` is the units of the whole batch (`units`: counted before any micro-batch, so the result
+    is the whole batch's loss however it is split); DDP averages gradients over the `world` processes,
+    hence the factor. Returns per task (summed sample losses, units) of `mine`."""
+    by_task = {"skeleton": (0.0, 0), "rerank": (0.0, 0)}
+    micro = [mine[i:i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+    for j, batch in enumerate(micro):
+        sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
+        with sync, autocast:
+            losses, _ = sample_losses(model, to_device(collate(batch, pad_id, weighting), device))
+            (losses.sum() * world / total).backward()
+        for s, value in zip(batch, losses.tolist()):
+            task = "rerank" if s["choices"] else "skeleton"
+            by_task[task] = (by_task[task][0] + value, by_task[task][1] + units(s, weighting))
+    return by_task
+
+
+@torch.no_grad()
+def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, autocast, weighting: str) -> dict:
+    """Validation loss as training weighs it (sum of losses / units), the same per task, and the
+    re-ranking accuracy (no dropout, no RNG use)."""
+    model.eval()
+    totals = {"skeleton": [0.0, 0], "rerank": [0.0, 0]}
+    correct_reranks = []
+    order = sorted(range(len(val)), key=lambda i: len(val[i]["ids"]))
+    for start in range(0, len(order), micro_batch):
+        batch = [val[i] for i in order[start:start + micro_batch]]
+        with autocast:
+            losses, correct = sample_losses(model, to_device(collate(batch, pad_id, weighting), device))
+        for s, value, ok in zip(batch, losses.tolist(), correct.tolist()):
+            task = "rerank" if s["choices"] else "skeleton"
+            totals[task][0] += value
+            totals[task][1] += units(s, weighting)
+            if s["choices"]:
+                correct_reranks.append(float(ok))
+    model.train()
+    mean = {task: value / n if n else float("nan") for task, (value, n) in totals.items()}
+    total_units = totals["skeleton"][1] + totals["rerank"][1]
+    return {"val_loss": (totals["skeleton"][0] + totals["rerank"][0]) / max(1, total_units),
+            "val_skeleton": mean["skeleton"], "val_rerank": mean["rerank"],
+            "val_rerank_acc": sum(correct_reranks) / len(correct_reranks) if correct_reranks else float("nan")}
+
+
+def to_device(batch: dict, device) -> dict:
+    """The collated tensors on `device`."""
+    return {k: v.to(device) for k, v in batch.items()}
