@@ -97,7 +97,7 @@ def without_label_service(sparql: str) -> str | None:
     """The query with Wikidata's label service replaced by plain patterns, or None if it calls another
     SERVICE (not rewritable). `SERVICE wikibase:label { bd:serviceParam wikibase:language "en" . }`
     binds ?xLabel, ?xDescription and ?xAltLabel for every variable ?x of the query; explicit bindings
-    inside it (`?x rdfs:label ?name .`) bind those variables. Each binding used becomes
+    inside it (`?x rdfs:label ?name .`, `wd:Q42 schema:description ?d .`) bind those variables. Each binding used becomes
     `OPTIONAL { ?x rdfs:label ?xLabel . FILTER(LANG(?xLabel) = "en") }` (schema:description,
     skos:altLabel) in the place of the SERVICE group. Differences from the service, which do not matter
     for a training target: no fallback to the id when an item has no English label, and one row per
@@ -117,7 +117,7 @@ def without_label_service(sparql: str) -> str | None:
         end = skip_group(tokens, brace)  # the token after the group's "}"
         inner = tokens[brace + 1:end - 1]
         bindings = [(s.text, p.text, o.text) for s, p, o in zip(inner, inner[1:], inner[2:])
-                    if s.kind == "var" and o.kind == "var" and p.text in LABEL_SERVICE_SUFFIXES.values()]
+                    if s.kind in ("var", "pname", "iri") and o.kind == "var" and p.text in LABEL_SERVICE_SUFFIXES.values()]
         bound = {o[1:] for _, _, o in bindings}
         for name in [v for v in variables if v not in bound]:
             suffix = next((s for s in LABEL_SERVICE_SUFFIXES if name.endswith(s) and name[:-len(s)] in variables), None)

@@ -44,6 +44,10 @@ SERVICE = 'SERVICE wikibase:label { bd:serviceParam wikibase:language "[AUTO_LAN
      '?x rdfs:label ?name . } }',
      'SELECT ?name WHERE { ?x wdt:P31 wd:Q5 . OPTIONAL { ?x rdfs:label ?name . FILTER(LANG(?name) = "en") } }'),
     (f"SELECT ?fooLabel WHERE {{ ?x wdt:P31 ?fooLabel . {SERVICE} }}", "SELECT ?fooLabel WHERE { ?x wdt:P31 ?fooLabel .  }"),
+    # an item's description, as 10 WWQ train queries ask for it
+    ('SELECT DISTINCT ?x WHERE { SERVICE wikibase:label { bd:serviceParam wikibase:language "en" . '
+     'wd:Q4675 schema:description ?x . } }',
+     'SELECT DISTINCT ?x WHERE { OPTIONAL { wd:Q4675 schema:description ?x . FILTER(LANG(?x) = "en") } }'),
     # no SERVICE: unchanged; another SERVICE: not rewritable
     ("SELECT ?x WHERE { ?x wdt:P31 wd:Q5 }", "SELECT ?x WHERE { ?x wdt:P31 wd:Q5 }"),
     ("SELECT ?x WHERE { SERVICE <http://other/sparql> { ?x ?p ?o } }", None),
