@@ -6,7 +6,7 @@ data cache `defaults.DATA_DIR`; a missing file is copied from `defaults.SHARED_D
 folder exists, else downloaded from its public source, else a clear error says what to do.
 
     import benchmarks
-    questions = benchmarks.load_benchmark("wwq-dev")  # or "wwq-train", "demo", "wwq-dev-kg", a path
+    questions = benchmarks.load_benchmark("wwq-dev")  # or "wwq-train", "demo", "wwq-dev-kg", a path, ...
     items = benchmarks.cached_file("wikidata/items.jsonl")  # labels, aliases, descriptions
 
 Held-out dev sets (docs/method.md section 7.7): "qald10-dev" is a fixed ~20% of QALD-10's train file,
@@ -29,6 +29,11 @@ GRASP_DATA_URL = "https://raw.githubusercontent.com/ad-freiburg/grasp/main/data/
 BENCHMARKS = {
     "wwq-train": ("wwq/train.jsonl", f"{GRASP_DATA_URL}/wwq/train.jsonl"),
     "wwq-dev": ("wwq/dev.jsonl", f"{GRASP_DATA_URL}/wwq/val.jsonl"),
+    # training material only (the project reports no scores on them; mixture.py draws from them)
+    "qald7-train": ("extra/qald7_train.jsonl", f"{GRASP_DATA_URL}/qald7/train.jsonl"),
+    "lcquad2-test": ("extra/lcquad2_test.jsonl", f"{GRASP_DATA_URL}/lcquad2/test.jsonl"),
+    "simplequestions-val": ("extra/simplequestions_val.jsonl", f"{GRASP_DATA_URL}/simplequestions/val.jsonl"),
+    "spinach-val": ("extra/spinach_val.jsonl", f"{GRASP_DATA_URL}/spinach/val.jsonl"),
 }
 # name -> (source file in the data cache, public source, salt of the held-out part): "<name>-dev" is the
 # held-out part (`holdout`), "<name>-train" the rest
@@ -127,18 +132,31 @@ def load_training(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
     """Records a training run may see: `load_benchmark`, except that a held-out dev set ("qald10-dev")
     is refused and the source file of one ("qald10", or the file's path in the data cache or the
     shared folder) gives only its train part ("qald10-train")."""
-    if name_or_path in HELD_OUT:
-        name_or_path = f"{name_or_path}-train"
     if name_or_path in SPLITS and SPLITS[name_or_path][1] == "dev":
         raise ValueError(f"{name_or_path} is held out for evaluation and no training run may see it; "
                          f"train on {SPLITS[name_or_path][0]}-train")
-    if name_or_path not in SPLITS:
+    held = held_out_source(name_or_path, data_dir, shared_dir)
+    if held is not None and name_or_path not in (held, f"{held}-train"):
+        print(f"{name_or_path} holds the held-out {held}-dev: training on {held}-train only", file=sys.stderr)
+    return load_benchmark(f"{held}-train" if held is not None else name_or_path, data_dir, shared_dir)
+
+
+def held_out_source(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
+                    shared_dir: Path = defaults.SHARED_DATA_DIR) -> str | None:
+    """The HELD_OUT name ("qald10") whose source file `name_or_path` reads ("qald10", "qald10-train", or
+    the file's path in the data cache or the shared folder), else None."""
+    if name_or_path in HELD_OUT:
+        return str(name_or_path)
+    if name_or_path in SPLITS:
+        return SPLITS[name_or_path][0]
+    try:
         path = benchmark_path(name_or_path, data_dir, shared_dir).resolve()
-        for name, (relative, _, _) in HELD_OUT.items():
-            if path in {(Path(folder) / relative).resolve() for folder in (data_dir, shared_dir)}:
-                print(f"{path} holds the held-out {name}-dev: training on {name}-train only", file=sys.stderr)
-                name_or_path = f"{name}-train"
-    return load_benchmark(name_or_path, data_dir, shared_dir)
+    except FileNotFoundError:  # no such benchmark: it holds nothing held out (loading it will say so)
+        return None
+    for name, (relative, _, _) in HELD_OUT.items():
+        if path in {(Path(folder) / relative).resolve() for folder in (data_dir, shared_dir)}:
+            return name
+    return None
 
 
 def holdout(records: list[dict], salt: str, fraction: float = DEV_FRACTION) -> tuple[list[dict], list[dict]]:

@@ -9,8 +9,8 @@ section 6.3). The resolver runs it on the endpoint and searches the index only a
 
 Pure functions over the text (the triple patterns come from sparql_syntax.top_level_triples).
 """
-from skeleton import Placeholder, parses
-from sparql_syntax import Span, Unsupported, skip_group, tokenize, top_level_triples, where_start
+from skeleton import Placeholder, parses, split_variant
+from sparql_syntax import Span, Unsupported, is_keyword, skip_group, tokenize, top_level_triples, where_start
 
 CONSTRAINT_LIMIT = 131073  # 2**17 + 1: one row more than the resolver accepts as a candidate set
 
@@ -27,6 +27,9 @@ def constraint_query(text: str, ph: Placeholder, limit: int = CONSTRAINT_LIMIT) 
     no IRI or literal at all (they would not constrain anything), or when the text is not valid
     SPARQL (skeleton.parses; a malformed token such as an undeclared prefix or `[ SELECT ]` would be
     copied into the query). A returned query always parses.
+    Only a SELECT query is constrained, as in the reference implementation: an ASK query asks whether
+    facts hold, and admitting only the items that make them hold would leave a "no" nothing to resolve
+    to (docs/method.md section 6.3).
     """
     tokens = tokenize(text)
     at = next((i for i, t in enumerate(tokens) if t.kind == "ph" and t.start == ph.start), None)
@@ -34,6 +37,8 @@ def constraint_query(text: str, ph: Placeholder, limit: int = CONSTRAINT_LIMIT) 
         raise ValueError(f"{ph.text!r} is not at {ph.start}:{ph.end} of the text; use find_placeholders on it")
     try:
         q, lo = where_start(tokens)
+        if not is_keyword(tokens[q], "SELECT"):
+            return None
         hi = skip_group(tokens, lo) - 1  # the WHERE group is tokens[lo:hi + 1]
         triples = top_level_triples(tokens, lo + 1, hi) if lo < at < hi else []
     except Unsupported:
@@ -72,6 +77,15 @@ def constraint_query(text: str, ph: Placeholder, limit: int = CONSTRAINT_LIMIT) 
     patterns = [" ".join(terms[k:k + 3]) + " ." for k in range(0, len(terms), 3)]
     prologue = text[:tokens[q].start]
     return f"{prologue}SELECT DISTINCT {candidate} WHERE {{ {' '.join(patterns)} }} LIMIT {limit}"
+
+
+def allowed_items(result) -> set[str] | None:
+    """What a constraint query's result (sparql.Result) allows: None (any item) when it reached the limit,
+    too many to be a constraint; else the IRIs of its column, a property variant (wdt:P57) mapped to the
+    item the index knows (wd:P57). Used by the resolver and by constrained training samples (samples.py)."""
+    if len(result.rows) >= CONSTRAINT_LIMIT:
+        return None
+    return {split_variant(iri)[0] for iri in result.iris()}
 
 
 def _fresh(used: set[str], base: str) -> str:

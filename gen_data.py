@@ -2,16 +2,19 @@
 epochs as JSONL: a skeleton and a re-ranking sample per benchmark record and epoch, with the
 augmentations (samples.py holds the method; train.py makes the same samples online).
 
-Reads the benchmark records (`--data`) and the search index of their KG (`--index`; the Wikidata index
-is built in-process if missing), writes one sample per line to `--out` (under a temporary name until
-complete) and prints the statistics: counts of samples, skipped records and augmentations, and token
-lengths per task if the base model's tokenizer is present. A sample (see samples.py):
+Reads the benchmark records of the mixture `--data` (mixture.py: one or several sources with weights,
+e.g. `wwq,qald10,lcquad2:0.3`) and the search index of their KG (`--index`; the Wikidata index is built
+in-process if missing), prints a per-source table of what is used and what is skipped and why, writes
+one sample per line to `--out` (under a temporary name until complete) and prints the statistics:
+samples per source and epoch, augmentation counts, and token lengths per task and source if the base
+model's tokenizer is present. A sample (see samples.py):
 
     {"id": record id, "epoch": 0, "task": "skeleton", "messages": [system, user], "target": "SELECT ..."}
     {"id": ..., "epoch": 0, "task": "rerank", "messages": [...], "target": "C",
      "identifiers": ["A", ..., "K"], "iri": gold item IRI or null when dropped}
 
     python gen_data.py --data wwq --epochs 4 --out ~/.cache/grisp/data/wwq-samples.jsonl
+    python gen_data.py --data wwq,qald10,qald7,lcquad2,sq,spinach --epochs 1     # the mixture's statistics
     python gen_data.py --data demo --epochs 1 --out /tmp/demo.jsonl --show 2
     python train.py --samples ~/.cache/grisp/data/wwq-samples.jsonl      # train on them
 """
@@ -23,9 +26,11 @@ from pathlib import Path
 from typing import Iterator
 
 import defaults
+import mixture
 from jsonl import write_jsonl
-from samples import (WIKIDATA_INDEX_DIR, Augment, SampleGenerator, add_generation_args, length_stats, load_records,
-                     open_index)
+from prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
+from samples import WIKIDATA_INDEX_DIR, Augment, SampleGenerator, add_generation_args, length_stats, open_index
+from sparql import SparqlClient
 
 
 def main(args: argparse.Namespace) -> None:
@@ -34,11 +39,17 @@ def main(args: argparse.Namespace) -> None:
         sys.exit(f"error: --epochs must be at least 1, got {args.epochs}")
     print(json.dumps(vars(args), indent=1, default=str), file=sys.stderr)
     try:
-        records = load_records(args.data)
+        data = mixture.read(args.data)
         indices = open_index(args.index, args.data)
-        generator = SampleGenerator(records, indices, Augment.from_args(args), args.seed)
+        data.prepare(indices)
+        client = SparqlClient(args.endpoint) if args.endpoint else None
+        generator = SampleGenerator(data.usable, indices, Augment.from_args(args), args.seed, data.weights,
+                                    args.prompt_format, client)
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
+    print(data.table())
+    if args.constrain and client is None:
+        print("no --endpoint: no re-ranking sample is constrained (--constrain needs the constraint queries' answers)")
 
     # --- samples of every epoch, written as they are made
     total, first_epoch = Counter(), []
@@ -62,19 +73,29 @@ def main(args: argparse.Namespace) -> None:
             pass
 
     # --- statistics
-    print(f"{len(records)} records x {args.epochs} epochs -> {total['skeleton']} skeleton and {total['rerank']} "
-          f"re-ranking samples" + (f" in {out}" if out else ""))
+    print(f"{len(data.usable)} usable records x {args.epochs} epochs -> {total['skeleton']} skeleton and "
+          f"{total['rerank']} re-ranking samples" + (f" in {out}" if out else ""))
     print("counts: " + ", ".join(f"{k} {v}" for k, v in sorted(total.items())))
+    by_source = Counter((s.get("source", ""), s["task"]) for s in first_epoch)
+    print("samples of epoch 0 by source: " + ", ".join(
+        f"{source.name} {by_source[source.name, 'skeleton']} + {by_source[source.name, 'rerank']}" for source in data.sources)
+        + f" (composed {sum(n for (s, _), n in by_source.items() if s == '')})")
     model_dir = Path(args.model_dir).expanduser()
     if (model_dir / "tokenizer.json").exists() and first_epoch:
         print(f"token lengths (epoch 0): {json.dumps(length_stats(first_epoch, model_dir))}")
+        if len(data.sources) > 1:
+            for source in data.sources:
+                mine = [s for s in first_epoch if s.get("source") == source.name]
+                print(f"  {source.name}: {json.dumps(length_stats(mine, model_dir))}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Precompute GRISP training samples (skeleton + re-ranking) "
                                      "for N epochs as JSONL.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # data
-    parser.add_argument("--data", default="wwq", help="wwq (WikiWebQuestions train), demo, wwq-dev, or a benchmark JSONL path")
+    parser.add_argument("--data", default="wwq", help="the mixture (mixture.py): comma-separated sources, each with an "
+                        f"optional weight = uses of each record per epoch, e.g. wwq,qald10,lcquad2:0.3; a source is "
+                        f"{', '.join(mixture.SOURCES)}, demo, a benchmarks.py name or a JSONL path")
     parser.add_argument("--index", default=None, help="index directory (default: the demo index for demo, "
                         f"else {WIKIDATA_INDEX_DIR}, built from the Wikidata items file if missing)")
     parser.add_argument("--out", default=None, help="output JSONL (default: statistics only)")
@@ -82,6 +103,10 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0, help="sample = f(seed, epoch, record)")
     parser.add_argument("--show", type=int, default=0, help="print the first N samples of epoch 0")
     parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="tokenizer for the length statistics (skipped if absent)")
+    parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default=LATEST_PROMPT_FORMAT,
+                        help="re-ranking prompt format (prompts.py; v1: the first adapter's)")
+    parser.add_argument("--endpoint", default=None, help="SPARQL endpoint of the KG, for the constrained re-ranking "
+                        "samples (--constrain); without it no sample is constrained")
     # augmentation
     add_generation_args(parser.add_argument_group("augmentation"))
     main(parser.parse_args())

@@ -2,10 +2,13 @@
 docs/method.md section 2.5).
 
 GRISP decodes several skeletons per question with beam search (width 8) that samples its candidate
-continuations (temperature 0.4, top-p 0.9). Each beam's score is the sum of the model's token
-log-probabilities (temperature 1), so scores stay comparable whether or not we sample; sampling only
-decides which continuations are explored. With `sample=False` the search is the classic deterministic
-beam search, and width 1 is greedy decoding.
+continuations (temperature 0.4, top-p 0.9). Two rankings (`ranking`, docs/method.md section 2.5):
+"sum", this code's first rule, scores a beam by the sum of the model's token log-probabilities at
+temperature 1, so scores stay comparable whether or not we sample and sampling only decides which
+continuations are explored; "length-normalised" is Hugging Face's beam sampling as the reference runs
+it: sums of the processed (temperature, top-p) log-probabilities, finished hypotheses divided by their
+length. With `sample=False` the search is the classic deterministic beam search (tests: equal to
+transformers' in both rankings), and width 1 is greedy decoding.
 
 The prompt is prefilled once; its KV cache is copied into the W beam rows and reordered whenever
 beams move (`KVCache.reorder`), so each step runs W new tokens only. Choosing the continuations
@@ -34,16 +37,20 @@ from model import Transformer, pick_device
 from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 
 
+RANKINGS = ("sum", "length-normalised")  # how beams and hypotheses are scored (beam_search)
+
+
 @dataclass
 class Hypothesis:
     tokens: list[int]  # generated ids, without the end-of-turn id
-    score: float  # sum of token log-probabilities (the end-of-turn token included)
+    score: float  # sum of token log-probabilities, the end-of-turn token included ("sum"); or the sum
+    # of processed log-probabilities / generated tokens ("length-normalised")
     finished: bool  # ended with an end-of-turn id (False: cut at max_new_tokens)
 
 
-def top_p_tokens(logprobs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of logprobs [B, V], the smallest set of tokens whose probability reaches top_p, as
-    LongTensors rows [M] and tokens [M].
+def top_p_tokens(logprobs: torch.Tensor, top_p: float, min_keep: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of logprobs [B, V], the smallest set of tokens whose probability reaches top_p (but at
+    least the `min_keep` most probable), as LongTensors rows [M] and tokens [M].
 
     A sharp distribution's nucleus is a handful of tokens, so only the top k tokens are sorted (k = 64,
     then 8x more) until they hold top_p of every row: sorting all of 8 x 152k logits costs half a
@@ -59,6 +66,7 @@ def top_p_tokens(logprobs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, to
             break
         k = min(V, 8 * k)
     keep = (cum - probs) < top_p  # [B, k] keep a token if the mass before it is < top_p
+    keep[:, :min_keep] = True
     rows = torch.arange(B, device=logprobs.device)[:, None].expand(B, k)
     return rows[keep], order[keep]
 
@@ -91,25 +99,39 @@ def beam_search(
     prompt: list[int],
     eos_ids: list[int],
     num_beams: int = 8,
-    max_new_tokens: int = 160,
+    max_new_tokens: int = 512,
     sample: bool = False,
     temperature: float = 1.0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    ranking: str = "sum",
 ) -> list[Hypothesis]:
-    """Up to `num_beams` hypotheses for `prompt`, best score first.
+    """Up to `num_beams` hypotheses for `prompt`, best first (finished ones before cut-off ones).
 
-    sample=False: each step keeps the 2W best (beam, token) continuations by score.
-    sample=True: each step draws 2W distinct continuations from softmax(score / temperature) over the
-        tokens inside each beam's top-p set (of its temperature-scaled distribution), then ranks them
-        by score. use_cache=False recomputes every step from scratch (slow; the tests' reference).
-    Finished hypotheses (an end-of-turn id among the W best) are set aside; the search stops when W
-    are finished and no running beam can still beat the worst of them (scores only fall), or after
-    `max_new_tokens` steps, when unfinished beams are returned as `finished=False`.
+    ranking="sum" (this code's first rule): a beam's score is the sum of its raw (temperature 1)
+        token log-probabilities. sample=False: each step keeps the 2W best (beam, token) continuations
+        by score; sample=True: it draws 2W distinct continuations from softmax(score / temperature) over
+        the tokens inside each beam's top-p set (of its temperature-scaled distribution), then ranks
+        them by score. Finished hypotheses are ranked by their score; the search stops when W are
+        finished and no running beam can still beat the worst of them (scores only fall).
+    ranking="length-normalised" (Hugging Face's beam search and beam sampling, what the reference
+        decodes with, length_penalty 1.0, early_stopping False): a beam's score is the sum of the
+        *processed* log-probabilities, i.e. with sampling those of the temperature-scaled distribution
+        cut to its top-p set (at least len(eos_ids) + 1 tokens) and renormalised; each step takes
+        max(2, 1 + len(eos_ids)) x W continuations (the best, or drawn from softmax(score) over all W x V
+        without replacement) and ranks them by score; a finished hypothesis scores
+        score / (generated tokens, the end-of-turn id included). The search stops when W are finished
+        and the best running beam's score / its length cannot beat the worst of them.
+    In both, only an end-of-turn id among the W best candidates finishes a hypothesis, and the search
+    ends after `max_new_tokens` steps at the latest, when running beams fill the W places as
+    `finished=False`. use_cache=False recomputes every step from scratch (slow; the tests' reference).
     """
     assert num_beams >= 1 and temperature > 0 and 0 < top_p <= 1, "bad beam search settings"
+    assert ranking in RANKINGS, f"ranking must be one of {RANKINGS}, got {ranking!r}"
     W, device = num_beams, model.model.norm.weight.device
+    hf = ranking == "length-normalised"
+    n_candidates = max(2, 1 + len(eos_ids)) * W if hf else 2 * W  # continuations looked at per step
     # W identical rows; only row 0 is live at first, so the first step does not pick duplicates
     beam_scores = torch.full((W,), float("-inf"), device=device)
     beam_scores[0] = 0.0
@@ -124,19 +146,25 @@ def beam_search(
     logits = logits.expand(W, -1)  # [W, V]
 
     for step in range(max_new_tokens):
+        length = step + 1  # generated tokens of every candidate, its new one included
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # [W, V]
+        if sample:  # each beam's top-p set of its temperature-scaled distribution
+            scaled = torch.log_softmax(logits.float() / temperature, dim=-1)  # [W, V]
+            rows, tokens = top_p_tokens(scaled, top_p, min_keep=len(eos_ids) + 1 if hf else 1)
+            if hf:  # the processed log-probabilities: scaled, cut to the set, renormalised
+                logprobs = torch.full_like(scaled, float("-inf")).index_put((rows, tokens), scaled[rows, tokens])
+                logprobs = torch.log_softmax(logprobs, dim=-1)
         scores = beam_scores[:, None] + logprobs  # [W, V] score of each continuation
         V = scores.shape[1]
         if sample:
-            rows, tokens = top_p_tokens(torch.log_softmax(logits.float() / temperature, dim=-1), top_p)
-            live = torch.isfinite(beam_scores)[rows]  # dead beams (score -inf) continue nothing
-            allowed = (rows * V + tokens)[live]  # [M] flat indices into scores
-            weights = scores.flatten()[allowed] / temperature  # [M]
-            picked = sample_without_replacement(weights, allowed, W * V, min(2 * W, len(allowed)), generator)
+            allowed = rows * V + tokens  # [M] flat indices into scores
+            allowed = allowed[torch.isfinite(scores.flatten()[allowed])]  # dead beams continue nothing
+            weights = scores.flatten()[allowed] / (1.0 if hf else temperature)  # [M]
+            picked = sample_without_replacement(weights, allowed, W * V, min(n_candidates, len(allowed)), generator)
             picked = picked[scores.flatten()[picked].argsort(descending=True)]  # rank by score
         else:
-            # the 2W best of all W*V continuations are among the 2W best of each row
-            n = min(2 * W, V)
+            # the n best of all W*V continuations are among the n best of each row
+            n = min(n_candidates, V)
             row_best, row_tokens = scores.topk(n, dim=-1)  # [W, n]
             best = row_best.flatten().topk(min(n, int(torch.isfinite(row_best).sum()))).indices
             picked = (best // n) * V + row_tokens.flatten()[best]
@@ -148,14 +176,17 @@ def beam_search(
         for rank, (row, token, score) in enumerate(zip(rows.tolist(), tokens.tolist(), picked_scores)):
             if token in eos_ids:
                 if rank < W:  # only an end among the W best counts (as in standard beam search)
-                    finished.append(Hypothesis(beam_tokens[row].tolist(), score, True))
+                    finished.append(Hypothesis(beam_tokens[row].tolist(), score / length if hf else score, True))
             else:
+                if hf and step == max_new_tokens - 1 and rank < W:  # cut off: ranked with the finished
+                    finished.append(Hypothesis(beam_tokens[row].tolist() + [token], score / length, False))
                 next_rows.append(row), next_tokens.append(token), next_scores.append(score)
             if len(next_rows) == W:
                 break
         finished.sort(key=lambda h: h.score, reverse=True)
         finished = finished[:W]
-        if not next_rows or (len(finished) == W and finished[-1].score >= max(next_scores)):
+        best_running = max(next_scores, default=float("-inf")) / (length if hf else 1)
+        if not next_rows or (len(finished) == W and finished[-1].score >= best_running):
             break
         while len(next_rows) < W:  # too few candidates (tiny vocab or top-p): pad with dead beams
             next_rows.append(next_rows[0]), next_tokens.append(next_tokens[0]), next_scores.append(float("-inf"))
@@ -173,7 +204,7 @@ def beam_search(
             full = torch.cat([prompt_ids.expand(W, -1), beam_tokens], dim=1)  # [W, P + t + 1]
             logits = model(full, logits_at=-1)  # [W, V]
 
-    if len(finished) < W:  # out of steps: the best running beams, marked unfinished
+    if len(finished) < W and not hf:  # out of steps: the best running beams, marked unfinished
         live = [(float(s), t.tolist()) for s, t in zip(beam_scores, beam_tokens) if torch.isfinite(s)]
         finished += [Hypothesis(t, s, False) for s, t in sorted(live, reverse=True)[: W - len(finished)]]
     return sorted(finished, key=lambda h: (h.finished, h.score), reverse=True)

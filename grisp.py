@@ -65,7 +65,7 @@ class Grisp:
             self.client.query("ASK { }", deadline=time.monotonic() + options.time_budget)
         self._load_model(model_dir, adapter_dir, options, device)
         self.indices = load_indices(index_dir)
-        reranker = ModelReranker(self.model, self.tokenizer) if options.rerank else None
+        reranker = ModelReranker(self.model, self.tokenizer, prompt_format=self.prompt_format) if options.rerank else None
         self.resolver = Resolver(self.indices, self.client, reranker, options)
 
     @classmethod
@@ -88,6 +88,11 @@ class Grisp:
         if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed
             peft_format.load_merged(self.model, adapter_dir)
         prepare_for_inference(self.model)
+        # the re-ranking prompt format the adapter was trained on (docs/method.md section 3.3)
+        try:
+            self.prompt_format = peft_format.read_prompt_format(adapter_dir)
+        except ValueError as error:
+            raise GrispError(str(error)) from None
 
     def use_options(self, options: Options) -> None:
         """Answer the next questions with `options` (serve.py: options per request). The re-ranker is made
@@ -105,7 +110,7 @@ class Grisp:
         generator = torch.Generator(device=self.device).manual_seed(o.seed)
         hyps = beam_search(self.model, prompt, self.tokenizer.eos_ids, num_beams=o.num_beams if o.beam_search else 1,
                            max_new_tokens=o.max_new_tokens, sample=o.sample and o.beam_search,
-                           temperature=o.temperature, top_p=o.top_p, generator=generator)
+                           temperature=o.temperature, top_p=o.top_p, generator=generator, ranking=o.beam_ranking)
         kept, trace, seen = [], [], set()
         for h in hyps:
             text = self.tokenizer.decode(h.tokens).strip()
@@ -135,12 +140,15 @@ class Grisp:
     def answer_from_skeletons(self, question: str, skeletons: list[str] | list[tuple[str, float]],
                               deadline: float | None = None, listener: Listener | None = None) -> Answer:
         """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one): the first that
-        resolves to a valid query wins. Every endpoint query ends within the time budget."""
+        resolves to a valid query wins. Each skeleton has its own time budget, as in the reference: a
+        skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
+        (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget; every
+        endpoint query ends within its skeleton's budget (and by `deadline`, an optional overall cap).
+        Once the endpoint has failed every query of the question, no further skeleton is tried."""
         if self.resolver is None:
             raise GrispError("this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
                              "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)")
         start = time.perf_counter()
-        deadline = deadline if deadline is not None else time.monotonic() + self.options.time_budget
         client = self.resolver.client
         client.tally = Tally()  # this question's queries
         skeletons = [s if isinstance(s, tuple) else (s, 0.0) for s in skeletons]
@@ -150,7 +158,8 @@ class Grisp:
                                  "placeholders": len(find_placeholders(skeleton))})
             if listener is not None:
                 listener(answer.trace[-1])
-            resolution = self.resolver.resolve(question, skeleton, deadline, listener)
+            budget_end = min(time.monotonic() + self.options.time_budget, deadline or float("inf"))
+            resolution = self.resolver.resolve(question, skeleton, budget_end, listener)
             answer.trace += resolution.trace
             answer.backtracks += resolution.backtracks
             for name, seconds in resolution.timings.items():
@@ -160,8 +169,8 @@ class Grisp:
                 answer.sparql, answer.result = with_prefixes(resolution.sparql), resolution.result
                 answer.verified = resolution.verified
                 break
-            if resolution.failure in ("timeout", "endpoint_error"):
-                break
+            if resolution.failure == "endpoint_error" or (client.tally.faults and not client.tally.answered):
+                break  # the endpoint is lost or has answered nothing: another skeleton would fare no better
         answer.timings["resolve"] = time.perf_counter() - start
         return judge_endpoint(answer, client.tally)
 

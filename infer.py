@@ -177,7 +177,7 @@ def main(args: argparse.Namespace) -> int:
     if answer.sparql is None:
         reason = {"no_skeleton": "the model produced no skeleton that parses",
                   "dead_end": "no skeleton resolved to a query with a non-empty result",
-                  "timeout": f"the time budget of {options.time_budget:g} s ran out",
+                  "timeout": f"the time budget of {options.time_budget:g} s per skeleton ran out",
                   "endpoint_error": f"the endpoint {args.endpoint} failed: it {fault_report(answer)}",
                   }.get(answer.failure, answer.failure)
         print(f"no answer: {reason}", file=sys.stderr)

@@ -1,23 +1,38 @@
 """GRISP's training objective: from a sample to its loss (paper section 3, "Training Data";
 docs/method.md section 4.1).
 
-The model is trained jointly on two tasks with one loss per sample:
-- skeleton: next-token cross-entropy on the answer tokens (the skeleton and <|im_end|>), averaged
-  over them;
+The model is trained jointly on two tasks:
+- skeleton: next-token cross-entropy on each answer token (the skeleton and <|im_end|>);
 - re-ranking: cross-entropy restricted to the logits of the identifier tokens present in the prompt
-  (A, B, ..., and the one of "None of the above"), read at the first answer position.
+  (A, B, ..., and the one of "None of the above"), read at the first answer position: one row.
+How they add up is the weighting (WEIGHTINGS; docs/method.md section 4.1):
+- "reference" (the reference implementation's, the default): the batch loss is the sum of all token
+  and row cross-entropies over the whole batch, divided by (skeleton answer tokens + re-ranking rows)
+  of the whole batch; a 40-token skeleton weighs 40 re-ranking choices;
+- "per-sample" (the first adapter's): a skeleton's tokens are averaged first, every sample weighs 1,
+  the batch loss is the mean over samples.
+Both are sum(sample losses) / sum(units) over the batch: `sample_losses` gives each sample's summed
+(reference) or averaged (per-sample) cross-entropy, `units` its share of the denominator (its loss
+positions, or 1). train.py counts the units of the whole batch before its micro-batches, so gradient
+accumulation and DDP give the loss of the whole batch exactly.
 Logits are computed only at these loss positions (model.forward's `logits_at`), which saves the
 large lm_head matmul everywhere else. The identifier tokens and their logits come from rerank.py, the
-scoring rule inference uses. Used by train.py; tested in tests/test_train.py.
+scoring rule inference uses. `backward_batch` accumulates a batch's gradient over micro-batches and
+`evaluate` weighs a validation set the same way. Used by train.py; tested in tests/test_train.py.
 
     encoded = [encode(sample, tokenizer) for sample in samples]   # samples.py samples (made online or read from gen_data.py)
-    losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id))  # [B], [B]
+    losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id, "reference"))  # [B], [B]
+    batch_loss = losses.sum() / sum(units(e, "reference") for e in encoded)
 """
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 
 from rerank import identifier_logits, identifier_token_ids
 from tokenizer import Tokenizer, chat_prompt
+
+WEIGHTINGS = ("reference", "per-sample")  # how skeleton tokens and re-ranking rows add up (module docstring)
 
 
 def encode(sample: dict, tokenizer: Tokenizer) -> dict:
@@ -31,9 +46,19 @@ def encode(sample: dict, tokenizer: Tokenizer) -> dict:
             "target": sample["identifiers"].index(sample["target"])}
 
 
-def collate(batch: list[dict], pad_id: int) -> dict:
+def units(sample: dict, weighting: str) -> int:
+    """An encoded sample's share of the loss's denominator: its loss positions (the skeleton's answer
+    tokens, or the one re-ranking row) under "reference", 1 under "per-sample"."""
+    assert weighting in WEIGHTINGS, f"weighting must be one of {WEIGHTINGS}, got {weighting!r}"
+    if weighting == "per-sample" or sample["choices"]:
+        return 1
+    return len(sample["ids"]) - sample["n_prompt"]
+
+
+def collate(batch: list[dict], pad_id: int, weighting: str = "reference") -> dict:
     """Right-padded tokens [B, T] and, per loss position (row-major, as model.forward's bool
-    logits_at returns them): the label id, the owning row, the weight 1/answer-length, and for
+    logits_at returns them): the label id, the owning row, the weight (units / loss positions of its
+    sample: 1 under "reference", 1/answer-length for a skeleton under "per-sample"), and for
     re-ranking rows the identifier ids [N, K] (-1 = padding) and the target column."""
     T = max(len(s["ids"]) for s in batch)
     tokens = torch.full((len(batch), T), pad_id, dtype=torch.long)
@@ -50,7 +75,7 @@ def collate(batch: list[dict], pad_id: int) -> dict:
         at[b, positions] = True
         labels += row_labels
         rows += [b] * len(positions)
-        weights += [1.0 / len(positions)] * len(positions)
+        weights += [units(s, weighting) / len(positions)] * len(positions)
         choices += [s["choices"] + [-1] * (K - len(s["choices"]))] * len(positions)
         targets += [s["target"]] * len(positions)
     return {"tokens": tokens, "at": at, "labels": torch.tensor(labels), "rows": torch.tensor(rows),
@@ -64,8 +89,9 @@ def restricted_cross_entropy(logits: torch.Tensor, choices: torch.Tensor, target
 
 
 def sample_losses(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Loss per sample [B] (mean over a skeleton's answer tokens; one restricted CE per re-ranking
-    sample) and whether each re-ranking sample ranks its target first [B] (skeletons: False)."""
+    """Loss per sample [B]: the weighted sum of its cross-entropies (collate's weights: the sum over a
+    skeleton's answer tokens, or their mean; one restricted CE per re-ranking sample), and whether each
+    re-ranking sample ranks its target first [B] (skeletons: False)."""
     device = batch["tokens"].device
     logits = model(batch["tokens"], logits_at=batch["at"])  # [N, V], only the loss positions
     rerank = batch["labels"] < 0  # [N]
@@ -80,3 +106,54 @@ def sample_losses(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, to
         best = identifier_logits(logits[rerank], choices).argmax(-1)
         correct[batch["rows"][rerank]] = best == targets
     return losses, correct
+
+
+# ---------------------------------------------------------------------------- a batch, a validation set
+def backward_batch(model, mine: list[dict], total: int, micro_batch_size: int, weighting: str, pad_id: int,
+                   device, autocast, world: int = 1) -> dict[str, tuple[float, int]]:
+    """Accumulate the gradient of sum(sample losses of `mine`) / `total` over micro-batches, where
+    `total` is the units of the whole batch (`units`: counted before any micro-batch, so the result
+    is the whole batch's loss however it is split); DDP averages gradients over the `world` processes,
+    hence the factor. Returns per task (summed sample losses, units) of `mine`."""
+    by_task = {"skeleton": (0.0, 0), "rerank": (0.0, 0)}
+    micro = [mine[i:i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+    for j, batch in enumerate(micro):
+        sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
+        with sync, autocast:
+            losses, _ = sample_losses(model, to_device(collate(batch, pad_id, weighting), device))
+            (losses.sum() * world / total).backward()
+        for s, value in zip(batch, losses.tolist()):
+            task = "rerank" if s["choices"] else "skeleton"
+            by_task[task] = (by_task[task][0] + value, by_task[task][1] + units(s, weighting))
+    return by_task
+
+
+@torch.no_grad()
+def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, autocast, weighting: str) -> dict:
+    """Validation loss as training weighs it (sum of losses / units), the same per task, and the
+    re-ranking accuracy (no dropout, no RNG use)."""
+    model.eval()
+    totals = {"skeleton": [0.0, 0], "rerank": [0.0, 0]}
+    correct_reranks = []
+    order = sorted(range(len(val)), key=lambda i: len(val[i]["ids"]))
+    for start in range(0, len(order), micro_batch):
+        batch = [val[i] for i in order[start:start + micro_batch]]
+        with autocast:
+            losses, correct = sample_losses(model, to_device(collate(batch, pad_id, weighting), device))
+        for s, value, ok in zip(batch, losses.tolist(), correct.tolist()):
+            task = "rerank" if s["choices"] else "skeleton"
+            totals[task][0] += value
+            totals[task][1] += units(s, weighting)
+            if s["choices"]:
+                correct_reranks.append(float(ok))
+    model.train()
+    mean = {task: value / n if n else float("nan") for task, (value, n) in totals.items()}
+    total_units = totals["skeleton"][1] + totals["rerank"][1]
+    return {"val_loss": (totals["skeleton"][0] + totals["rerank"][0]) / max(1, total_units),
+            "val_skeleton": mean["skeleton"], "val_rerank": mean["rerank"],
+            "val_rerank_acc": sum(correct_reranks) / len(correct_reranks) if correct_reranks else float("nan")}
+
+
+def to_device(batch: dict, device) -> dict:
+    """The collated tensors on `device`."""
+    return {k: v.to(device) for k, v in batch.items()}

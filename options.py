@@ -13,6 +13,7 @@ import argparse
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
+from generate import RANKINGS
 from prompts import IDENTIFIERS
 
 MAX_TOP_K = (len(IDENTIFIERS) - 1) // 2  # 12: the union of two top-k lists fits one re-ranking prompt
@@ -22,11 +23,11 @@ class GrispError(Exception):
     """A problem the user can fix (bad settings, missing model, adapter or index); the message says how."""
 
 
-def option(default: Any, help: str, flag: str | None = None) -> Any:
+def option(default: Any, help: str, flag: str | None = None, choices: tuple | None = None) -> Any:
     """A field of Options with the help text of its command-line flag. A switch (bool, on by default)
     gets a flag that turns it off, `--no-<name>` unless `flag` names another; flag="" keeps the field
-    off the command line."""
-    return field(default=default, metadata={"help": help, "flag": flag})
+    off the command line; `choices` closes a knob's set of values."""
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
 
 
 @dataclass
@@ -39,16 +40,24 @@ class Options:
     top_p: float = option(0.9, "nucleus sampling threshold of the beams")
     sample: bool = option(True, "plain beam search, no sampling", flag="--deterministic")
     seed: int = option(0, "seed of the beam sampling")
-    max_new_tokens: int = option(160, "longest skeleton in tokens", flag="")
+    max_new_tokens: int = option(512, "longest skeleton in tokens (the reference's 512; the search stops as soon as "
+                                 "no running beam can beat the finished ones)", flag="")
+    beam_ranking: str = option("sum", "how beams and skeletons are ranked: sum = sum of raw token log-probabilities "
+                               "(the shipped adapter's setting: re-picking its beams length-normalised lowered "
+                               "demo structure match, 27 -> 21 of 53); length-normalised = Hugging Face's beam "
+                               "sampling as the reference decodes (processed log-probabilities / length), for "
+                               "retrained adapters once measured", choices=RANKINGS)
     # placeholder resolution (the paper's ablations)
     top_k: int = option(10, "search hits re-ranked per placeholder")
     rerank: bool = option(True, "take the index order, no model re-ranking")
     constrained: bool = option(True, "search without KG constraints")
     kg_guidance: bool = option(True, "no constraints and no final validation")
     backtracking: bool = option(True, "a dead end fails the skeleton")
-    # seconds per question for resolution (after generation, whose cost is hardware-bound)
-    time_budget: float = option(60.0, "seconds per question for resolving its skeletons, a hard limit on every "
-                                "endpoint query (generation not counted)")
+    # seconds per skeleton for resolution (after generation, whose cost is hardware-bound), as in the
+    # reference: a skeleton out of time fails and the next one gets a fresh budget (docs/method.md 6.7)
+    time_budget: float = option(60.0, "seconds per skeleton for resolving it, then the next skeleton (at most "
+                                "num_skeletons x this per question); also a hard limit on every endpoint query "
+                                "(generation not counted)")
 
     def __post_init__(self):
         problems = [f"{name} = {value} must be {rule}" for name, value, ok, rule in [
@@ -60,7 +69,8 @@ class Options:
             # a placeholder of unknown position re-ranks the union of two top-k lists, and the
             # re-ranking prompt names at most len(IDENTIFIERS) - 1 alternatives
             ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"in [1, {MAX_TOP_K}]"),
-            ("time_budget", self.time_budget, self.time_budget > 0, "> 0")] if not ok]
+            ("time_budget", self.time_budget, self.time_budget > 0, "> 0"),
+            ("beam_ranking", self.beam_ranking, self.beam_ranking in RANKINGS, f"one of {', '.join(RANKINGS)}")] if not ok]
         if problems:
             raise GrispError("bad settings: " + "; ".join(problems))
 
@@ -96,9 +106,10 @@ def add_flags(parser: argparse.ArgumentParser, names: Iterable[str] | None = Non
             assert f.default, f"switch {f.name} must default to on: its flag turns it off"
             parser.add_argument(flag, action="store_true", help=help)
         elif unset:
-            parser.add_argument(flag, type=type(f.default), default=None, help=f"{help}; unset: {f.default}")
+            parser.add_argument(flag, type=type(f.default), default=None, help=f"{help}; unset: {f.default}",
+                                choices=f.metadata["choices"])
         else:
-            parser.add_argument(flag, type=type(f.default), default=f.default, help=help)
+            parser.add_argument(flag, type=type(f.default), default=f.default, help=help, choices=f.metadata["choices"])
 
 
 def from_flags(args: argparse.Namespace) -> Options:

@@ -7,6 +7,9 @@ PEFT's, so an adapter trained here loads with `PeftModel.from_pretrained` and a 
     adapter_model.safetensors    base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight ...
 
 lora.py holds the LoRA idea (layers, injection, merging); this file only maps it to and from those files.
+One file of our own sits beside PEFT's, `grisp_config.json` ({"prompt_format": "v2"}): the re-ranking
+prompt format the adapter was trained on (prompts.PROMPT_FORMATS), which infer.py and evaluate.py read
+back (`read_prompt_format`); an adapter without it was trained on "v1". PEFT ignores the file.
 
     save_adapter(model, "adapters/run1", base_model_name_or_path="Qwen/...", dtype=torch.bfloat16)
     load_adapter(base_model, "adapters/run1")  # LoRA layers beside the base weights (to train on), or
@@ -19,6 +22,7 @@ Tests: python -m pytest tests/test_peft_format.py
 """
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -27,9 +31,12 @@ from torch import nn
 
 from lora import (candidate_names, inject_lora, is_target, layer_index, load_lora_state_dict, lora_layers,
                   lora_state_dict, merge_lora, unload_lora)
+from prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
+GRISP_CONFIG_NAME = "grisp_config.json"  # ours, beside PEFT's files: {"prompt_format": ...}
+UNRECORDED_PROMPT_FORMAT = "v1"  # the format of adapters saved before the file existed (the first adapter)
 PEFT_PREFIX = "base_model.model."  # PEFT's key = PEFT_PREFIX + our parameter name + ".weight"
 
 
@@ -97,13 +104,33 @@ def _adapter_config(model: nn.Module, base_model_name_or_path: str | None) -> di
 
 
 def save_adapter(model: nn.Module, out_dir: str | Path, base_model_name_or_path: str | None = None,
-                 dtype: torch.dtype | None = None) -> Path:
-    """Write adapter_config.json + adapter_model.safetensors (PEFT layout); dtype e.g. torch.bfloat16
-    halves the file. Returns the directory."""
+                 dtype: torch.dtype | None = None, prompt_format: str | None = None) -> Path:
+    """Write adapter_config.json + adapter_model.safetensors (PEFT layout), and grisp_config.json if a
+    prompt format is given; dtype e.g. torch.bfloat16 halves the file. Returns the directory."""
     _check_float(dtype)
     config = _adapter_config(model, base_model_name_or_path)
     tensors = {_peft_key(n): p.detach().cpu() for n, p in lora_state_dict(model).items()}
-    return _write_adapter(out_dir, tensors, config, dtype)
+    out_dir = _write_adapter(out_dir, tensors, config, dtype)
+    if prompt_format is not None:
+        (out_dir / GRISP_CONFIG_NAME).write_text(json.dumps({"prompt_format": prompt_format}, indent=2) + "\n")
+    return out_dir
+
+
+def read_prompt_format(adapter_dir: str | Path | None) -> str:
+    """The re-ranking prompt format the adapter was trained on: its grisp_config.json, else "v1" (adapters
+    from before the file, and PEFT-trained ones); None (the base model, no adapter): the latest format."""
+    if adapter_dir is None:
+        return LATEST_PROMPT_FORMAT
+    path = Path(adapter_dir) / GRISP_CONFIG_NAME
+    if not path.is_file():
+        return UNRECORDED_PROMPT_FORMAT
+    try:
+        prompt_format = json.loads(path.read_text()).get("prompt_format", UNRECORDED_PROMPT_FORMAT)
+    except (json.JSONDecodeError, AttributeError):
+        raise ValueError(f"{path} is not a JSON object like {{\"prompt_format\": \"v2\"}}; fix or delete it") from None
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"{path}: unknown prompt_format {prompt_format!r}; known: {', '.join(PROMPT_FORMATS)}")
+    return prompt_format
 
 
 def _check_float(dtype: torch.dtype | None) -> None:
@@ -194,7 +221,10 @@ def convert_adapter(src_dir: str | Path, out_dir: str | Path, dtype: torch.dtype
     config = read_adapter_config(src_dir)
     if base_model_name_or_path is not None:
         config["base_model_name_or_path"] = base_model_name_or_path
-    return _write_adapter(out_dir, load_file(Path(src_dir) / WEIGHTS_NAME), config, dtype)
+    out_dir = _write_adapter(out_dir, load_file(Path(src_dir) / WEIGHTS_NAME), config, dtype)
+    if (Path(src_dir) / GRISP_CONFIG_NAME).is_file():  # the prompt format travels with the weights
+        shutil.copyfile(Path(src_dir) / GRISP_CONFIG_NAME, out_dir / GRISP_CONFIG_NAME)
+    return out_dir
 
 
 def main(args: argparse.Namespace) -> None:

@@ -12,15 +12,15 @@ the identifiers' logits, absent ones masked).
 tokens after the start the two prompts share (tests/test_rerank.py: same scores as a full forward;
 docs/cpu_speed.md section 3.3: the speed-up).
 
-    reranker = ModelReranker(model, tokenizer)
-    scores = reranker(question, marked_query, alternatives)   # len(alternatives) + 1, None's last
+    reranker = ModelReranker(model, tokenizer, prompt_format="v2")   # the adapter's format (peft_format)
+    scores = reranker(question, marked_query, alternatives, resolved)   # len(alternatives) + 1, None's last
 """
 from typing import Iterable
 
 import torch
 
 from model import Transformer
-from prompts import IDENTIFIERS, Alternative, rerank_messages
+from prompts import IDENTIFIERS, LATEST_PROMPT_FORMAT, PROMPT_FORMATS, Alternative, rerank_messages
 from tokenizer import Tokenizer, chat_prompt
 
 
@@ -48,20 +48,27 @@ class ModelReranker:
 
     Successive prompts share a long start: always the system message and chat header, within one
     question also the question line, the query up to its first changed placeholder and, on a backtrack,
-    the whole query. So the re-ranker keeps the KV cache of its previous prompt, cuts it back to the
-    tokens the new prompt shares with it and runs only the rest; cutting back is free, so reuse always
-    pays. prefix_cache=False runs every prompt in full (the reference; scores agree up to rounding).
-    `tokens` counts prompt tokens seen and tokens actually run through the model."""
+    the whole query and the resolved items. So the re-ranker keeps the KV cache of its previous prompt,
+    cuts it back to the tokens the new prompt shares with it and runs only the rest; cutting back is
+    free, so reuse always pays. prefix_cache=False runs every prompt in full (the reference; scores agree up to rounding).
+    `tokens` counts prompt tokens seen and tokens actually run through the model. `prompt_format` is the
+    one the adapter was trained on (prompts.PROMPT_FORMATS; v2 also shows the `resolved` items)."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, show_infos: bool = True, prefix_cache: bool = True):
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, show_infos: bool = True, prefix_cache: bool = True,
+                 prompt_format: str = LATEST_PROMPT_FORMAT):
+        if prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"unknown prompt format {prompt_format!r}; known: {', '.join(PROMPT_FORMATS)}")
         self.model, self.tokenizer, self.show_infos, self.prefix_cache = model, tokenizer, show_infos, prefix_cache
+        self.prompt_format = prompt_format
         # identifier letter -> its token id; the scores are these logits
         self.identifier_ids = dict(zip(IDENTIFIERS, identifier_token_ids(tokenizer, IDENTIFIERS)))
         self.cache, self.cached_ids = None, []  # the KV cache of the previous prompt and its tokens
         self.tokens = {"prompt": 0, "computed": 0}
 
-    def __call__(self, question: str, marked_query: str, alternatives: list[Alternative]) -> list[float]:
-        messages, identifiers = rerank_messages(question, marked_query, alternatives, self.show_infos)
+    def __call__(self, question: str, marked_query: str, alternatives: list[Alternative],
+                 resolved: list[Alternative] = ()) -> list[float]:
+        messages, identifiers = rerank_messages(question, marked_query, alternatives, self.show_infos, resolved,
+                                                self.prompt_format)
         logits = self.next_token_logits(self.tokenizer.encode(chat_prompt(messages)))  # [V]
         ids = torch.tensor([[self.identifier_ids[i] for i in identifiers]], device=logits.device)  # [1, K]
         return identifier_logits(logits[None], ids)[0].float().tolist()

@@ -24,14 +24,15 @@ from typing import Callable
 from options import Options
 from prompts import Alternative, mark_current, to_alternative
 from search import Hit, Indices
-from constraints import CONSTRAINT_LIMIT, constraint_query
+from constraints import allowed_items, constraint_query
 from positions import infer_position
-from skeleton import Placeholder, find_placeholders, split_variant, substitute
+from skeleton import Placeholder, find_placeholders, substitute
 from sparql import EndpointUnreachable, QueryTimeout, Result, ServerError, SparqlClient, SparqlError
 from tracing import Listener, Trace
 
-# scores for `alternatives` + a final None alternative (higher is better); rerank.ModelReranker is one
-Reranker = Callable[[str, str, list[Alternative]], list[float]]
+# (question, marked query, alternatives, items resolved so far) -> scores for the alternatives + a final
+# None alternative (higher is better); rerank.ModelReranker is one
+Reranker = Callable[[str, str, list[Alternative], list[Alternative]], list[float]]
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Frame:
     placeholder: Placeholder
     kind: str  # "entity", "property" or "both"
     alternatives: list[Hit]  # still to try, best first
+    resolved: list[Alternative] = field(default_factory=list)  # the items chosen before it, as the re-ranker shows them
 
 
 @dataclass
@@ -101,7 +103,8 @@ class Resolver:
                 text = substitute(frame.text, frame.placeholder, choice.id)
                 trace.event("choose", placeholder=frame.placeholder.text, iri=choice.id, label=choice.label)
                 if find_placeholders(text):  # go deeper: the next placeholder
-                    stack.append(self.candidates(question, text, trace, deadline))
+                    resolved = frame.resolved + [self.shown(choice, frame)]  # what the next re-ranking prompt lists
+                    stack.append(self.candidates(question, text, trace, deadline, resolved))
                     continue
                 if not self.options.kg_guidance:
                     return finish(text, None)
@@ -122,13 +125,15 @@ class Resolver:
         return finish(None, None, "dead_end")
 
     # --- one placeholder: its candidates, in the four steps of the paper
-    def candidates(self, question: str, text: str, trace: Trace, deadline: float = float("inf")) -> Frame:
-        """The frame of the first unresolved placeholder of `text`, its alternatives re-ranked."""
+    def candidates(self, question: str, text: str, trace: Trace, deadline: float = float("inf"),
+                   resolved: list[Alternative] = ()) -> Frame:
+        """The frame of the first unresolved placeholder of `text` (after the items `resolved`), its
+        alternatives re-ranked."""
         placeholder = find_placeholders(text)[0]
         position, kind = self.position(text, placeholder)
         trace.event("placeholder", placeholder=placeholder.text, position=position, kind=kind)
         allowed = self.constraint(text, placeholder, trace, deadline)
-        frame = Frame(text, placeholder, kind, self.search(placeholder, kind, allowed, trace))
+        frame = Frame(text, placeholder, kind, self.search(placeholder, kind, allowed, trace), list(resolved))
         self.rerank(question, frame, trace)
         return frame
 
@@ -157,10 +162,7 @@ class Resolver:
                 trace.note(constraint=query, constraint_error=f"{type(e).__name__}: {e}")
                 return None
         trace.note(constraint=query, constraint_size=len(rows.rows))
-        if len(rows.rows) >= CONSTRAINT_LIMIT:
-            return None  # too many to be a constraint
-        # a property is bound in one variant (wdt:P57); the index knows its entity IRI
-        return {split_variant(iri)[0] for iri in rows.iris()}
+        return allowed_items(rows)  # None if too many to be a constraint
 
     def search(self, placeholder: Placeholder, kind: str, allowed: set[str] | None, trace: Trace) -> list[Hit]:
         """Step 3: the top-k index hits for the placeholder's label, within `allowed` if given."""
@@ -183,8 +185,8 @@ class Resolver:
             trace.note(kept=[h.id for h in frame.alternatives])
             return
         with trace.timed("rerank"):
-            shown = [to_alternative(h, frame.placeholder.variant) for h in frame.alternatives]
-            scores = self.reranker(question, mark_current(frame.text, frame.placeholder), shown)
+            shown = [self.shown(h, frame) for h in frame.alternatives]
+            scores = self.reranker(question, mark_current(frame.text, frame.placeholder), shown, frame.resolved)
             assert len(scores) == len(shown) + 1, f"re-ranker gave {len(scores)} scores for {len(shown)} + None"
             none_score = scores[-1]
             order = sorted(range(len(shown)), key=lambda i: -scores[i])
@@ -192,6 +194,12 @@ class Resolver:
             frame.alternatives = [frame.alternatives[i] for i in order if scores[i] > none_score]
         trace.note(reranked=[(iri, round(score, 3)) for iri, score in sorted(ranking, key=lambda r: -r[1])],
                    kept=[h.id for h in frame.alternatives])
+
+    def shown(self, hit: Hit, frame: Frame) -> Alternative:
+        """A hit of the frame's search as the re-ranker shows it: in the placeholder's variant, with its kind."""
+        kind = frame.kind if frame.kind != "both" else (
+            "property" if self.indices.stores["property"].get(hit.id) is not None else "entity")
+        return to_alternative(hit, frame.placeholder.variant, kind)
 
     def validate(self, sparql: str, trace: Trace, deadline: float = float("inf")) -> tuple[bool, Result | None]:
         """Final validation: the query must execute and return something (an ASK answer counts). As in

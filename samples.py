@@ -1,27 +1,30 @@
 """Training samples for GRISP's two tasks from question-query pairs (paper section 3, "Training Data";
 docs/method.md section 3). The library behind gen_data.py (offline samples) and train.py (online samples).
 
-For every benchmark record and epoch it makes one sample of each task:
+For every record of the epoch (mixture.py picks them, with the sources' weights) it makes one sample
+of each task:
 - skeleton: the question (or a random paraphrase) -> the gold query with every KG IRI replaced by a
   placeholder holding the item's label, or with probability `alias` a random alias;
 - rerank: a random placeholder i of that skeleton; placeholders before i are resolved to the gold IRIs
-  (`wd:Q42`, `wdt:P19`), i is marked `<rep>...</rep>`, later ones stay placeholders. The index of i's
-  kind (entity or property) is searched with i's placeholder text; the top k hits plus "None of the
-  above" get single-token identifiers (prompts.py); the target is the gold item's identifier. The gold
-  item is put at a random place in the list when the search misses it.
-  Augmentations, each with its own probability: vary k (uniform in 2..10, else 10), drop the infos,
-  drop the gold item (target = None; the next hit takes its place, so the list length tells nothing),
-  shuffle the alternatives (else they keep the index's order).
+  (`wd:Q42`, `wdt:P19`), i is marked `<rep>...</rep>`, later ones stay placeholders; prompt format v2
+  also lists the resolved items with their labels. The index of i's kind (entity or property) is
+  searched with i's placeholder text (with probability `constrain`, and an endpoint, only among the
+  answers of i's constraint query, as at inference); the top k hits plus "None of the above" get
+  single-token identifiers (prompts.py); the target is the gold item's identifier, or None's when the
+  search missed it (as the reference; `gold_missing="insert"` puts it in instead, the first adapter's).
+  Augmentations, each with its own probability (defaults: the reference's): k uniform in 2..10, drop
+  the infos, drop the gold item (target = None; the next hit takes its place, so the list length tells
+  nothing), shuffle the alternatives (else they keep the index's order).
 Each epoch also adds `compose` x records two-hop records made from pairs of one-hop ones (compose.py;
 ours, not the paper's: WWQ has few chained questions).
 
-A sample is a pure function of (seed, epoch, record), so online generation (train.py) is reproducible
-and resumable, and gen_data.py can precompute N epochs offline. Records whose query has an IRI the
-index does not know are skipped and counted. A sample:
+A sample is a pure function of (seed, epoch, record, copy) (and the endpoint's answers for constrained
+ones), so online generation (train.py) is reproducible and resumable, and gen_data.py can precompute N
+epochs offline. Records whose query has an IRI the index does not know are skipped and counted. A sample:
 
-    {"id": record id, "epoch": 0, "task": "skeleton", "messages": [system, user], "target": "SELECT ..."}
-    {"id": ..., "epoch": 0, "task": "rerank", "messages": [...], "target": "C",
-     "identifiers": ["A", ..., "K"], "iri": gold item IRI or null when dropped}
+    {"id": record id, "source": "wwq", "epoch": 0, "task": "skeleton", "messages": [system, user], "target": "SELECT ..."}
+    {"id": ..., "epoch": 0, "task": "rerank", "messages": [...], "target": "C", "prompt_format": "v2",
+     "identifiers": ["A", ..., "K"], "iri": gold item IRI or null when dropped or missed}
 
     records = load_records("wwq")
     generator = SampleGenerator(records, open_index(None, "wwq"), Augment(), seed=0)
@@ -42,57 +45,84 @@ import benchmarks
 import compose
 import defaults
 import index_build
+import mixture
+from constraints import allowed_items, constraint_query
 from jsonl import iter_jsonl
-from prompts import IDENTIFIERS, mark_current, rerank_messages, skeleton_messages, to_alternative
+from mixture import epoch_records
+from prompts import (IDENTIFIERS, LATEST_PROMPT_FORMAT, PROMPT_FORMATS, mark_current, rerank_messages, skeleton_messages,
+                     to_alternative)
 from search import Indices, load_indices
 from skeleton import find_placeholders, split_variant, substitute
 from skeletonize import skeletonize
+from sparql import SparqlError
 
-DATASETS = {"wwq": "wwq-train"}  # --data shorthands -> benchmarks.py names
 WIKIDATA_INDEX_DIR = defaults.GRISP_HOME / "indices" / "wikidata-items"  # built from the items file
 
 
 @dataclass
 class Augment:
-    """Probabilities of the sample variations (docs/method.md section 3.4: the reference gives only "small,
-    about 0.05 to 0.2"; vary_k is higher because the reference draws k at random and constrained lists at
-    inference have any length)."""
+    """Probabilities of the sample variations; the defaults are the reference implementation's
+    (docs/method.md section 3.4), `compose` is ours."""
 
     alias: float = 0.2  # a placeholder shows a random alias instead of the main label
-    vary_k: float = 0.5  # re-rank k uniform in [min_k, max_k] alternatives instead of max_k (constrained lists vary)
-    drop_infos: float = 0.1  # show alternatives without description and aliases
-    drop_gold: float = 0.1  # remove the gold item: the target becomes "None of the above"
-    shuffle: float = 0.2  # shuffle the alternatives (else they keep the search order)
+    vary_k: float = 1.0  # re-rank k uniform in [min_k, max_k] alternatives instead of max_k
+    drop_infos: float = 0.05  # show the alternatives without infos (v2: the description; v1: also the aliases)
+    drop_gold: float = 0.1  # remove the gold item, the next hit takes its place: the target becomes None
+    shuffle: float = 0.1  # shuffle the alternatives (else they keep the search order)
+    constrain: float = 0.1  # search within the constraint query's answers (needs an endpoint)
     compose: float = 0.1  # extra two-hop records per record, composed from two one-hop ones (ours, not the paper's)
     min_k: int = 2
     max_k: int = 10
+    gold_missing: str = "none"  # the search missed the gold item: target None ("none") or insert it ("insert")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "Augment":
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
+GOLD_MISSING = ("none", "insert")
+
+
 def add_generation_args(group: argparse._ArgumentGroup) -> None:
     """The augmentation flags, shared by gen_data.py and train.py (online generation)."""
     helps = {"alias": "probability that a placeholder shows a random alias instead of the label",
              "vary_k": "probability that a re-ranking sample has k uniform in [min-k, max-k] alternatives (else max-k)",
-             "drop_infos": "probability of showing the alternatives without description and aliases",
-             "drop_gold": "probability of dropping the gold alternative (target: None of the above)",
+             "drop_infos": "probability of showing the alternatives without infos (prompt v2: without the "
+                           "description, aliases kept, as the reference; v1: without description and aliases)",
+             "drop_gold": "probability of dropping the gold alternative (target: None of the above); the next search "
+                          "hit takes its place, so the list length tells nothing",
              "shuffle": "probability of shuffling the alternatives (else: search order)",
+             "constrain": "probability that a re-ranking sample searches within its constraint query's answers, as at "
+                          "inference (needs --endpoint; without one no sample is constrained)",
              "compose": "two-hop records composed from pairs of one-hop records, per record (0 = off; ours, not the paper's)",
-             "min_k": "fewest search results in a re-ranking sample", "max_k": "most search results (inference uses 10)"}
+             "min_k": "fewest search results in a re-ranking sample", "max_k": "most search results (inference uses 10)",
+             "gold_missing": "when the search misses the gold item: none = the target is None of the above (the "
+                             "reference), insert = put the gold item at a random rank (the first adapter's)"}
     for f in fields(Augment):
-        group.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, help=helps[f.name])
+        flag = "--rerank-gold-missing" if f.name == "gold_missing" else "--" + f.name.replace("_", "-")
+        group.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=helps[f.name],
+                           choices=GOLD_MISSING if f.name == "gold_missing" else None)
 
 
 class SampleGenerator:
-    """Samples of both tasks for a list of benchmark records: `epoch(e)` -> (samples, statistics)."""
+    """Samples of both tasks for a list of benchmark records: `epoch(e)` -> (samples, statistics).
 
-    def __init__(self, records: list[dict], indices: Indices, augment: Augment, seed: int):
+    `weights` (source -> uses per record and epoch, mixture.py) picks each epoch's records;
+    `prompt_format` is the re-ranking prompt's (prompts.PROMPT_FORMATS); `client` (a sparql.SparqlClient)
+    lets `augment.constrain` of the re-ranking samples search within their constraint query's answers."""
+
+    def __init__(self, records: list[dict], indices: Indices, augment: Augment, seed: int,
+                 weights: dict[str, float] | None = None, prompt_format: str = LATEST_PROMPT_FORMAT, client=None):
         if not 1 <= augment.min_k <= augment.max_k < len(IDENTIFIERS):
             raise ValueError(f"need 1 <= min-k <= max-k < {len(IDENTIFIERS)}, got {augment.min_k}..{augment.max_k}")
+        if augment.gold_missing not in GOLD_MISSING:
+            raise ValueError(f"--rerank-gold-missing must be one of {', '.join(GOLD_MISSING)}, got {augment.gold_missing!r}")
+        if prompt_format not in PROMPT_FORMATS:
+            raise ValueError(f"--prompt-format must be one of {', '.join(PROMPT_FORMATS)}, got {prompt_format!r}")
         self.records, self.indices, self.augment, self.seed = records, indices, augment, seed
-        self.hits = {}  # (kind, query, k) -> search results: the same placeholders recur every epoch
+        self.weights, self.prompt_format, self.client = weights or {}, prompt_format, client
+        self.hits = {}  # (kind, query, k, constraint) -> search results: the same placeholders recur every epoch
+        self.allowed = {}  # constraint query -> the items it allows (None: any), from the endpoint
 
     def epoch(self, epoch: int) -> tuple[list[dict], Counter]:
         samples, stats = [], Counter()
@@ -102,8 +132,9 @@ class SampleGenerator:
             composed = compose.compose_records(self.records, self.indices, self.augment.compose,
                                                random.Random(f"{self.seed}:{epoch}:compose"))
             stats["composed"] += len(composed)
-            for record in self.records + composed:
-                rng = random.Random(f"{self.seed}:{epoch}:{record['id']}")  # str seeds hash with SHA-512
+            chosen = epoch_records(self.records, self.weights, self.seed, epoch) + [(r, 0) for r in composed]
+            for record, copy in chosen:  # a record used twice in an epoch gets other variations the second time
+                rng = random.Random(f"{self.seed}:{epoch}:{record['id']}" + (f":{copy}" if copy else ""))
                 samples += self.record_samples(record, rng, stats)
         finally:
             torch.set_num_threads(threads)
@@ -130,7 +161,7 @@ class SampleGenerator:
         if skeletonized.unknown:
             stats["skipped_unknown_iri"] += 1
             return []
-        base = {"id": record["id"]}
+        base = {"id": record["id"]} | ({"source": record["source"]} if "source" in record else {})
         samples = [base | {"task": "skeleton", "messages": skeleton_messages(question), "target": skeletonized.skeleton}]
         stats["skeleton"] += 1
         if not skeletonized.iris:
@@ -139,25 +170,34 @@ class SampleGenerator:
         rerank = self.rerank_sample(question, skeletonized.skeleton, skeletonized.iris, rng, stats)
         return samples + ([base | rerank] if rerank else [])
 
+    def kind(self, iri: str) -> str:
+        """"property" or "entity": which index holds the item (by its entity IRI)."""
+        return "property" if self.indices.stores["property"].get(iri) is not None else "entity"
+
     def rerank_sample(self, question: str, skeleton: str, iris: list[str], rng: random.Random,
                       stats: Counter) -> dict | None:
         aug = self.augment
         placeholders = find_placeholders(skeleton)
         assert len(placeholders) == len(iris), f"{len(placeholders)} placeholders for {len(iris)} IRIs in {skeleton!r}"
         i = rng.randrange(len(iris))
-        # the query as the resolver sees it at step i: later edits first, so earlier offsets stay valid
-        ph = placeholders[i]
-        marked = mark_current(skeleton, ph)
+        # the query as the resolver sees it at step i: earlier placeholders resolved (later edits first,
+        # so earlier offsets stay valid), i the first placeholder left
+        text = skeleton
         for j in reversed(range(i)):
-            marked = substitute(marked, placeholders[j], iris[j])
+            text = substitute(text, placeholders[j], iris[j])
+        ph = find_placeholders(text)[0]
         gold, variant = split_variant(iris[i])
-        kind = "property" if self.indices.stores["property"].get(gold) is not None else "entity"
+        kind = self.kind(gold)
         k = rng.randint(aug.min_k, aug.max_k) if rng.random() < aug.vary_k else aug.max_k
+        constrained = rng.random() < aug.constrain  # drawn with or without an endpoint: same samples otherwise
+        query = constraint_query(text, ph) if constrained and self.client is not None else None
+        allowed = self.constraint(query, stats) if query else None
         # one hit more than k, so that a list without the gold item still has k alternatives: a list one
         # shorter than usual would tell the model "None of the above" without reading it
-        if (kind, ph.label, k + 1) not in self.hits:
-            self.hits[kind, ph.label, k + 1] = self.indices.search(kind, ph.label, k + 1)
-        items = {hit.id: hit for hit in self.hits[kind, ph.label, k + 1]}
+        key = (kind, ph.label, k + 1, query if allowed is not None else None)
+        if key not in self.hits:
+            self.hits[key] = self.indices.search(kind, ph.label, k + 1, allowed) if allowed != set() else []
+        items = {hit.id: hit for hit in self.hits[key]}
         ids = list(items)
         others = [iri for iri in ids if iri != gold]
         if rng.random() < aug.drop_gold:
@@ -165,11 +205,14 @@ class SampleGenerator:
             stats["gold_dropped"] += 1
         elif gold in ids[:k]:
             ids = ids[:k]
-        else:  # the search missed it: put it at a random rank within the top k
+        elif aug.gold_missing == "insert":  # the search missed it: put it at a random rank within the top k
             stats["gold_inserted"] += 1
             ids = others[:k - 1]
             ids.insert(rng.randint(0, len(ids)), gold)
             items[gold] = self.indices.item(gold)
+        else:  # the search missed it: as in the reference, the right answer is None of the above
+            stats["gold_missed"] += 1
+            ids = others[:k]
         if rng.random() < aug.shuffle:
             rng.shuffle(ids)
             stats["shuffled"] += 1
@@ -178,20 +221,39 @@ class SampleGenerator:
         if not ids:  # only "None of the above" left: the restricted loss would be 0, nothing to learn
             stats["rerank_skipped_no_alternative"] += 1
             return None
-        alternatives = [to_alternative(items[iri], variant) for iri in ids]
-        messages, identifiers = rerank_messages(question, marked, alternatives, show_infos)
+        alternatives = [to_alternative(items[iri], variant, kind) for iri in ids]
+        resolved = []  # the items resolved before i, as the re-ranker is shown them (prompt v2)
+        for j in range(i):
+            iri, j_variant = split_variant(iris[j])
+            resolved.append(to_alternative(self.indices.item(iri), j_variant, self.kind(iri)))
+        messages, identifiers = rerank_messages(question, mark_current(text, ph), alternatives, show_infos, resolved,
+                                                self.prompt_format)
         target = identifiers[ids.index(gold)] if gold in ids else identifiers[-1]
         stats["rerank"] += 1
         stats[f"rerank_alternatives_{len(ids):02d}"] += 1
         return {"task": "rerank", "messages": messages, "target": target, "identifiers": identifiers,
-                "iri": gold if gold in ids else None}
+                "iri": gold if gold in ids else None, "prompt_format": self.prompt_format}
+
+    def constraint(self, query: str, stats: Counter) -> set[str] | None:
+        """The items the constraint query allows (cached per query; None: any, when it has too many
+        answers or the endpoint fails it, as the resolver falls back to searching without it)."""
+        if query not in self.allowed:
+            try:
+                self.allowed[query] = allowed_items(self.client.query(query))
+                stats["constrained"] += 1
+            except SparqlError as error:
+                stats[f"constraint_error_{type(error).__name__}"] += 1
+                return None
+        else:
+            stats["constrained"] += 1
+        return self.allowed[query]
 
 
 # ---------------------------------------------------------------------------- data, index, files
 def load_records(data: str) -> list[dict]:
-    """Benchmark records of `--data`: wwq (WikiWebQuestions train), demo, a benchmarks.py name or a JSONL
-    path; never a held-out dev set (benchmarks.load_training: "qald10" gives "qald10-train")."""
-    return benchmarks.load_training(DATASETS.get(data, data))
+    """Benchmark records of `--data` (mixture.py: one or several sources, e.g. wwq or wwq,qald10): never a
+    held-out dev set (benchmarks.load_training: "qald10" gives "qald10-train")."""
+    return mixture.load(mixture.parse_data(data))
 
 
 def default_index_dir(data: str) -> Path:

@@ -12,12 +12,18 @@ end, adapter/ (a copy of best/ in the PEFT layout, for infer.py or `PeftModel.fr
 
 main() runs the named steps in order: setup (processes, device, run directory) -> load_data -> make_model
 (base + LoRA, optimiser) -> resume (or a fresh TrainState) -> TrainingLoop.train (step, validate,
-checkpoint) -> save the adapter. About 480 lines, over a script's ~300: the flags and their checks take
-~80, the loop with DDP, early stopping and exact resumption ~150; they stay here so that the whole
-training stage reads in one file, top to bottom, as in nanoGPT's train.py.
+checkpoint) -> save the adapter. About 500 lines, over a script's ~300: the flags and their checks take
+~100, the loop with DDP, early stopping and exact resumption ~150; they stay here so that the whole
+training stage reads in one file, top to bottom, as in nanoGPT's train.py (the loss of a batch and of
+the validation set is loss.py's, the data mixture mixture.py's).
 
-    python train.py --data wwq                                   # the paper's setup, CPU or GPU
-    python train.py --data wwq --lora-layers 8 --max-steps 40    # a short fast run on CPU
+Flags left unset take the device's recipe: on a CPU the shipped adapter's (LoRA on the last 8 blocks,
+micro-batches of 4, 2 epochs), on a GPU the paper's (all blocks, 4 epochs). The plan and, on a CPU, its
+expected duration are printed before the first step and re-measured after three.
+
+    python train.py --data wwq                                   # the device's recipe (CPU: the shipped adapter's)
+    python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach   # the training mixture
+    python train.py --data wwq --max-steps 40                    # a short run
     python train.py --data wwq --name my-run --resume            # continue exactly where it stopped
     torchrun --nproc-per-node 4 train.py --data wwq              # several GPUs (DDP)
 """
@@ -29,7 +35,6 @@ import random
 import shutil
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,11 +46,23 @@ import checkpoint
 import defaults
 import lora
 import loss
+import mixture
 import peft_format
 import samples
 from jsonl import append_jsonl, read_jsonl, write_jsonl
 from model import Transformer, pick_device
+from prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
+from sparql import SparqlClient
 from tokenizer import Tokenizer
+
+# Flags left unset take the recipe of the device (`apply_recipe`): on a CPU the shipped adapter's (LoRA on
+# the last 8 blocks, micro-batches of 4), on a GPU the paper's (all blocks); 2 epochs on a CPU, 4 on a GPU.
+RECIPES = {"cpu": {"lora_layers": 8, "micro_batch_size": 4, "epochs": 2},
+           "gpu": {"lora_layers": 0, "micro_batch_size": 1, "epochs": 4}}
+# CPU seconds per token of a training step, a + b x (blocks with LoRA), fitted to two measurements here
+# (0.5B model, 2 threads, machine otherwise idle): ~150 tokens/s with LoRA on the last 8 blocks (15 s per
+# step of ~2,300 tokens) and ~55 tokens/s on all 24 (2.8x slower, bench/bench_train.py)
+CPU_SECONDS_PER_TOKEN = (0.9e-3, 0.72e-3)
 
 # flags that may differ on --resume: they change neither the samples nor the math (a different
 # --micro-batch-size only changes float rounding and peak memory)
@@ -112,6 +129,7 @@ def setup(args: argparse.Namespace) -> Run:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if args.threads:
         torch.set_num_threads(args.threads)
+    apply_recipe(args, device)
     check_args(args, world)
     torch.manual_seed(args.seed + rank)
     dtype = torch.float32 if device.type == "cpu" or args.dtype == "float32" else torch.bfloat16
@@ -122,6 +140,32 @@ def setup(args: argparse.Namespace) -> Run:
     return Run(args, world, rank, device, dtype, autocast, run_dir)
 
 
+def apply_recipe(args: argparse.Namespace, device: torch.device) -> None:
+    """Set the flags left unset (None) to the device's recipe (RECIPES); a model with no more blocks
+    than the recipe's LoRA blocks gets LoRA on all of them."""
+    for name, value in RECIPES["cpu" if device.type == "cpu" else "gpu"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+            if name == "lora_layers" and (Path(args.model_dir).expanduser() / "config.json").is_file():
+                blocks = json.loads((Path(args.model_dir).expanduser() / "config.json").read_text())["num_hidden_layers"]
+                args.lora_layers = 0 if value >= blocks else value
+
+
+def describe_plan(args, device: torch.device, total_steps: int, first_epoch: list[dict], blocks: int) -> str:
+    """The recipe in use and, on a CPU, the expected duration (CPU_SECONDS_PER_TOKEN; re-measured after 3 steps)."""
+    layers = f"the last {args.lora_layers}" if args.lora_layers else f"all {blocks}"
+    tokens = args.batch_size * sum(len(s["ids"]) for s in first_epoch) / max(1, len(first_epoch))
+    plan = (f"{'CPU recipe (the shipped adapter' if device.type == 'cpu' else 'GPU recipe (the paper'}'s; flags "
+            f"given override it): LoRA r={args.lora_r} on {layers} blocks, {args.epochs} epochs, batches of "
+            f"{args.batch_size} in micro-batches of {args.micro_batch_size}: {total_steps} steps of ~{tokens:.0f} tokens")
+    if device.type != "cpu":
+        return plan
+    a, b = CPU_SECONDS_PER_TOKEN
+    seconds = total_steps * tokens * (a + b * (args.lora_layers or blocks))
+    return (f"{plan}; expected ~{seconds / 3600:.1f} h ({seconds / max(1, total_steps):.0f} s/step, measured for the "
+            f"0.5B model on 2 idle CPU threads; re-measured after 3 steps). Stop with Ctrl-C and continue with --resume.")
+
+
 def load_data(args, tokenizer: Tokenizer):
     """(encoded training samples of epoch e as a function of e, encoded validation samples)."""
     def prepare(rows: list[dict]) -> list[dict]:
@@ -129,27 +173,44 @@ def load_data(args, tokenizer: Tokenizer):
         return [e for e in encoded if len(e["ids"]) <= args.max_length]  # longer ones are skipped
 
     is_val = samples.validation_split(args.val_fraction, args.seed) if args.val_data is None else (lambda _: False)
+    augment, client = samples.Augment.from_args(args), SparqlClient(args.endpoint) if args.endpoint else None
+
+    def generator(records: list[dict], weights: dict) -> samples.SampleGenerator:
+        return samples.SampleGenerator(records, indices, augment, args.seed, weights, args.prompt_format, client)
+
     if args.samples:  # precomputed epochs; training longer than that cycles through them
         by_epoch = samples.read_samples(args.samples)
+        check_prompt_format(args.samples, by_epoch, args.prompt_format)
         epochs = sorted(by_epoch)
         train_epoch = lambda e: prepare([s for s in by_epoch[epochs[e % len(epochs)]] if not is_val(s["id"])])
         val = [s for s in by_epoch[epochs[0]] if is_val(s["id"])]
-    else:  # fresh samples per epoch from (seed, epoch, record)
-        records = samples.load_records(args.data)
+    else:  # fresh samples per epoch from (seed, epoch, record), the records drawn by the mixture's weights
+        data = mixture.read(args.data)
         indices = samples.open_index(args.index, args.data)
-        augment = samples.Augment.from_args(args)
-        train = samples.SampleGenerator([r for r in records if not is_val(r["id"])], indices, augment, args.seed)
+        data.prepare(indices)
+        if os.environ.get("RANK", "0") == "0":
+            print(data.table(is_val if args.val_data is None else None))
+        train = generator([r for r in data.usable if not is_val(r["id"])], data.weights)
         train_epoch = lambda e: prepare(train.epoch(e)[0])
-        held_out = samples.SampleGenerator([r for r in records if is_val(r["id"])], indices, augment, args.seed)
-        val = held_out.epoch(0)[0]
+        # validation: every held-out record once at most (a weight above 1 repeats nothing new)
+        val = generator([r for r in data.usable if is_val(r["id"])], {k: min(1.0, w) for k, w in data.weights.items()})
+        val = val.epoch(0)[0]
     if args.val_data is not None and samples.is_sample_file(args.val_data):
         val = samples.read_samples(args.val_data)
+        check_prompt_format(args.val_data, val, args.prompt_format)
         val = val[min(val)]
     elif args.val_data is not None:
-        held_out = samples.SampleGenerator(samples.load_records(args.val_data), samples.open_index(args.index, args.data),
-                                           samples.Augment.from_args(args), args.seed)
-        val = held_out.epoch(0)[0]
+        indices = samples.open_index(args.index, args.data)
+        val = generator(mixture.read(args.val_data).prepare(indices).usable, {}).epoch(0)[0]
     return train_epoch, prepare(val)
+
+
+def check_prompt_format(path: str, by_epoch: dict[int, list[dict]], prompt_format: str) -> None:
+    """Precomputed re-ranking samples must be in the run's prompt format (samples without the field: v1)."""
+    found = {s.get("prompt_format", "v1") for rows in by_epoch.values() for s in rows if s["task"] == "rerank"}
+    if found - {prompt_format}:
+        sys.exit(f"error: {path} holds re-ranking prompts in format {', '.join(sorted(found))}, not --prompt-format "
+                 f"{prompt_format}; make them with gen_data.py --prompt-format {prompt_format} or pass that format")
 
 
 def make_model(run: Run):
@@ -226,6 +287,7 @@ class TrainingLoop:
         self.pad_id, self.train_epoch, self.epoch_data = pad_id, train_epoch, {0: first_epoch}
         self.val, self.config, self.state, self.total_steps = val, config, state, total_steps
         self.bar = tqdm(total=total_steps, initial=state.step, disable=run.rank != 0, desc="train", dynamic_ncols=True)
+        self.seconds = []  # of the steps run by this process
 
     def train(self) -> bool:
         """Train to the end (total steps or early stop); False if stopped by a signal or --stop-after."""
@@ -239,7 +301,7 @@ class TrainingLoop:
                 self.epoch_data.clear()
                 steps = plan_steps([len(s["ids"]) for s in data], args.batch_size, args.seed, epoch)
                 while state.step_in_epoch < len(steps) and state.step < self.total_steps:
-                    self.step([data[i] for i in steps[state.step_in_epoch][run.rank::run.world]], epoch)  # this rank's share
+                    self.step([data[i] for i in steps[state.step_in_epoch]], epoch)
                     if args.eval_every and state.step % args.eval_every == 0:
                         self.validate()
                     if args.stop_after and state.step >= args.stop_after:
@@ -267,25 +329,19 @@ class TrainingLoop:
         self.bar.close()
         return True
 
-    def step(self, mine: list[dict], epoch: int) -> None:
-        """One optimiser step on this rank's share of the batch, accumulated over micro-batches; logs it."""
+    def step(self, batch: list[dict], epoch: int) -> None:
+        """One optimiser step on the batch: this rank's share, accumulated over micro-batches; logs it."""
         args, run, state = self.args, self.run, self.state
         started = time.time()
         lr = lr_at(state.step, self.total_steps, args.lr, args.warmup)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        micro = [mine[i:i + args.micro_batch_size] for i in range(0, len(mine), args.micro_batch_size)]
-        step_loss, tokens, by_task = 0.0, 0, {"skeleton": [], "rerank": []}
-        for j, batch in enumerate(micro):
-            sync = nullcontext() if run.world == 1 or j == len(micro) - 1 else self.model.no_sync()
-            with sync, run.autocast:
-                losses, _ = loss.sample_losses(self.model, to_device(loss.collate(batch, self.pad_id), run.device))
-                # DDP averages gradients over ranks, so scale each rank's sum by world/batch
-                (losses.sum() * run.world / args.batch_size).backward()
-            step_loss += losses.sum().item() / len(mine)
-            for s, value in zip(batch, losses.tolist()):
-                by_task["rerank" if s["choices"] else "skeleton"].append(value)
-            tokens += sum(len(s["ids"]) for s in batch)
+        mine = batch[run.rank::run.world]
+        total = sum(loss.units(s, args.loss_weighting) for s in batch)  # the whole batch's denominator
+        by_task = loss.backward_batch(self.model, mine, total, args.micro_batch_size, args.loss_weighting, self.pad_id,
+                                 run.device, run.autocast, run.world)
+        step_loss = sum(value for value, _ in by_task.values()) / total  # this rank's part of the batch loss
+        tokens = sum(len(s["ids"]) for s in mine)
         if args.clip_grad:
             torch.nn.utils.clip_grad_norm_(self.params, args.clip_grad)
         self.optimizer.step()
@@ -293,15 +349,20 @@ class TrainingLoop:
         state.step += 1
         state.step_in_epoch += 1
         if run.world > 1:  # log the loss and tokens of the whole batch, not of this rank's share
-            totals = torch.tensor([step_loss / run.world, float(tokens)], device=run.device)
+            totals = torch.tensor([step_loss, float(tokens)], device=run.device)
             dist.all_reduce(totals)
             step_loss, tokens = totals.tolist()
         seconds = time.time() - started
         self.log({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr, "tokens": tokens,
-                  **{f"loss_{task}": sum(v) / len(v) for task, v in by_task.items() if v},  # this rank's share
+                  **{f"loss_{task}": value / n for task, (value, n) in by_task.items() if n},  # this rank's share
                   "s_per_step": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)})
         self.bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}")
         self.bar.update()
+        self.seconds.append(seconds)
+        if len(self.seconds) == 3 and run.rank == 0:  # the expected duration, measured on this machine now
+            per_step = sum(self.seconds) / 3
+            self.bar.write(f"measured {per_step:.1f} s/step over 3 steps: the {self.total_steps - state.step} steps "
+                           f"left take ~{per_step * (self.total_steps - state.step) / 3600:.1f} h (plus validations)")
 
     def validate(self) -> None:
         """Validation loss; a new best is saved as best/ and resets the early-stopping count."""
@@ -309,7 +370,8 @@ class TrainingLoop:
         state.evaluated_step = state.step
         if not self.val:
             return
-        result = evaluate(self.model, self.val, self.args.micro_batch_size, self.pad_id, self.run.device, self.run.autocast)
+        result = loss.evaluate(self.model, self.val, self.args.micro_batch_size, self.pad_id, self.run.device, self.run.autocast,
+                          self.args.loss_weighting)
         improved = state.best_val is None or result["val_loss"] < state.best_val
         state.best_val = result["val_loss"] if improved else state.best_val
         state.bad_evals = 0 if improved else state.bad_evals + 1
@@ -317,7 +379,8 @@ class TrainingLoop:
         if self.run.rank == 0:
             self.bar.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
         if improved and self.run.rank == 0:
-            peft_format.save_adapter(checkpoint.unwrap(self.model), self.run.run_dir / "best", str(self.args.model_dir))
+            peft_format.save_adapter(checkpoint.unwrap(self.model), self.run.run_dir / "best", str(self.args.model_dir),
+                                     prompt_format=self.args.prompt_format)
 
     def checkpoint(self) -> None:
         self.state.checkpointed_step = self.state.step
@@ -338,30 +401,6 @@ class TrainingLoop:
         return bool(flag.item())
 
 
-@torch.no_grad()
-def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, autocast) -> dict:
-    """Mean validation loss per task and re-ranking accuracy (no dropout, no RNG use)."""
-    model.eval()
-    totals = {"skeleton": [], "rerank": [], "rerank_correct": []}
-    order = sorted(range(len(val)), key=lambda i: len(val[i]["ids"]))
-    for start in range(0, len(order), micro_batch):
-        batch = [val[i] for i in order[start:start + micro_batch]]
-        with autocast:
-            losses, correct = loss.sample_losses(model, to_device(loss.collate(batch, pad_id), device))
-        for s, value, ok in zip(batch, losses.tolist(), correct.tolist()):
-            totals["rerank" if s["choices"] else "skeleton"].append(value)
-            if s["choices"]:
-                totals["rerank_correct"].append(float(ok))
-    model.train()
-    mean = {k: sum(v) / len(v) if v else float("nan") for k, v in totals.items()}
-    return {"val_loss": sum(totals["skeleton"] + totals["rerank"]) / max(1, len(val)),
-            "val_skeleton": mean["skeleton"], "val_rerank": mean["rerank"], "val_rerank_acc": mean["rerank_correct"]}
-
-
-def to_device(batch: dict, device) -> dict:
-    return {k: v.to(device) for k, v in batch.items()}
-
-
 # ---------------------------------------------------------------------------- main
 def main(args: argparse.Namespace) -> None:
     # --- setup: processes, device, run directory
@@ -378,6 +417,8 @@ def main(args: argparse.Namespace) -> None:
 
     # --- model: frozen base + LoRA, optimiser
     model, optimizer, params = make_model(run)
+    if run.rank == 0:
+        print(describe_plan(args, run.device, total_steps, first_epoch, checkpoint.unwrap(model).args.num_hidden_layers))
 
     # --- config (as saved: paths become strings), state: fresh or from the latest checkpoint
     config = vars(args) | {"world_size": run.world, "device": str(run.device), "dtype": str(run.dtype).removeprefix("torch."),
@@ -397,7 +438,8 @@ def main(args: argparse.Namespace) -> None:
     # --- save: the best adapter by validation loss (or the last one without validation data)
     if run.rank == 0:
         if not (run.run_dir / "best").exists() or not val:
-            peft_format.save_adapter(checkpoint.unwrap(model), run.run_dir / "best", str(args.model_dir))
+            peft_format.save_adapter(checkpoint.unwrap(model), run.run_dir / "best", str(args.model_dir),
+                                     prompt_format=args.prompt_format)
         shutil.rmtree(run.run_dir / "adapter", ignore_errors=True)
         shutil.copytree(run.run_dir / "best", run.run_dir / "adapter")
         print(f"adapter (best validation loss {state.best_val}) saved to {run.run_dir / 'adapter'}")
@@ -430,13 +472,20 @@ def make_parser() -> argparse.ArgumentParser:
                                      "list-wise re-ranking (GRISP).", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # data
     group = parser.add_argument_group("data")
-    group.add_argument("--data", default="wwq", help="wwq (WikiWebQuestions train), demo, or a benchmark JSONL path; samples are generated online, fresh per epoch")
+    group.add_argument("--data", default="wwq", help="the training mixture (mixture.py): comma-separated sources, each with an "
+                       "optional weight = uses of each record per epoch (e.g. wwq,qald10,lcquad2:0.3); a source is "
+                       f"{', '.join(mixture.SOURCES)}, demo, a benchmarks.py name or a JSONL path; samples are made "
+                       "online, fresh per epoch; the QALD-10 hold-out (qald10-dev) is never among them")
     group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online generation)")
     group.add_argument("--index", default=None, help=f"search index for online generation (default: demo index for demo, else {samples.WIKIDATA_INDEX_DIR}, built if missing)")
     group.add_argument("--val-fraction", type=float, default=0.05, help="records held out (by id hash) for the validation loss")
     group.add_argument("--val-data", default=None, help="validation benchmark or samples file instead of the held-out slice")
     group.add_argument("--max-length", type=int, default=1024, help="skip samples with more tokens than this")
     group.add_argument("--seed", type=int, default=0, help="seed of the samples, batch order, LoRA init and dropout")
+    group.add_argument("--prompt-format", choices=PROMPT_FORMATS, default=LATEST_PROMPT_FORMAT,
+                       help="re-ranking prompt format (prompts.py), saved with the adapter (v1: the first adapter's)")
+    group.add_argument("--endpoint", default=None, help="SPARQL endpoint of the KG, for the constrained re-ranking samples "
+                       "(--constrain); without it no sample is constrained")
     samples.add_generation_args(parser.add_argument_group("augmentation (online generation)"))
     # model
     group = parser.add_argument_group("model")
@@ -449,17 +498,24 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the LoRA input")
     group.add_argument("--lora-targets", nargs="+", default=list(lora.DEFAULT_TARGETS), help="module names that get LoRA (default: all linear layers of the blocks)")
     group.add_argument("--init-adapter", default=None, help="start from these LoRA weights, an adapter or a run's checkpoint-* directory (same r, alpha, targets, layers), instead of LoRA's zero update")
-    group.add_argument("--lora-layers", type=int, default=0, help="LoRA on the last N blocks only (faster on CPU; 0 = all blocks)")
+    group.add_argument("--lora-layers", type=int, default=None, help="LoRA on the last N blocks only (0 = all blocks); "
+                       "unset: 8 on a CPU (the shipped adapter's), all on a GPU (the paper's)")
     # optimisation
     group = parser.add_argument_group("optimisation")
-    group.add_argument("--epochs", type=int, default=4, help="passes over the training records")
+    group.add_argument("--epochs", type=int, default=None, help="passes over the training records; unset: 2 on a CPU, "
+                       "4 on a GPU (the paper's)")
     group.add_argument("--batch-size", type=int, default=8, help="samples per optimiser step (over all processes)")
-    group.add_argument("--micro-batch-size", type=int, default=1, help="samples per forward pass (the batch is accumulated from these); "
-                       "more is faster on GPUs but costs memory (CPU, 0.5B, 4: ~7 GB with --lora-layers 8, ~10 GB without)")
+    group.add_argument("--micro-batch-size", type=int, default=None, help="samples per forward pass (the batch is accumulated "
+                       "from these); more is faster but costs memory (CPU, 0.5B, 4: ~7 GB with --lora-layers 8, ~10 GB "
+                       "without); unset: 4 on a CPU, 1 on a GPU")
     group.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (AdamW)")
     group.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine decay to 0")
     group.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     group.add_argument("--clip-grad", type=float, default=1.0, help="clip the gradient norm (0 = off)")
+    group.add_argument("--loss-weighting", choices=loss.WEIGHTINGS, default="reference",
+                       help="reference: sum of all skeleton-token and re-ranking cross-entropies of the batch / "
+                            "(skeleton tokens + re-ranking rows), as the reference implementation; per-sample: "
+                            "each sample weighs 1, a skeleton's tokens averaged (the first adapter's)")
     group.add_argument("--max-steps", type=int, default=0, help="train at most this many steps; the schedule spans them (0 = all epochs)")
     group.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (0 = after each epoch)")
     group.add_argument("--patience", type=int, default=2, help="stop after this many validations without a new best loss")

@@ -100,12 +100,12 @@ def bench_beam(grisp: Grisp, args: argparse.Namespace, question: str) -> None:
 
 # ---------------------------------------------------------------------------- 2. re-ranking
 def bench_rerank(grisp: Grisp, args: argparse.Namespace, questions: list[dict]) -> None:
-    calls = []  # (question, marked query, alternatives) of every re-rank in the oracle resolutions
+    calls = []  # (question, marked query, alternatives, resolved items) of every re-rank in the oracle resolutions
     reranker = grisp.resolver.reranker
 
-    def recording(question, marked_query, alternatives):
-        calls.append((question, marked_query, alternatives))
-        return reranker(question, marked_query, alternatives)
+    def recording(question, marked_query, alternatives, resolved):
+        calls.append((question, marked_query, alternatives, resolved))
+        return reranker(question, marked_query, alternatives, resolved)
 
     grisp.resolver.reranker = recording
     for sample in questions:
@@ -118,13 +118,14 @@ def bench_rerank(grisp: Grisp, args: argparse.Namespace, questions: list[dict]) 
     per_call, scores, counts = {True: [], False: []}, {}, {}
     for _ in range(args.rounds):
         for prefix_cache in (False, True):
-            reranker = ModelReranker(grisp.model, grisp.tokenizer, prefix_cache=prefix_cache)
+            reranker = ModelReranker(grisp.model, grisp.tokenizer, prefix_cache=prefix_cache, prompt_format=grisp.prompt_format)
             start = time.perf_counter()
             scores[prefix_cache] = [reranker(*call) for call in calls]
             per_call[prefix_cache].append((time.perf_counter() - start) / len(calls))
             counts[prefix_cache] = reranker.tokens
     diff = max(abs(a - b) for x, y in zip(scores[True], scores[False]) for a, b in zip(x, y))
-    lengths = [len(grisp.tokenizer.encode(chat_prompt(rerank_messages(*call)[0]))) for call in calls]
+    lengths = [len(grisp.tokenizer.encode(chat_prompt(rerank_messages(q, m, a, True, r, grisp.prompt_format)[0])))
+               for q, m, a, r in calls]
     full, cached = statistics.median(per_call[False]), statistics.median(per_call[True])
     print(f"\n## re-ranking: {len(calls)} calls from {len(questions)} oracle resolutions, {args.rounds} rounds "
           f"(median; speedup = median over rounds of full / cached)")

@@ -39,7 +39,7 @@ def scores_by_length(adapter: str, model_dir: Path, index_dir: Path) -> list[lis
     peft_format.load_merged(model, adapter)
     indices = load_indices(index_dir)
     alternatives = [to_alternative(indices.item(PREFIXES["wd"] + p), "wdt") for p in PROPERTIES]
-    rerank = ModelReranker(model, tokenizer)
+    rerank = ModelReranker(model, tokenizer, prompt_format=peft_format.read_prompt_format(adapter))  # as trained
     return [[(s[0], s[-1]) for n in range(2, len(PROPERTIES) + 1) for s in [rerank(q, query, alternatives[:n])]]
             for q, query in CASES]
 

@@ -42,8 +42,12 @@ CONSTRAINTS = [
     ("SELECT ?x WHERE { ?x wdt:P569 ?d . FILTER(YEAR(?d) > 1900) OPTIONAL { ?x wdt:P1 wd:Q1 } "
      "BIND(1 AS ?one) VALUES ?x { wd:Q3 } MINUS { ?x wdt:P2 ?z } { ?x wdt:P3 ?q } UNION { ?x wdt:P4 ?q } ?x $PH wd:Q5 }",
      f"{C} {{ ?x wdt:P569 ?d . ?x ?candidate wd:Q5 . }} {LIMIT}"),
-    # property paths in the prefix are kept; ASK and COUNT queries; PREFIX lines carried over
-    ("ASK { ?x wdt:P31 / wdt:P279 * wd:Q5 . ?x $PH ?y }", f"{C} {{ ?x wdt:P31 / wdt:P279 * wd:Q5 . ?x ?candidate ?y . }} {LIMIT}"),
+    # property paths in the prefix are kept; COUNT queries; PREFIX lines carried over
+    ("SELECT * WHERE { ?x wdt:P31 / wdt:P279 * wd:Q5 . ?x $PH ?y }", f"{C} {{ ?x wdt:P31 / wdt:P279 * wd:Q5 . ?x ?candidate ?y . }} {LIMIT}"),
+    # only SELECT queries are constrained (as in the reference): an ASK for a false fact must stay resolvable
+    ("ASK { ?x wdt:P31 / wdt:P279 * wd:Q5 . ?x $PH ?y }", None),
+    ("PREFIX ex: <http://ex.org/> ASK { wd:Q1 wdt:P19 $PH }", None),
+    ("DESCRIBE ?x WHERE { wd:Q1 wdt:P19 ?x . ?x $PH ?y }", None),
     ("SELECT (COUNT(?x) AS ?n) WHERE { ?x wdt:P31 $PH } ORDER BY ?n", f"{C} {{ ?x wdt:P31 ?candidate . }} {LIMIT}"),
     ("PREFIX ex: <http://ex.org/> SELECT ?x WHERE { ?x ex:p ?y . ?y $PH ?z }",
      f"PREFIX ex: <http://ex.org/> {C} {{ ?x ex:p ?y . ?y ?candidate ?z . }} {LIMIT}"),
@@ -77,12 +81,12 @@ def test_constraint_query(text, expected):
 # Texts that are not valid SPARQL have no constraint query: each malformed token below would be copied
 # into the query, which would not parse either (the first was found by the hypothesis test of
 # test_skeleton.py). The second column is the same text made valid, which does get a constraint.
-MALFORMED = [
-    ("ASK { ?x SELECTwdt:P31 ?x . ?x wdt:P31 ?x . FILTER(?x != <iri>film</iri>) . ?x wdt:P31 ?x ; wdt:P1 $PH . }",
-     "ASK { ?x wdt:P31 ?x . ?x wdt:P31 ?x . FILTER(?x != <iri>film</iri>) . ?x wdt:P31 ?x ; wdt:P1 $PH . }"),
-    ("ASK { ?x foo:p ?y . ?x wdt:P1 $PH }", "PREFIX foo: <http://foo.org/> ASK { ?x foo:p ?y . ?x wdt:P1 $PH }"),
-    ("ASK { ?x wdt:P31 [ SELECT ] . ?x wdt:P1 $PH }", "ASK { ?x wdt:P31 [ wdt:P2 ?o ] . ?x wdt:P1 $PH }"),
-    ('ASK { ?x wdt:P31 "a" ^^ SELECT . ?x wdt:P1 $PH }', 'ASK { ?x wdt:P31 "a" ^^ xsd:string . ?x wdt:P1 $PH }'),
+MALFORMED = [  # (found as ASK queries; written as SELECT since only a SELECT is constrained)
+    ("SELECT * { ?x SELECTwdt:P31 ?x . ?x wdt:P31 ?x . FILTER(?x != <iri>film</iri>) . ?x wdt:P31 ?x ; wdt:P1 $PH . }",
+     "SELECT * { ?x wdt:P31 ?x . ?x wdt:P31 ?x . FILTER(?x != <iri>film</iri>) . ?x wdt:P31 ?x ; wdt:P1 $PH . }"),
+    ("SELECT * { ?x foo:p ?y . ?x wdt:P1 $PH }", "PREFIX foo: <http://foo.org/> SELECT * { ?x foo:p ?y . ?x wdt:P1 $PH }"),
+    ("SELECT * { ?x wdt:P31 [ SELECT ] . ?x wdt:P1 $PH }", "SELECT * { ?x wdt:P31 [ wdt:P2 ?o ] . ?x wdt:P1 $PH }"),
+    ('SELECT * { ?x wdt:P31 "a" ^^ SELECT . ?x wdt:P1 $PH }', 'SELECT * { ?x wdt:P31 "a" ^^ xsd:string . ?x wdt:P1 $PH }'),
 ]
 
 

@@ -262,7 +262,7 @@ def test_evaluate_counts_endpoint_faults_apart_from_the_method(faulty, demo_endp
     args = dict(benchmark=str(bench), out=str(tmp_path / "run"), limit=None, score_only=None, endpoint=demo_endpoint,
                 index=demo_index, query_timeout=10.0, model_dir=tiny_model, adapter="none", device="cpu",
                 ablation="none", oracle_skeleton=True, num_beams=None, num_skeletons=None, top_k=None,
-                time_budget=None, seed=None, skeletons_from=None)
+                time_budget=None, seed=None, beam_ranking=None, skeletons_from=None)
     summary = evaluate.main(argparse.Namespace(**args), pipeline=pipeline)
     assert summary["scored"] == 1 and summary["f1"] == 0.0
     assert summary["failures"]["endpoint_error"] == 1 and summary["failures"]["dead_end"] == 0

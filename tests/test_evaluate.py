@@ -81,7 +81,7 @@ def make_args(bench, out, endpoint_url, **changes):
     args = dict(benchmark=str(bench), out=str(out), limit=None, score_only=None, endpoint=endpoint_url,
                 index=defaults.DEMO_INDEX_DIR, query_timeout=10.0, model_dir=defaults.MODEL_DIR,
                 adapter=str(defaults.ADAPTER_DIR), device="cpu", ablation="none", oracle_skeleton=False,
-                num_beams=None, num_skeletons=None, top_k=None, time_budget=None, seed=None,
+                num_beams=None, num_skeletons=None, top_k=None, time_budget=None, seed=None, beam_ranking=None,
                 skeletons_from=None)
     return argparse.Namespace(**{**args, **changes})
 

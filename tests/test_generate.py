@@ -126,6 +126,89 @@ def test_sampling_on_the_allowed_entries_draws_what_multinomial_draws():
         assert set(ours.tolist()) == set(theirs.tolist()) and set(ours.tolist()) <= set(allowed.tolist())
 
 
+# ---------------------------------------------------------------------------- length-normalised ranking
+def hf_beam_search(model_dir, prompt, eos, num_beams, max_new_tokens):
+    """transformers' own beam search (what the reference decodes with): (tokens, score, finished) per
+    returned sequence, best first."""
+    from transformers import Qwen2ForCausalLM
+    hf = Qwen2ForCausalLM.from_pretrained(model_dir).eval()
+    out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                      num_beams=num_beams, do_sample=False, max_new_tokens=max_new_tokens,
+                      num_return_sequences=num_beams, eos_token_id=eos, pad_token_id=0, length_penalty=1.0,
+                      early_stopping=False, output_scores=True, return_dict_in_generate=True)
+    result = []
+    for sequence, score in zip(out.sequences, out.sequences_scores):
+        new = sequence[len(prompt):].tolist()
+        end = next((i for i, t in enumerate(new) if t in eos), None)
+        result.append((new[:end], float(score), end is not None))
+    return result
+
+
+# end-of-turn ids chosen among tokens the tiny random model writes, so that hypotheses end at several
+# lengths (and, with width 4 or 5 below, every beam ends early: HF's stopping heuristic is exercised)
+HF_CASES = [([12, 22, 55, 104], 4, 15), ([12, 22, 55, 104], 5, 40), ([104, 106, 22], 4, 15), ([22, 104, 215], 3, 30)]
+
+
+@pytest.mark.parametrize("eos, width, max_new_tokens", HF_CASES)
+def test_length_normalised_beam_search_equals_transformers(model, eos, width, max_new_tokens, tmp_path_factory):
+    model_dir = make_model_dir(tmp_path_factory.mktemp("tiny"))  # the same seeded weights as `model`
+    ours = beam_search(model, PROMPT, eos, num_beams=width, max_new_tokens=max_new_tokens, ranking="length-normalised")
+    theirs = hf_beam_search(model_dir, PROMPT, eos, width, max_new_tokens)
+    assert [(h.tokens, h.finished) for h in sorted(ours, key=lambda h: -h.score)] == [(t, f) for t, _, f in theirs]
+    assert [h.score for h in sorted(ours, key=lambda h: -h.score)] == pytest.approx([s for _, s, _ in theirs], abs=1e-4)
+    finished = [h for h in ours if h.finished]
+    if eos == [12, 22, 55, 104]:  # the cases are not trivial: several lengths, all ended before the limit
+        assert len(finished) == width and len({len(h.tokens) for h in finished}) > 1
+        assert max(len(h.tokens) for h in finished) < max_new_tokens - 1
+        summed = beam_search(model, PROMPT, eos, num_beams=width, max_new_tokens=max_new_tokens)
+        assert [h.tokens for h in summed] != [h.tokens for h in ours], "the rankings differ on this case"
+
+
+def processed_score(model, prompt, tokens, temperature, top_p, min_keep):
+    """Sum of the processed log-probabilities (temperature, top-p with min_keep, renormalised) of
+    `tokens`, from one full forward pass; -inf if a token is outside its top-p set."""
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        scaled = torch.log_softmax(model(ids)[0].float() / temperature, dim=-1)  # [T, V]
+    total = 0.0
+    for i, token in enumerate(tokens):
+        row = scaled[len(prompt) - 1 + i]
+        kept = full_sort_top_p_mask(row[None], top_p)[0]
+        kept[row.topk(min_keep).indices] = True
+        total += float(torch.log_softmax(row.masked_fill(~kept, float("-inf")), dim=-1)[token])
+    return total
+
+
+def test_length_normalised_sampling_scores_are_processed_logprobs_per_token(model):
+    eos = [12, 22, 55, 104]
+    for seed in range(3):
+        hyps = beam_search(model, PROMPT, eos, num_beams=4, max_new_tokens=12, sample=True, temperature=0.7,
+                           top_p=0.9, generator=torch.Generator().manual_seed(seed), ranking="length-normalised")
+        for h in hyps:
+            if h.finished:  # the end-of-turn id is one of eos: try each, one gives the score
+                candidates = [processed_score(model, PROMPT, h.tokens + [e], 0.7, 0.9, len(eos) + 1) / (len(h.tokens) + 1)
+                              for e in eos]
+                assert min(abs(c - h.score) for c in candidates) < 1e-4
+            else:
+                expected = processed_score(model, PROMPT, h.tokens, 0.7, 0.9, len(eos) + 1) / len(h.tokens)
+                assert h.score == pytest.approx(expected, abs=1e-4)
+        scores = [h.score for h in hyps if h.finished]
+        assert scores == sorted(scores, reverse=True)
+
+
+def test_a_long_limit_costs_nothing_when_the_beams_end_early(model):
+    calls = []
+    hook = model.model.norm.register_forward_hook(lambda *args: calls.append(1))
+    for ranking in ("sum", "length-normalised"):
+        calls.clear()
+        long = beam_search(model, PROMPT, [12, 22, 55, 104], num_beams=4, max_new_tokens=512, ranking=ranking)
+        steps = len(calls)
+        short = beam_search(model, PROMPT, [12, 22, 55, 104], num_beams=4, max_new_tokens=steps + 1, ranking=ranking)
+        assert all(h.finished for h in long) and steps < 20, (ranking, steps)
+        assert [(h.tokens, h.score) for h in long] == [(h.tokens, h.score) for h in short]
+    hook.remove()
+
+
 # ---------------------------------------------------------------------------- command line
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "generate.py", *args], cwd=REPO, capture_output=True, text=True,

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import peft_format
 from grisp import Answer, Grisp, GrispError, answer_to_json
 from model import Transformer
 from options import Options
+from resolve import Resolution
 from sparql import Result, SparqlClient, parse_results
 from tests.tiny import make_model_dir
 
@@ -88,7 +90,8 @@ def test_unreachable_endpoint_is_a_clear_error(tiny_model, demo_index):
 
 
 def test_endpoint_lost_during_resolution_ends_the_question(tiny_model, demo_index, demo_endpoint):
-    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3))
+    # no re-ranking: a random model may rank None first, and the constraint query would never be sent
+    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3, rerank=False))
     grisp.resolver.client = SparqlClient("http://127.0.0.1:9/query", retries=0)
     answer = grisp.answer_from_skeletons("q", ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
                                                "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"])
@@ -147,6 +150,28 @@ def test_shipped_adapter_answers_the_readme_question(demo_endpoint):
     assert out.returncode == 0, out.stderr
     assert "SELECT DISTINCT ?x WHERE { wd:Q104123 wdt:P57 ?y . ?y wdt:P19 ?x . }" in out.stdout
     assert "Knoxville (wd:Q185582)" in out.stdout
+
+
+def test_each_skeleton_gets_its_own_time_budget(tiny_model, demo_index, demo_endpoint):
+    """As in the reference: a skeleton that runs out of time fails, and the next one starts with a fresh
+    budget (the old rule, one budget per question, stopped at the first timeout)."""
+    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(rerank=False, time_budget=2.0))
+    seen = []
+
+    def resolve(question, skeleton, deadline):
+        seen.append((skeleton, deadline - time.monotonic()))
+        if skeleton == "slow":
+            time.sleep(0.5)
+            return Resolution(None, None, 0, "timeout")
+        return Resolution("SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x . }", None, 0, verified=None)
+
+    grisp.resolver.resolve = resolve
+    answer = grisp.answer_from_skeletons("q", ["slow", "fast"])
+    assert [s for s, _ in seen] == ["slow", "fast"] and answer.sparql is not None and answer.failure is None
+    assert all(1.8 < left <= 2.0 for _, left in seen), seen  # the second budget is fresh, not 2 s - 0.5 s
+    seen.clear()
+    answer = grisp.answer_from_skeletons("q", ["slow", "slow"], deadline=time.monotonic() + 1.0)  # an overall cap
+    assert len(seen) == 2 and all(left <= 1.0 for _, left in seen) and answer.failure == "timeout"
 
 
 # ---------------------------------------------------------------------------- --skeleton-only (generate-only)

@@ -48,3 +48,13 @@ def test_presets_are_checked_against_the_fields():
     assert list(evaluate.ABLATIONS) == ["none", "no-beam-search", "no-rerank", "no-constrained", "no-kg-guidance",
                                         "no-backtracking", "all-disabled", "rerank-only"]
     assert all(Options(**changes) for changes in evaluate.ABLATIONS.values())
+
+
+def test_beam_ranking_is_a_closed_choice_defaulting_to_sum():
+    assert Options().beam_ranking == "sum" and Options().max_new_tokens == 512
+    assert from_flags(parse(["--beam-ranking", "length-normalised"])).beam_ranking == "length-normalised"
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        parse(["--beam-ranking", "mean"])
+    with pytest.raises(GrispError, match="beam_ranking = mean must be one of sum, length-normalised"):
+        Options(beam_ranking="mean")
+    assert parse(["--beam-ranking", "sum"], names=evaluate.KNOBS, unset=True).beam_ranking == "sum"

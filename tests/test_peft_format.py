@@ -224,3 +224,23 @@ def test_real_model_adapter_round_trips_with_peft(tmp_path):
     peft_model = peft.PeftModel.from_pretrained(hf_model(defaults.MODEL_DIR), tmp_path).eval()
     torch.testing.assert_close(logits(peft_model, ids), ours, atol=1e-3, rtol=0)  # our forward vs transformers
     assert (logits(peft_model, ids).argmax(-1) == ours.argmax(-1)).all()
+
+
+def test_prompt_format_is_saved_beside_the_adapter_and_travels_with_convert(model_dir, tmp_path):
+    model = host_model(model_dir)
+    lora.inject_lora(model, r=4, alpha=8, layers=[1])
+    peft_format.save_adapter(model, tmp_path / "old")  # as adapters were saved before the file existed
+    assert peft_format.read_prompt_format(tmp_path / "old") == "v1"
+    peft_format.save_adapter(model, tmp_path / "new", prompt_format="v2")
+    assert peft_format.read_prompt_format(tmp_path / "new") == "v2"
+    peft_format.convert_adapter(tmp_path / "new", tmp_path / "copy", torch.bfloat16)
+    assert peft_format.read_prompt_format(tmp_path / "copy") == "v2"
+    assert peft_format.read_prompt_format(None) == "v2"  # the base model: the latest format
+    peft.PeftModel.from_pretrained(hf_model(model_dir), tmp_path / "new")  # PEFT ignores our file
+    (tmp_path / "new" / peft_format.GRISP_CONFIG_NAME).write_text('{"prompt_format": "v7"}')
+    with pytest.raises(ValueError, match="unknown prompt_format 'v7'"):
+        peft_format.read_prompt_format(tmp_path / "new")
+
+
+def test_shipped_adapter_uses_the_first_prompt_format():
+    assert peft_format.read_prompt_format(defaults.REPO_DIR / "adapters" / "grisp-wwq-0.5b") == "v1"

@@ -41,47 +41,51 @@ def alternatives(n, start=0):
             for i in range(start, start + n)]
 
 
-def full_scores(model, tokenizer, question, query, alts):
+def full_scores(model, tokenizer, question, query, alts, resolved=(), prompt_format="v2"):
     """The reference: one forward over the whole prompt, the logits of the identifier tokens."""
-    messages, identifiers = rerank_messages(question, query, alts)
+    messages, identifiers = rerank_messages(question, query, alts, True, resolved, prompt_format)
     with torch.no_grad():
         logits = model(torch.tensor([tokenizer.encode(chat_prompt(messages))]), logits_at=-1)[0]
     return [float(logits[tokenizer.encode(i)[0]]) for i in identifiers]
 
 
-# a resolution's calls: two placeholders, a backtrack (same query, fewer alternatives), another question,
-# a prompt that is a strict extension of the previous one, and the first prompt again
-CALLS = [("who directed pulp fiction?", QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>"), alternatives(5)),
-         ("who directed pulp fiction?", "SELECT ?x WHERE { wd:Q1 <rep>director (wdt)</rep> ?x . }", alternatives(4, 7)),
-         ("who directed pulp fiction?", "SELECT ?x WHERE { wd:Q1 <rep>director (wdt)</rep> ?x . }", alternatives(3, 8)),
-         ("where was tarantino born?", "SELECT ?x WHERE { <rep>Tarantino</rep> wdt:P19 ?x . }", alternatives(2)),
-         ("where was tarantino born?", "SELECT ?x WHERE { <rep>Tarantino</rep> wdt:P19 ?x . }", alternatives(6)),
-         ("who directed pulp fiction?", QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>"), alternatives(5))]
+# a resolution's calls (question, query, alternatives, items resolved so far): two placeholders, a
+# backtrack (same query, fewer alternatives), another question, a prompt that is a strict extension of
+# the previous one, and the first prompt again
+FILM = alternatives(1)[0]
+CALLS = [("who directed pulp fiction?", QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>"), alternatives(5), []),
+         ("who directed pulp fiction?", "SELECT ?x WHERE { wd:Q1 <rep>director (wdt)</rep> ?x . }", alternatives(4, 7), [FILM]),
+         ("who directed pulp fiction?", "SELECT ?x WHERE { wd:Q1 <rep>director (wdt)</rep> ?x . }", alternatives(3, 8), [FILM]),
+         ("where was tarantino born?", "SELECT ?x WHERE { <rep>Tarantino</rep> wdt:P19 ?x . }", alternatives(2), []),
+         ("where was tarantino born?", "SELECT ?x WHERE { <rep>Tarantino</rep> wdt:P19 ?x . }", alternatives(6), []),
+         ("who directed pulp fiction?", QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>"), alternatives(5), [])]
 
 
-def test_prefix_cached_scores_equal_a_full_forward(model, tokenizer):
-    reranker = ModelReranker(model, tokenizer)
-    header = len(tokenizer.encode(f"<|im_start|>system\n{RERANK_SYSTEM}<|im_end|>\n<|im_start|>user\n"))
+@pytest.mark.parametrize("prompt_format", ["v1", "v2"])
+def test_prefix_cached_scores_equal_a_full_forward(model, tokenizer, prompt_format):
+    reranker = ModelReranker(model, tokenizer, prompt_format=prompt_format)
+    header = len(tokenizer.encode(f"<|im_start|>system\n{RERANK_SYSTEM[prompt_format]}<|im_end|>\n<|im_start|>user\n"))
     previous = []
-    for number, (question, query, alts) in enumerate(CALLS):
+    for number, (question, query, alts, resolved) in enumerate(CALLS):
         computed = reranker.tokens["computed"]
-        scores = reranker(question, query, alts)
-        assert scores == pytest.approx(full_scores(model, tokenizer, question, query, alts), abs=1e-5)
+        scores = reranker(question, query, alts, resolved)
+        assert scores == pytest.approx(full_scores(model, tokenizer, question, query, alts, resolved, prompt_format), abs=1e-5)
         # only the tokens after the start shared with the previous prompt ran through the model
-        text = chat_prompt(rerank_messages(question, query, alts)[0])
+        text = chat_prompt(rerank_messages(question, query, alts, True, resolved, prompt_format)[0])
         ids = tokenizer.encode(text)
         shared = next(i for i in range(len(ids)) if i == len(ids) - 1 or i == len(previous) or ids[i] != previous[i])
         assert reranker.tokens["computed"] - computed == len(ids) - shared
         assert number == 0 or shared >= header  # the system message always, ...
-        if number == 2:  # ... and on a backtrack the question and the whole query too
+        if number == 2:  # ... and on a backtrack the question, the whole query and the resolved items too
             assert shared >= len(tokenizer.encode(text[:text.index("Alternatives:")])) - 1
         previous = ids
 
 
 def test_without_prefix_cache_every_prompt_runs_in_full(model, tokenizer):
     reranker = ModelReranker(model, tokenizer, prefix_cache=False)
-    for question, query, alts in CALLS[:3]:
-        assert reranker(question, query, alts) == pytest.approx(full_scores(model, tokenizer, question, query, alts), abs=1e-5)
+    for question, query, alts, resolved in CALLS[:3]:
+        assert reranker(question, query, alts, resolved) == pytest.approx(
+            full_scores(model, tokenizer, question, query, alts, resolved), abs=1e-5)
     assert reranker.tokens["computed"] == reranker.tokens["prompt"] and reranker.cache is None
 
 
@@ -195,6 +199,7 @@ def test_prefix_cache_on_the_real_model():
     model_dir = real_model_dir()
     model, tokenizer = prepare_for_inference(Transformer.from_pretrained(model_dir)), Tokenizer(model_dir)
     reranker = ModelReranker(model, tokenizer)
-    for question, query, alts in CALLS[:3]:
-        assert reranker(question, query, alts) == pytest.approx(full_scores(model, tokenizer, question, query, alts), abs=1e-3)
+    for question, query, alts, resolved in CALLS[:3]:
+        assert reranker(question, query, alts, resolved) == pytest.approx(
+            full_scores(model, tokenizer, question, query, alts, resolved), abs=1e-3)
     assert reranker.tokens["computed"] < reranker.tokens["prompt"]

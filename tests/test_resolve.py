@@ -41,10 +41,11 @@ class ScriptedReranker:
 
     def __init__(self, preference: dict[str, float], none_score: float = 0.0, none_first=lambda q: False):
         self.preference, self.none_score, self.none_first = preference, none_score, none_first
-        self.calls = []
+        self.calls, self.resolved = [], []
 
-    def __call__(self, question, marked_query, alternatives):
+    def __call__(self, question, marked_query, alternatives, resolved):
         self.calls.append((marked_query, [a.iri for a in alternatives]))
+        self.resolved.append([(a.iri, a.shown_id, a.kind, a.label) for a in resolved])
         scores = [self.preference.get(a.iri, 1.0) for a in alternatives]
         return scores + [100.0 if self.none_first(marked_query) else self.none_score]
 
@@ -69,6 +70,19 @@ def test_picks_the_film_over_the_genre(indices, client):
     # the current placeholder is marked for the re-ranker; earlier ones are resolved
     assert reranker.calls[1][0] == ("SELECT ?place WHERE { wd:Q104123 <rep>director (wdt)</rep> ?d . "
                                     "?d <iri>place of birth (wdt)</iri> ?place . }")
+    # and the items resolved so far reach it with their labels and kinds (prompt format v2 shows them)
+    film, director = (FILM, "wd:Q104123", "entity", "Pulp Fiction"), (DIRECTOR, "wdt:P57", "property", "director")
+    assert reranker.resolved == [[], [film], [film, director]]
+
+
+def test_an_ask_question_is_not_constrained_so_a_no_resolves(indices, client):
+    """As in the reference, only SELECT queries get constraint queries: the ASK below is false in the KG,
+    and a constraint on the birthplace would only admit Tarantino's real one (a dead end)."""
+    skeleton = "ASK { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> <iri>Paris</iri> . }"
+    reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0, WD + "Q90": 9.0})
+    resolution = Resolver(indices, client, reranker, Options()).resolve("was quentin tarantino born in paris?", skeleton)
+    assert resolution.sparql == "ASK { wd:Q3772 wdt:P19 wd:Q90 . }" and resolution.result.boolean is False
+    assert not any("constraint" in e for e in events(resolution, "placeholder"))
 
 
 def test_backtracks_when_the_constrained_candidate_set_is_empty(indices, client):

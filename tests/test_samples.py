@@ -53,11 +53,12 @@ def tiny(tmp_path_factory):
 
 
 def sparql_line(sample: dict) -> str:
-    return re.search(r"^SPARQL: (.*)$", sample["messages"][1]["content"], re.M).group(1)
+    """The marked query of a re-ranking prompt (v1: `SPARQL: query`, v2: `SPARQL:` then the query)."""
+    return re.search(r"^SPARQL:[ \n](.*)$", sample["messages"][1]["content"], re.M).group(1)
 
 
 def alternative_lines(sample: dict) -> list[str]:
-    return sample["messages"][1]["content"].split("Alternatives:\n")[1].split("\n")
+    return [line for line in sample["messages"][1]["content"].split("Alternatives:\n")[1].split("\n") if line]
 
 
 def within(count: int, n: int, p: float) -> bool:
@@ -116,7 +117,7 @@ def test_augmentations_appear_at_their_rates(tiny):
     assert set(n_searched) == {2, 3, 4, 5}  # every search has k + 1 >= 6 hits
     assert within(sum(n < 5 for n in n_searched), len(reranks), 0.4 * 3 / 4), "vary-k rate (k=5 is drawn 1/4 of the time)"
 
-    with_infos = [any(re.match(r"\w\. .*\): ", line) for line in alternative_lines(s)) for s in reranks]
+    with_infos = [any("city number" in line or "relation of" in line for line in alternative_lines(s)) for s in reranks]
     assert within(len(reranks) - sum(with_infos), len(reranks), 0.15), "drop-infos rate"
 
     # the gold ranks first in the search; only shuffling moves it (to position A with chance 1/k)
@@ -242,3 +243,99 @@ def test_a_missing_wikidata_index_is_built_in_process_with_a_message(tmp_path, m
     assert f"building the Wikidata index there from {tmp_path / 'items.jsonl'}" in message and str(directory) in message
     open_index(None, "wwq")  # built once
     assert "building" not in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- issue 15: targets, prompt, constraints
+class Missing:
+    """The tiny index, except that searches never return the items `missed` (a search that misses the gold)."""
+
+    def __init__(self, indices, missed):
+        self.inner, self.missed = indices, set(missed)
+        self.stores, self.item = indices.stores, indices.item
+
+    def search(self, kind, query, k, allowed_ids=None):
+        return [h for h in self.inner.search(kind, query, k + len(self.missed), allowed_ids) if h.id not in self.missed][:k]
+
+
+def test_a_missed_gold_item_is_none_or_inserted(tiny):
+    indices, _, records = tiny
+    missed = {WD + "Q1", WD + "Q2", WD + "P10", WD + "P11"}
+    runs = {}
+    for gold_missing in ("none", "insert"):
+        augment = Augment(drop_gold=0.0, shuffle=0.0, drop_infos=0.0, gold_missing=gold_missing, max_k=4)
+        samples, stats = SampleGenerator(records[:80], Missing(indices, missed), augment, seed=0).epoch(0)
+        runs[gold_missing] = ([s for s in samples if s["task"] == "rerank"], stats)
+    (none, none_stats), (insert, insert_stats) = runs["none"], runs["insert"]
+    assert len(none) == len(insert) == 80 and 0 < none_stats["gold_missed"] == insert_stats["gold_inserted"] < 80
+    for a, b in zip(none, insert):  # the same records and placeholders, the same draws
+        if b["iri"] in missed:  # the reference: the right answer is None; the first adapter's: the gold, put in
+            assert a["iri"] is None and a["target"] == a["identifiers"][-1] and b["target"] != b["identifiers"][-1]
+        else:
+            assert a["target"] == b["target"] and a["iri"] == b["iri"] is not None
+        assert len(a["identifiers"]) == len(b["identifiers"])  # k hits + None either way: the length tells nothing
+
+
+def test_v2_prompts_list_the_resolved_gold_items_with_labels(tiny):
+    indices, _, records = tiny
+    augment = Augment(alias=0.0, drop_gold=0.0, shuffle=0.0, drop_infos=0.0)
+    reranks = [s for s in SampleGenerator(records[:60], indices, augment, seed=2).epoch(0)[0] if s["task"] == "rerank"]
+    assert {s["prompt_format"] for s in reranks} == {"v2"}
+    by_position = {}
+    for s in reranks:
+        content = s["messages"][1]["content"]
+        resolved = re.findall(r"^- (.*?) \((wdt?:[PQ]\d+)\)", content, re.M)
+        query = sparql_line(s)
+        # every id resolved in the query is listed with its label (the index's), and nothing else is
+        in_query = re.findall(r"wdt?:[PQ]\d+", query.split("<rep>")[0])
+        assert sorted(i for _, i in resolved) == sorted(in_query)
+        for label, shown in resolved:
+            assert indices.item(WD + shown.split(":")[1]).label == label
+        if resolved:
+            assert ("Using entities:" in content) == any(i.startswith("wd:") for _, i in resolved)
+            assert ("Using properties:" in content) == any(i.startswith("wdt:") for _, i in resolved)
+        by_position[len(in_query)] = by_position.get(len(in_query), 0) + 1
+    assert set(by_position) == {0, 1, 2, 3}  # the marked placeholder is any of the four
+    v1 = SampleGenerator(records[:60], indices, augment, seed=2, prompt_format="v1").epoch(0)[0]
+    assert not any("Using " in s["messages"][1]["content"] for s in v1 if s["task"] == "rerank")
+
+
+class FakeEndpoint:
+    """Answers constraint queries with a fixed set of items (a sparql.SparqlClient stand-in)."""
+
+    def __init__(self, allowed):
+        self.allowed, self.queries = allowed, []
+
+    def query(self, sparql):
+        from sparql import Result
+        self.queries.append(sparql)
+        return Result(["candidate"], [{"candidate": {"type": "uri", "value": iri}} for iri in self.allowed])
+
+
+def test_constrained_samples_search_within_the_constraint(tiny):
+    indices, _, records = tiny
+    allowed = [WD + "Q3", WD + "Q5", "http://www.wikidata.org/prop/direct/P14"]  # a property in its wdt variant
+    endpoint = FakeEndpoint(allowed)
+    augment = Augment(constrain=0.5, drop_gold=0.0, gold_missing="none", max_k=4)
+    samples, stats = SampleGenerator(records[:200], indices, augment, seed=0, client=endpoint).epoch(0)
+    reranks = [s for s in samples if s["task"] == "rerank"]
+    assert endpoint.queries and all(q.startswith("SELECT DISTINCT ?candidate") for q in endpoint.queries)
+    assert 0 < stats["constrained"] < len(reranks)  # a share of the samples, the first placeholder never (nothing resolved)
+    shown = [re.findall(r"\((wdt?:[PQ]\d+)\)", "\n".join(alternative_lines(s))) for s in reranks]
+    within = [ids for ids in shown if set(ids) <= {"wd:Q3", "wd:Q5", "wdt:P14"}]
+    assert len(within) >= stats["constrained"] > 0
+    # without an endpoint the same seed gives the same samples, unconstrained
+    plain = SampleGenerator(records[:200], indices, augment, seed=0).epoch(0)
+    assert plain[1]["constrained"] == 0 and len(plain[0]) == len(samples)
+
+
+def test_a_weighted_record_used_twice_gets_other_variations(tiny):
+    indices, _, records = tiny
+    sourced = [dict(r, source="a") for r in records[:10]]
+    generator = SampleGenerator(sourced, indices, Augment(alias=0.5, shuffle=0.5), seed=0, weights={"a": 2})
+    samples = generator.epoch(0)[0]
+    skeletons = [s for s in samples if s["task"] == "skeleton"]
+    assert len(skeletons) == 20 and all(s["source"] == "a" for s in samples)
+    first, second = skeletons[:10], skeletons[10:]
+    assert [s["id"] for s in first] == [s["id"] for s in second] and [s["target"] for s in first] != [s["target"] for s in second]
+    once = SampleGenerator(sourced, indices, Augment(alias=0.5, shuffle=0.5), seed=0).epoch(0)[0]
+    assert once == samples[:len(once)]  # copy 0 is the unweighted epoch

@@ -47,7 +47,8 @@ def make_samples(n: int, epoch: int = 0, prefix: str = "r") -> list[dict]:
         samples += [{"id": f"{prefix}{i}", "epoch": epoch, "task": "skeleton", "messages": skeleton_messages(f"What {i}?"),
                      "target": f"SELECT ?x WHERE {{ wd:Q{i + epoch} wdt:P19 ?x . }}"},
                     {"id": f"{prefix}{i}", "epoch": epoch, "task": "rerank", "messages": messages,
-                     "target": identifiers[(i + epoch) % len(identifiers)], "identifiers": identifiers}]
+                     "target": identifiers[(i + epoch) % len(identifiers)], "identifiers": identifiers,
+                     "prompt_format": "v2"}]
     return samples
 
 
@@ -57,11 +58,12 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def train_args(model_dir: Path, tmp_path: Path, samples: Path, *extra: str):
-    """Parsed train.py flags for a quick tiny run (short system prompts keep sequences small)."""
+    """Parsed train.py flags for a quick tiny run (short system prompts keep sequences small; 4 epochs
+    unless `extra` says otherwise)."""
     return train.make_parser().parse_args(
         ["--samples", str(samples), "--model-dir", str(model_dir), "--runs-dir", str(tmp_path / "runs"),
          "--val-fraction", "0", "--lora-r", "4", "--lora-alpha", "8", "--batch-size", "2", "--micro-batch-size", "1",
-         "--checkpoint-every", "100", "--threads", "1", *extra])
+         "--checkpoint-every", "100", "--threads", "1", "--epochs", "4", *extra])
 
 
 def log(tmp_path: Path, name: str = "grisp") -> list[dict]:
@@ -78,12 +80,13 @@ def test_restricted_cross_entropy_by_hand():
     assert loss.restricted_cross_entropy(logits, choices, targets).tolist() == pytest.approx(expected, abs=1e-6)
 
 
-def test_sample_losses_equal_a_loop_over_full_logits(model_dir):
+@pytest.mark.parametrize("weighting", loss.WEIGHTINGS)
+def test_sample_losses_equal_a_loop_over_full_logits(model_dir, weighting):
     tokenizer = Tokenizer(model_dir)
     model = Transformer.from_pretrained(model_dir)
     samples = make_samples(3)
     encoded = [loss.encode(s, tokenizer) for s in samples]
-    losses, correct = loss.sample_losses(model, loss.collate(encoded, tokenizer.pad_id))
+    losses, correct = loss.sample_losses(model, loss.collate(encoded, tokenizer.pad_id, weighting))
     for b, (s, e) in enumerate(zip(samples, encoded)):
         with torch.no_grad():
             logits = model(torch.tensor([e["ids"]]))[0].double()  # [T, V], the sample alone: no padding
@@ -91,7 +94,8 @@ def test_sample_losses_equal_a_loop_over_full_logits(model_dir):
         if s["task"] == "skeleton":
             answer = tokenizer.encode(s["target"]) + [tokenizer.im_end_id]
             assert e["ids"][P:] == answer
-            expected = sum(-logits[P - 1 + t].log_softmax(-1)[a] for t, a in enumerate(answer)) / len(answer)
+            expected = sum(-logits[P - 1 + t].log_softmax(-1)[a] for t, a in enumerate(answer))
+            expected /= len(answer) if weighting == "per-sample" else 1  # a mean, or the tokens' sum
             assert not correct[b]
         else:
             ids = [tokenizer.encode(i)[0] for i in s["identifiers"]]
@@ -99,6 +103,64 @@ def test_sample_losses_equal_a_loop_over_full_logits(model_dir):
             expected = -picked.log_softmax(-1)[s["identifiers"].index(s["target"])]
             assert bool(correct[b]) == (int(picked.argmax()) == s["identifiers"].index(s["target"]))
         assert float(losses[b].detach()) == pytest.approx(float(expected), abs=1e-4)
+
+
+class ConstantLogits(torch.nn.Module):
+    """A "model" whose logits are 0 everywhere: every token CE is log V, every restricted CE log K."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.bias = vocab, torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, tokens, logits_at):
+        return torch.zeros(int(logits_at.sum()), self.vocab) + self.bias
+
+
+def test_loss_weightings_by_hand():
+    V = 300
+    skeleton = lambda n: {"ids": [5] * (10 + n), "n_prompt": 10, "choices": [], "target": -1}  # n answer tokens
+    rerank = lambda k: {"ids": [5] * 12, "n_prompt": 12, "choices": list(range(20, 20 + k)), "target": 0}
+    batch = [skeleton(3), skeleton(1), rerank(4)]
+    model = ConstantLogits(V)
+    for weighting, expected_losses, units in [
+            ("reference", [3 * math.log(V), math.log(V), math.log(4)], [3, 1, 1]),
+            ("per-sample", [math.log(V), math.log(V), math.log(4)], [1, 1, 1])]:
+        losses, _ = loss.sample_losses(model, loss.collate(batch, 0, weighting))
+        assert losses.tolist() == pytest.approx(expected_losses, abs=1e-5)
+        assert [loss.units(s, weighting) for s in batch] == units
+    # the batch loss: (3 + 1 token CEs + 1 row CE) / 5 under the reference weighting, a mean of 3 under per-sample
+    reference = (4 * math.log(V) + math.log(4)) / 5
+    per_sample = (2 * math.log(V) + math.log(4)) / 3
+    for weighting, expected in (("reference", reference), ("per-sample", per_sample)):
+        total = sum(loss.units(s, weighting) for s in batch)
+        by_task = loss.backward_batch(model, batch, total, 2, weighting, 0, "cpu", torch.autocast("cpu", enabled=False))
+        assert sum(v for v, _ in by_task.values()) / total == pytest.approx(expected, abs=1e-5)
+        assert by_task["skeleton"][1] == (4 if weighting == "reference" else 2) and by_task["rerank"][1] == 1
+
+
+@pytest.mark.parametrize("weighting", loss.WEIGHTINGS)
+def test_accumulated_micro_batches_equal_one_big_batch(model_dir, weighting):
+    """The normaliser counts the units of the whole batch before the micro-batches: the accumulated
+    gradient equals the gradient of the whole batch's loss computed at once, for any split."""
+    tokenizer = Tokenizer(model_dir)
+    encoded = [loss.encode(s, tokenizer) for s in make_samples(4)]  # skeletons of different lengths + re-rankings
+    encoded[0]["ids"] += encoded[0]["ids"][-3:]  # a longer skeleton: per-token and per-sample weights differ
+    model = Transformer.from_pretrained(model_dir)
+    total = sum(loss.units(s, weighting) for s in encoded)
+    losses, _ = loss.sample_losses(model, loss.collate(encoded, tokenizer.pad_id, weighting))
+    (losses.sum() / total).backward()
+    whole = {n: p.grad.clone() for n, p in model.named_parameters()}
+    for micro in (1, 3):
+        model.zero_grad()
+        loss.backward_batch(model, encoded, total, micro, weighting, tokenizer.pad_id, "cpu",
+                             torch.autocast("cpu", enabled=False))
+        assert all(torch.allclose(p.grad, whole[n], atol=1e-5, rtol=1e-5) for n, p in model.named_parameters()), micro
+    # and the two weightings really differ on this batch
+    other = "per-sample" if weighting == "reference" else "reference"
+    model.zero_grad()
+    loss.backward_batch(model, encoded, sum(loss.units(s, other) for s in encoded), 8, other, tokenizer.pad_id, "cpu",
+                         torch.autocast("cpu", enabled=False))
+    assert max(float((p.grad - whole[n]).abs().max()) for n, p in model.named_parameters()) > 1e-2
 
 
 def test_plan_steps_is_a_length_sorted_partition():
@@ -237,3 +299,57 @@ def test_two_process_ddp_equals_one_process(model_dir, tmp_path):
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     single, ddp = log(tmp_path, "single"), log(tmp_path, "ddp")
     assert [r["loss"] for r in ddp] == pytest.approx([r["loss"] for r in single], abs=1e-5)
+
+
+# ---------------------------------------------------------------------------- recipe, mixture, prompt format
+def test_unset_flags_take_the_devices_recipe(model_dir):
+    for device, expected in (("cpu", (0, 4, 2)), ("cuda", (0, 1, 4))):  # the tiny model has 2 blocks: LoRA on all
+        args = train.make_parser().parse_args(["--model-dir", str(model_dir)])
+        train.apply_recipe(args, torch.device(device))
+        assert (args.lora_layers, args.micro_batch_size, args.epochs) == expected
+    args = train.make_parser().parse_args(["--model-dir", str(REPO / "no-model")])  # the 0.5B's 24 blocks: the last 8
+    train.apply_recipe(args, torch.device("cpu"))
+    assert (args.lora_layers, args.micro_batch_size, args.epochs) == (8, 4, 2)
+    args = train.make_parser().parse_args(["--model-dir", str(model_dir), "--lora-layers", "1", "--epochs", "3"])
+    train.apply_recipe(args, torch.device("cpu"))
+    assert (args.lora_layers, args.micro_batch_size, args.epochs) == (1, 4, 3)  # given flags win
+    args.batch_size, args.lora_r, args.lora_layers = 8, 32, 8
+    plan = train.describe_plan(args, torch.device("cpu"), 1000, [{"ids": [0] * 300}], 24)
+    # 1000 steps x 2,400 tokens x (0.9 + 0.72 x 8) ms = 4.4 h
+    assert "CPU recipe (the shipped adapter's" in plan and "LoRA r=32 on the last 8 blocks" in plan
+    assert "1000 steps of ~2400 tokens" in plan and "expected ~4.4 h (16 s/step" in plan
+    assert "expected" not in train.describe_plan(args, torch.device("cuda"), 1000, [{"ids": [0] * 300}], 24)
+
+
+def test_command_line_trains_online_on_a_mixture_and_prints_the_plan(model_dir, tmp_path):
+    from tests.test_samples import write_items, write_records
+    import index_build
+    write_items(tmp_path / "items.jsonl")
+    write_records(tmp_path / "a.jsonl", 30)
+    write_records(tmp_path / "b.jsonl", 10)
+    index_build.build(tmp_path / "index", items=tmp_path / "items.jsonl", embed="none")
+    run = subprocess.run([sys.executable, str(REPO / "train.py"), "--data", f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}:0.5",
+                          "--index", str(tmp_path / "index"), "--model-dir", str(model_dir), "--runs-dir", str(tmp_path / "runs"),
+                          "--max-steps", "4", "--lora-r", "4", "--threads", "1", "--max-length", "4096"],
+                         capture_output=True, text=True, cwd=REPO, env=os.environ | {"OMP_NUM_THREADS": "1"}, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert f"| {tmp_path / 'a.jsonl'} | 31 | 0 | 0 | 0 | 1 |" in out  # the table: the unknown-IRI record skipped
+    assert "CPU recipe (the shipped adapter's" in out and "LoRA r=4 on all 2 blocks" in out and "expected ~" in out
+    assert "measured" in out and "s/step over 3 steps" in out
+    config = json.loads((tmp_path / "runs" / "grisp" / "config.json").read_text())
+    assert (config["lora_layers"], config["micro_batch_size"], config["epochs"]) == (0, 4, 2)
+    assert config["prompt_format"] == "v2" and config["loss_weighting"] == "reference"
+    adapter = tmp_path / "runs" / "grisp" / "adapter"
+    assert json.loads((adapter / "grisp_config.json").read_text()) == {"prompt_format": "v2"}
+
+
+def test_precomputed_samples_must_match_the_prompt_format(model_dir, tmp_path):
+    rows = make_samples(2)
+    for row in rows:
+        row.pop("prompt_format", None)  # samples from before the field: v1
+    samples = write_jsonl(tmp_path / "s.jsonl", rows)
+    with pytest.raises(SystemExit, match="format v1, not --prompt-format v2"):
+        train.main(train_args(model_dir, tmp_path, samples))
+    train.main(train_args(model_dir, tmp_path, samples, "--prompt-format", "v1", "--epochs", "1"))
+    assert json.loads((tmp_path / "runs" / "grisp" / "adapter" / "grisp_config.json").read_text())["prompt_format"] == "v1"
