@@ -9,6 +9,7 @@ are thin command-line fronts over this class.
     grisp = Grisp(model_dir, adapter_dir, index_dir, endpoint_url, Options())
     answer = grisp.answer("Where was the Pulp Fiction director born?")
     answer.sparql, answer.result, answer.trace
+    answer = grisp.answer(question, listener=print)   # each trace event as it happens (serve.py)
 """
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,6 +30,7 @@ from skeleton import find_placeholders, parses
 from sparql import Result, SparqlClient, Tally
 from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
+from tracing import Listener
 
 
 @dataclass
@@ -92,7 +94,16 @@ class Grisp:
         except ValueError as error:
             raise GrispError(str(error)) from None
 
-    def skeletons(self, question: str) -> tuple[list[tuple[str, float]], list[dict]]:
+    def use_options(self, options: Options) -> None:
+        """Answer the next questions with `options` (serve.py: options per request). The re-ranker is made
+        at load time, so re-ranking needs a Grisp loaded with rerank on."""
+        if self.resolver is not None:
+            if options.rerank and self.resolver.reranker is None:
+                raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
+            self.resolver.options = options
+        self.options = options
+
+    def skeletons(self, question: str, listener: Listener | None = None) -> tuple[list[tuple[str, float]], list[dict]]:
         """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of all beams."""
         o = self.options
         prompt = self.tokenizer.encode(chat_prompt(skeleton_messages(question)))
@@ -107,24 +118,27 @@ class Grisp:
                        else "does not parse" if not parses(text) else "kept")
             seen.add(text)
             trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
+            if listener is not None:
+                listener(trace[-1])
             if verdict == "kept" and len(kept) < (o.num_skeletons if o.beam_search else 1):
                 kept.append((text, h.score))
         return kept, trace
 
-    def answer(self, question: str) -> Answer:
+    def answer(self, question: str, listener: Listener | None = None) -> Answer:
+        """`listener` sees every trace event as it happens (tracing.py); if it raises, answering stops."""
         if not question.strip():
             raise GrispError("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
         start = time.perf_counter()
-        skeletons, trace = self.skeletons(question)
+        skeletons, trace = self.skeletons(question, listener)
         generation = time.perf_counter() - start
-        answer = self.answer_from_skeletons(question, skeletons)
+        answer = self.answer_from_skeletons(question, skeletons, listener=listener)
         answer.trace[:0] = trace
         answer.timings["generate"] = generation
         answer.timings["total"] = time.perf_counter() - start
         return answer
 
     def answer_from_skeletons(self, question: str, skeletons: list[str] | list[tuple[str, float]],
-                              deadline: float = float("inf")) -> Answer:
+                              deadline: float = float("inf"), listener: Listener | None = None) -> Answer:
         """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one): the first that
         resolves to a valid query wins. Each skeleton has its own time budget, as in the reference: a
         skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
@@ -142,8 +156,10 @@ class Grisp:
         for number, (skeleton, score) in enumerate(skeletons):
             answer.trace.append({"event": "resolve", "skeleton": skeleton, "number": number,
                                  "placeholders": len(find_placeholders(skeleton))})
+            if listener is not None:
+                listener(answer.trace[-1])
             budget_end = min(time.monotonic() + self.options.time_budget, deadline)
-            resolution = self.resolver.resolve(question, skeleton, budget_end)
+            resolution = self.resolver.resolve(question, skeleton, budget_end, listener)
             answer.trace += resolution.trace
             answer.backtracks += resolution.backtracks
             for name, seconds in resolution.timings.items():

@@ -28,7 +28,7 @@ from constraints import allowed_items, constraint_query
 from positions import infer_position
 from skeleton import Placeholder, find_placeholders, substitute
 from sparql import EndpointUnreachable, QueryTimeout, Result, ServerError, SparqlClient, SparqlError
-from tracing import Trace
+from tracing import Listener, Trace
 
 # (question, marked query, alternatives, items resolved so far) -> scores for the alternatives + a final
 # None alternative (higher is better); rerank.ModelReranker is one
@@ -63,11 +63,13 @@ class Resolver:
     def __init__(self, indices: Indices, client: SparqlClient, reranker: Reranker | None, options: Options):
         self.indices, self.client, self.reranker, self.options = indices, client, reranker, options
 
-    def resolve(self, question: str, skeleton: str, deadline: float = float("inf")) -> Resolution:
+    def resolve(self, question: str, skeleton: str, deadline: float = float("inf"),
+                listener: Listener | None = None) -> Resolution:
         """Resolve every placeholder of `skeleton`; Resolution.sparql is None if the skeleton failed.
         Every endpoint query ends by `deadline` (time.monotonic() seconds); an endpoint that cannot
-        be reached any more ends the search with failure "endpoint_error" (docs/method.md 6.7)."""
-        trace = Trace()
+        be reached any more ends the search with failure "endpoint_error" (docs/method.md 6.7).
+        `listener` sees each trace event as it happens (tracing.py)."""
+        trace = Trace(listener)
         try:
             return self.dfs(question, skeleton, deadline, trace)
         except EndpointUnreachable as e:  # nothing more can be checked; searching on would hide it

@@ -10,27 +10,37 @@ infer.py prints the events (`describe`), evaluate.py stores them, the tests read
         hits = ...
     trace.note(hits=[...])           # adds fields to the latest event
     trace.events, trace.timings      # [{"event": "placeholder", ..., "hits": [...]}], {"search": 0.002}
+
+A listener (serve.py's live trace) is called with the event each time one is recorded and again, with
+the same dict, each time a note adds to it; if it raises (a cancelled question), the step stops there.
 """
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
+
+Listener = Callable[[dict], None]  # called with a new event, and with the latest event after each note
 
 
 class Trace:
-    def __init__(self):
+    def __init__(self, listener: Listener | None = None):
         self.events: list[dict] = []  # in order; each {"event": name, **fields}
         self.timings: dict[str, float] = {}  # stage -> seconds, summed over its runs
+        self.listener = listener
 
     def event(self, name: str, /, **fields) -> dict:
         """Record a new event {"event": name, **fields} and return it (later steps may add fields with
         `note`). `name` is positional-only, so any field name is free (a placeholder event has `kind`)."""
         self.events.append({"event": name, **fields})
+        if self.listener is not None:
+            self.listener(self.events[-1])
         return self.events[-1]
 
     def note(self, **fields) -> None:
         """Add fields to the latest event (a step reporting what it found)."""
         assert self.events, f"no event to note {sorted(fields)} on"
         self.events[-1].update(fields)
+        if self.listener is not None:
+            self.listener(self.events[-1])
 
     @contextmanager
     def timed(self, stage: str) -> Iterator[None]:

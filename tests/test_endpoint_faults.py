@@ -128,7 +128,7 @@ def infer(tiny_model, demo_index, tmp_path, monkeypatch, capsys):  # noqa: F811 
     Transformer.from_pretrained(tiny_model)  # torch's one-time start-up (seconds) is not the run's time
 
     def run(endpoint_url: str, skeleton: str = SKELETON):
-        monkeypatch.setattr(grisp.Grisp, "skeletons", lambda self, question: ([(skeleton, -1.0)], []))
+        monkeypatch.setattr(grisp.Grisp, "skeletons", lambda self, question, listener=None: ([(skeleton, -1.0)], []))
         monkeypatch.setattr(sys, "argv", ["infer.py", QUESTION, "--model-dir", str(tiny_model), "--adapter", "none",
                                           "--index", str(demo_index), "--endpoint", endpoint_url,
                                           "--no-rerank", "--top-k", "3", "--time-budget", str(BUDGET),
@@ -241,7 +241,7 @@ def test_help_documents_the_exit_codes():
 def test_no_traceback_from_the_process(faulty, tiny_model, demo_index):  # noqa: F811 (fixtures)
     # the same run as a separate process: its exit code and whole stderr, as a user sees them
     server = faulty("html")
-    give_skeleton = (f"import grisp, runpy; grisp.Grisp.skeletons = lambda self, q: ([({SKELETON!r}, -1.0)], []); "
+    give_skeleton = (f"import grisp, runpy; grisp.Grisp.skeletons = lambda self, q, listener=None: ([({SKELETON!r}, -1.0)], []); "
                      f"runpy.run_path({str(defaults.REPO_DIR / 'infer.py')!r}, run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", give_skeleton, QUESTION, "--model-dir", str(tiny_model),
                           "--adapter", "none", "--index", str(demo_index), "--endpoint", server.url,

@@ -362,9 +362,11 @@ def test_skeleton_only_scores_generated_skeletons_without_an_endpoint(skeleton_b
 def test_skeleton_only_end_to_end_with_a_tiny_model(skeleton_bench, tiny_index, tmp_path):
     from tests.tiny import make_model_dir
     model = make_model_dir(tmp_path / "tiny")
-    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
-                        "--model-dir", str(model), "--adapter", "none", "--device", "cpu", "--num-beams", "2",
-                        "--out", str(tmp_path / "run"), "--endpoint", NO_ENDPOINT)
+    result = subprocess.run([sys.executable, "evaluate.py", "--skeleton-only", "--benchmark", str(skeleton_bench),
+                             "--index", str(tiny_index), "--model-dir", str(model), "--adapter", "none",
+                             "--device", "cpu", "--ablation", "no-beam-search", "--out", str(tmp_path / "run"),
+                             "--endpoint", NO_ENDPOINT],
+                            cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "| shape | questions | structure match % | label match % |" in result.stdout
     assert "3 questions: 2 scored, 1 not skeletonisable" in result.stdout

@@ -158,7 +158,7 @@ def test_each_skeleton_gets_its_own_time_budget(tiny_model, demo_index, demo_end
     grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(rerank=False, time_budget=2.0))
     seen = []
 
-    def resolve(question, skeleton, deadline):
+    def resolve(question, skeleton, deadline, listener=None):
         seen.append((skeleton, deadline - time.monotonic()))
         if skeleton == "slow":
             time.sleep(0.5)
