@@ -138,7 +138,7 @@ class Grisp:
         return answer
 
     def answer_from_skeletons(self, question: str, skeletons: list[str] | list[tuple[str, float]],
-                              deadline: float | None = None, listener: Listener | None = None) -> Answer:
+                              deadline: float = float("inf"), listener: Listener | None = None) -> Answer:
         """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one): the first that
         resolves to a valid query wins. Each skeleton has its own time budget, as in the reference: a
         skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
@@ -158,7 +158,7 @@ class Grisp:
                                  "placeholders": len(find_placeholders(skeleton))})
             if listener is not None:
                 listener(answer.trace[-1])
-            budget_end = min(time.monotonic() + self.options.time_budget, deadline or float("inf"))
+            budget_end = min(time.monotonic() + self.options.time_budget, deadline)
             resolution = self.resolver.resolve(question, skeleton, budget_end, listener)
             answer.trace += resolution.trace
             answer.backtracks += resolution.backtracks

@@ -12,10 +12,11 @@ end, adapter/ (a copy of best/ in the PEFT layout, for infer.py or `PeftModel.fr
 
 main() runs the named steps in order: setup (processes, device, run directory) -> load_data -> make_model
 (base + LoRA, optimiser) -> resume (or a fresh TrainState) -> TrainingLoop.train (step, validate,
-checkpoint) -> save the adapter. About 500 lines, over a script's ~300: the flags and their checks take
-~100, the loop with DDP, early stopping and exact resumption ~150; they stay here so that the whole
-training stage reads in one file, top to bottom, as in nanoGPT's train.py (the loss of a batch and of
-the validation set is loss.py's, the data mixture mixture.py's).
+checkpoint) -> save the adapter. About 540 lines, over a script's ~300: the flags and their checks take
+~110 and the device recipes with the duration estimate ~40, the loop with DDP, early stopping and
+exact resumption ~150; they stay here so that the whole training stage reads in one file, top to
+bottom, as in nanoGPT's train.py (the loss of a batch and of the validation set is loss.py's, the data
+mixture mixture.py's).
 
 Flags left unset take the device's recipe: on a CPU the shipped adapter's (LoRA on the last 8 blocks,
 micro-batches of 4, 2 epochs), on a GPU the paper's (all blocks, 4 epochs). The plan and, on a CPU, its
