@@ -118,6 +118,7 @@ class JsonString(Node):
 
     def __init__(self, left: int, esc: int = 0):
         self.left, self.esc = left, esc
+        self.exact = left <= 0 and esc == 0  # at the cap only the closing quote is left
 
     def step(self, ch):
         if self.esc == 1:
