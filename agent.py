@@ -20,17 +20,13 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Callable
 
-import defaults
 from agent_functions import FunctionError, Functions, KnowledgeGraph, check_known, table
 from agent_prompts import FEEDBACK_TOOL, feedback_messages, system_instruction, task_definitions
-from chat_backends import BackendError, BackendTimeout, make_backend
 from benchmarks import read_jsonl
+from chat_backends import BackendError, BackendTimeout, make_backend
 from config import ConfigError, check, load_config
 from sparql import SparqlClient, SparqlError
-from sparql_syntax import PREFIXES, with_prefixes
 
 FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "step_limit": "timeout",
            "time_limit": "timeout", "error": "error", "cancelled": "error"}  # evaluate.py's failure kinds
@@ -66,7 +62,6 @@ class AgentResult:
 class Agent:
     def __init__(self, kgs: dict[str, KnowledgeGraph], backend, options):
         self.kgs, self.backend, self.o = kgs, backend, options  # options: config.AgentConfig
-        self.functions = Functions(kgs, options)
 
     def run(self, question: str, task: str | None = None, kgs: list[str] | None = None, past=None,
             on_event=None, cancel=None) -> AgentResult:
@@ -250,103 +245,45 @@ class Agent:
 
 
 def build_agent(config) -> Agent:
-    """Knowledge graphs (clients, indices, example indices) and the backend of a config.Config."""
-    from agent_examples import ExampleIndex
-    from search import load_indices
-    kgs = {}
-    for k in config.knowledge_graphs:
-        indices = None
-        if k.index:
-            try:
-                indices = load_indices(Path(k.index))
-            except FileNotFoundError as e:
-                raise ConfigError(f"knowledge graph {k.name}: {e} (or set its index to none)") from None
-        examples = None
-        if k.examples:
-            examples = ExampleIndex.open(k.examples, Path(k.example_index or defaults.GRISP_HOME / "examples" / k.name))
-        kgs[k.name] = KnowledgeGraph(k.name, SparqlClient(k.endpoint, retries=1, prefixes={**PREFIXES, **k.prefixes}),
-                                     indices, k.description, {**PREFIXES, **k.prefixes}, examples)
+    """The knowledge graphs and the backend of a config.Config."""
+    try:
+        kgs = {k.name: KnowledgeGraph.from_config(k) for k in config.knowledge_graphs}
+    except FunctionError as e:
+        raise ConfigError(str(e)) from None
     return Agent(kgs, make_backend(config.model), config.agent)
-
-
-# ---------------------------------------------------------------------------- evaluate.py --system agent
-
-class EvalPipeline:
-    """For evaluate.py: `answer(question)` has grisp.Answer's fields (sparql with PREFIX lines, trace,
-    timings, error, failure) plus `extra` (agent status, steps, calls per function, feedbacks)."""
-
-    def __init__(self, agent: Agent):
-        self.agent = agent
-
-    def answer(self, question: str):
-        r = self.agent.run(question)
-        prefixes = self.agent.kgs[r.kg].prefixes if r.kg in self.agent.kgs else PREFIXES
-        extra = {"agent_status": r.status, "steps": r.steps, "calls": dict(r.calls), "feedbacks": r.feedbacks,
-                 "answer_text": r.answer}
-        return SimpleNamespace(sparql=with_prefixes(r.sparql, prefixes) if r.sparql else None, skeletons=[],
-                               trace=r.trace, timings=r.timings, backtracks=0, error=r.error, failure=r.failure,
-                               extra=extra)
-
-
-def eval_setup(config_path: str | None, endpoint: str, index) -> tuple[dict, Callable[[], EvalPipeline]]:
-    """evaluate.py --system agent: the settings to save, and a maker of the pipeline (the config file's
-    model and options over the one knowledge graph evaluated: evaluate's --endpoint and --index)."""
-    config = load_config(config_path)
-    config.knowledge_graphs = [replace(config.knowledge_graphs[0], endpoint=endpoint, index=str(index) if index else None)]
-    check(config)
-    settings = {"config_file": config.source, "kg": config.knowledge_graphs[0].name,
-                "model": asdict(config.model), "options": asdict(config.agent)}
-
-    def make() -> EvalPipeline:
-        try:
-            return EvalPipeline(build_agent(config))
-        except BackendError as e:  # e.g. no model directory: a message, not a traceback
-            raise ValueError(str(e)) from None
-    return settings, make
-
-
-def agent_summary(records: list[dict]) -> dict:
-    """Steps, function calls and statuses per question over evaluation records."""
-    runs = [r for r in records if "steps" in r]
-    n = max(len(runs), 1)
-    calls = Counter()
-    for r in runs:
-        calls.update(r["calls"])
-    return {"steps_mean": sum(r["steps"] for r in runs) / n, "calls_mean": sum(calls.values()) / n,
-            "calls_per_question": {k: v / n for k, v in sorted(calls.items())},
-            "statuses": dict(Counter(r["agent_status"] for r in runs))}
 
 
 # ---------------------------------------------------------------------------- command line
 
 def print_event(e: dict) -> None:
-    def indent(text, n=40):
-        lines = str(text).splitlines()
-        return "\n".join("      " + line for line in lines[:n]) + (f"\n      ... ({len(lines) - n} more lines)" if len(lines) > n else "")
-    kind = e["event"]
+    """The trace as it happens: model turns, calls with their results (cut), feedback, limits."""
+    print(event_text(e), flush=True)
+
+
+def event_text(e: dict) -> str:
+    kind, lines = e["event"], str(e.get("result", "")).splitlines()
     if kind == "question":
-        print(f"question: {e['question']}  [{e['task']} over {e['kgs']}; {e['backend']}]")
-    elif kind == "model":
-        print(f"\n[step {e['step']}] model ({e['seconds']} s)" + (f": {e['content']}" if e["content"] else "")
-              + (f"\n  note: {e['notes']}" if e["notes"] else ""))
-    elif kind == "call":
-        print(f"  -> {e['name']}({e['arguments']})  ({e['seconds']} s)\n{indent(e['result'])}")
-    elif kind == "output":
-        print(f"\nstatus: {e['status']} after {e['steps']} steps, {e['seconds']} s")
-    else:
-        print(f"  [{kind}] " + ", ".join(f"{k}={v}" for k, v in e.items() if k != "event"))
+        return f"question: {e['question']}  [{e['task']} over {e['kgs']}; {e['backend']}]"
+    if kind == "model":
+        return (f"\n[step {e['step']}] model ({e['seconds']} s)" + (f": {e['content']}" if e["content"] else "")
+                + (f"\n  note: {e['notes']}" if e["notes"] else ""))
+    if kind == "call":
+        more = f"\n      ... ({len(lines) - 30} more lines)" if len(lines) > 30 else ""
+        return f"  -> {e['name']}({e['arguments']})  ({e['seconds']} s)\n" + "\n".join("      " + x for x in lines[:30]) + more
+    if kind == "output":
+        return f"\nstatus: {e['status']} after {e['steps']} steps, {e['seconds']} s"
+    return f"  [{kind}] " + ", ".join(f"{k}={v}" for k, v in e.items() if k != "event")
 
 
 def main(args: argparse.Namespace) -> int:
     # --- configuration: file < environment < flags
     config = load_config(args.config)
-    model = {k: v for k, v in [("backend", args.backend), ("model_dir", args.model_dir), ("adapter", args.adapter),
-                                ("base_url", args.base_url), ("model", args.model)] if v is not None}
-    agent_opts = {k: v for k, v in [("task", args.task), ("max_steps", args.max_steps), ("time_limit_s", args.time_limit)]
-                  if v is not None}
-    agent_opts |= {"feedback": True} if args.feedback else {}
-    agent_opts |= {"know_before_use": False} if args.no_know_before_use else {}
-    config.model, config.agent = replace(config.model, **model), replace(config.agent, **agent_opts)
+    flags = {"backend": args.backend, "model_dir": args.model_dir, "adapter": args.adapter,
+             "base_url": args.base_url, "model": args.model}
+    config.model = replace(config.model, **{k: v for k, v in flags.items() if v is not None})
+    flags = {"task": args.task, "max_steps": args.max_steps, "time_limit_s": args.time_limit,
+             "feedback": args.feedback or None, "know_before_use": False if args.no_know_before_use else None}
+    config.agent = replace(config.agent, **{k: v for k, v in flags.items() if v is not None})
     check(config)
     questions = read_jsonl(Path(args.file)) if args.file else [{"question": args.question or ""}]
     if not questions or not all(str(q.get("question") or "").strip() for q in questions):
@@ -357,8 +294,8 @@ def main(args: argparse.Namespace) -> int:
         except SparqlError as e:
             raise ValueError(f"the SPARQL endpoint of {kg.name} does not answer ({e}); start it "
                              f"(python endpoint.py start) or fix its endpoint in the config") from None
-    print(f"config: {config.source or 'defaults'}; backend {config.model.backend}; "
-          f"agent {json.dumps(config.agent.__dict__)}", file=sys.stderr)
+    print(f"config: {config.source or 'defaults'}; model {asdict(config.model)}; agent {asdict(config.agent)}",
+          file=sys.stderr)
     agent = build_agent(config)
 
     # --- questions
@@ -367,9 +304,8 @@ def main(args: argparse.Namespace) -> int:
     while questions:
         q = questions.pop(0)
         r = agent.run(q["question"], kgs=args.kg, past=past, on_event=None if args.quiet else print_event)
-        kg = agent.kgs.get(r.kg)
         print(f"answer: {r.answer or r.explanation or '-'}\nsparql: {r.sparql or '-'}")
-        if r.sparql and kg is not None and r.task == "sparql-qa":
+        if r.sparql and r.kg in agent.kgs and r.task == "sparql-qa":
             print(agent._result_text(r, time.monotonic() + config.agent.sparql_timeout_s))
         if r.error:
             print(f"error: {r.error}", file=sys.stderr)

@@ -22,7 +22,9 @@ A call the model must fix raises FunctionError; the agent sends its message back
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import defaults
 from agent_examples import example_definitions, find_examples
 from constraints import CONSTRAINT_LIMIT
 from skeleton import split_variant
@@ -48,6 +50,20 @@ class KnowledgeGraph:
     description: str = ""
     prefixes: dict = field(default_factory=lambda: dict(PREFIXES))
     examples: object | None = None  # agent_examples.ExampleIndex
+
+    @classmethod
+    def from_config(cls, k) -> "KnowledgeGraph":
+        """The knowledge graph a config.KgConfig describes: client, indices, examples (built if missing)."""
+        from agent_examples import ExampleIndex
+        from search import load_indices
+        try:
+            indices = load_indices(Path(k.index)) if k.index else None
+        except FileNotFoundError as e:
+            raise FunctionError(f"knowledge graph {k.name}: {e} (or set its index to none)") from None
+        examples = ExampleIndex.open(k.examples, Path(k.example_index or defaults.GRISP_HOME / "examples" / k.name)) \
+            if k.examples else None
+        prefixes = {**PREFIXES, **k.prefixes}
+        return cls(k.name, SparqlClient(k.endpoint, retries=1, prefixes=prefixes), indices, k.description, prefixes, examples)
 
     def query(self, sparql: str, deadline: float | None = None, timeout_s: float = 30.0) -> Result:
         """Run a query; the read timeout never passes the agent's deadline."""

@@ -56,7 +56,7 @@ class ModelConfig:
     api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the key ("" for none)
     timeout_s: float = 120.0
     temperature: float | None = None  # None: the server's default
-    tool_choice: str = "auto"  # "auto" or "required"
+    tool_choice: str = "auto"  # "auto" or "required" (the local backend always requires a call)
 
 
 @dataclass

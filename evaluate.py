@@ -264,8 +264,8 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     if system == "agent":  # the GRASP agent (agent.py) instead of GRISP; same scoring
         if args.oracle_skeleton or args.skeletons_from or args.ablation != "none":
             raise ValueError("--oracle-skeleton, --skeletons-from and --ablation are GRISP's; not with --system agent")
-        import agent
-        agent_settings, make_agent = agent.eval_setup(args.agent_config, args.endpoint, args.index)
+        import agent_eval
+        agent_settings, make_agent = agent_eval.eval_setup(args.agent_config, args.endpoint, args.index)
         suffix = "agent"
     out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
     config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
@@ -314,7 +314,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     records = [r for r in read_predictions(predictions_path) if r["id"] in gold_by_id]
     summary = {**summarize(records), "config": config}
     if system == "agent":
-        summary["agent"] = agent.agent_summary(records)
+        summary["agent"] = agent_eval.agent_summary(records)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary, f"{name} ({suffix})")
     if system == "agent":
@@ -362,7 +362,7 @@ if __name__ == "__main__":
                              "with the same model and generation settings; for ablations that change "
                              "only resolution (no-rerank, no-constrained, no-kg-guidance, no-backtracking)")
     add_flags(parser, KNOBS, unset=True)
-    # the GRASP agent instead of GRISP (agent.py): its model and options come from a config file
+    # the GRASP agent instead of GRISP (agent.py, agent_eval.py): its model and options come from a config file
     parser.add_argument("--system", choices=["grisp", "agent"], default="grisp",
                         help="what answers the questions: GRISP, or the GRASP agent over --endpoint and --index")
     parser.add_argument("--agent-config", default=None,

@@ -13,7 +13,8 @@ import pytest
 
 import defaults
 import evaluate
-from agent import Agent, EvalPipeline
+from agent import Agent
+from agent_eval import EvalPipeline
 from chat_backends import BackendError, BackendTimeout, Reply, ToolCall
 from config import AgentConfig, ConfigError, load_config
 from tests.agent_helpers import Scripted, call, demo_index, demo_kg, reply
