@@ -86,6 +86,7 @@ def check_call(call_id: str, name: str, raw: str | dict, tools: list[dict]) -> T
     return ToolCall(call_id, name, args, raw)
 
 
+_CALL_OPENING = re.compile(r'<tool_call>|\{\s*"name"')  # where the free text of a local turn ends
 _QWEN_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -212,7 +213,7 @@ class LocalBackend:
     """Our Qwen2.5 with constrained tool calls; greedy decoding, one call per turn.
 
     A turn: free text (the model's reasoning) for at most `max_reasoning_tokens`, until the model starts
-    a `<tool_call>` or ends its turn; then, with tool_choice "required" (the default: a small model that
+    a `<tool_call>` (or writes `{"name"` without it, as small models do) or ends its turn; then, with tool_choice "required" (the default: a small model that
     stops calling functions has stopped working), a call is forced and decoded under the grammar of
     tool_grammar.call_grammar, at most `max_call_tokens` (then closed by the grammar's shortest
     completion). The KV cache of the conversation so far is kept between turns (prompts only grow)."""
@@ -261,8 +262,9 @@ class LocalBackend:
                 stop = "end"
                 break
             piece = self.tokenizer.decode([token], skip_special_tokens=False)
-            if "<tool_call>" in text + piece:
-                stop, cut = "call", (text + piece).index("<tool_call>")
+            opening = _CALL_OPENING.search(text + piece)  # `<tool_call>`, or a call written without it
+            if opening:
+                stop, cut = "call", opening.start()
                 while len(boundaries) > 1 and len(text) > cut:  # drop a call opening split over tokens
                     boundaries.pop()
                     text = self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False)

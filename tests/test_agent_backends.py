@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
@@ -265,3 +266,40 @@ def test_the_local_backend_stops_at_the_deadline(tiny_models):
         backend.chat([{"role": "user", "content": "q?"}], TOOLS, deadline=time.monotonic() - 1)
     with pytest.raises(BackendError, match="get_model.py"):
         LocalBackend(defaults.GRISP_HOME / "no-such-model")
+
+
+class SpellingLM:
+    """A stand-in for the model whose next token spells out `target` after the prompt; once the text
+    has left the target (the grammar overruled it) it prefers a closing quote."""
+
+    def __init__(self, tokenizer, target: str):
+        self.tokenizer, self.target = tokenizer, target
+        self.model = SimpleNamespace(norm=SimpleNamespace(weight=torch.zeros(1)))
+
+    def new_cache(self, batch_size, max_len):
+        return SimpleNamespace(ids=[], truncate=lambda n: self._cache.ids.__delitem__(slice(n, None)))
+
+    def __call__(self, tokens, cache, logits_at):
+        self._cache = cache
+        cache.ids += tokens[0].tolist()
+        text = self.tokenizer.decode(cache.ids, skip_special_tokens=False)
+        generated = text.rsplit("<|im_start|>assistant\n", 1)[-1]
+        want = self.target[len(generated):len(generated) + 1] if self.target.startswith(generated) else '"'
+        logits = torch.zeros(1, 300)
+        logits[0, self.tokenizer.encode(want or '"')[0]] = 10.0
+        return logits
+
+
+def test_a_call_written_without_its_tag_is_decoded_under_the_grammar(tiny_models):
+    from tokenizer import Tokenizer
+    tokenizer = Tokenizer(tiny_models[0])
+    target = 'I will search. {"name": "search_entity", "arguments": {"kg": "wikidata", "entity": "wd:Q1"}}'
+    tools = TOOLS + [{"type": "function", "function": {"name": "search_entity", "parameters": {
+        "type": "object", "properties": {"kg": KG, "query": {"type": "string"}}, "required": ["kg", "query"]}}}]
+    backend = LocalBackend(tiny_models[0], model=SpellingLM(tokenizer, target), tokenizer=tokenizer,
+                           max_reasoning_tokens=60, max_call_tokens=60)
+    reply = backend.chat([{"role": "user", "content": "Who directed Pulp Fiction?"}], tools)
+    assert reply.content == "I will search."  # the free text ends where the call starts
+    call = reply.tool_calls[0]
+    # the model's own choice of function and kg survive; its unknown key "entity" could not be written
+    assert (call.name, call.arguments, call.error) == ("search_entity", {"kg": "wikidata", "query": ""}, None)
