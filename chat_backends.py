@@ -213,10 +213,11 @@ class LocalBackend:
     """Our Qwen2.5 with constrained tool calls; greedy decoding, one call per turn.
 
     A turn: free text (the model's reasoning) for at most `max_reasoning_tokens`, until the model starts
-    a `<tool_call>` (or writes `{"name"` without it, as small models do) or ends its turn; then, with tool_choice "required" (the default: a small model that
-    stops calling functions has stopped working), a call is forced and decoded under the grammar of
-    tool_grammar.call_grammar, at most `max_call_tokens` (then closed by the grammar's shortest
-    completion). The KV cache of the conversation so far is kept between turns (prompts only grow)."""
+    a `<tool_call>` (or writes `{"name"` without it, as small models do) or ends its turn; then, with
+    tool_choice "required" (the default: a small model that stops calling functions has stopped
+    working), a call is forced and decoded under the grammar of tool_grammar.call_grammar, at most
+    `max_call_tokens` (then closed by the grammar's shortest completion). The KV cache of the
+    conversation so far is kept between turns (prompts only grow). Not thread-safe: one chat at a time."""
 
     def __init__(self, model_dir: str | Path, adapter: str | Path | None = None, device: str = "auto",
                  max_reasoning_tokens: int = 128, max_call_tokens: int = 768, max_string: int = 1500,
@@ -239,7 +240,7 @@ class LocalBackend:
         self.max_reasoning_tokens, self.max_call_tokens = max_reasoning_tokens, max_call_tokens
         self.max_string, self.tool_choice = max_string, tool_choice
         self.name = f"local:{model_dir.name}" + (f"+{Path(adapter).name}" if adapter else "")
-        self._cache, self._ids = None, []  # the KV cache and the token ids it holds
+        self._cache, self._ids, self._calls = None, [], 0  # the KV cache, the token ids it holds, calls made
         self._texts: dict[int, str] = {}  # token id -> its text (complete characters only, else "")
         self._special = set(self.tokenizer.tokenizer.get_added_tokens_decoder())  # never inside a call
         self._char_ids = {c: self.tokenizer.encode(c) for c in map(chr, range(32, 127))}
@@ -294,7 +295,8 @@ class LocalBackend:
             notes.append(f"the call reached {self.max_call_tokens} tokens and was closed by the grammar")
         call += state.shortest()
         body = json.loads(call)  # valid by construction
-        tool_call = check_call("call_0", body["name"], body["arguments"], tools)
+        self._calls += 1
+        tool_call = check_call(f"call_{self._calls}", body["name"], body["arguments"], tools)
         return Reply(content, [tool_call], time.monotonic() - start, notes)
 
     def _choose(self, logits, state) -> tuple[int, str]:
