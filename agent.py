@@ -28,15 +28,15 @@ from chat_backends import BackendError, BackendTimeout, make_backend
 from config import ConfigError, check, load_config
 from sparql import SparqlClient, SparqlError
 
-FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "step_limit": "timeout",
-           "time_limit": "timeout", "error": "error", "cancelled": "error"}  # evaluate.py's failure kinds
+FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "loop": "dead_end",  # as evaluate.py
+           "step_limit": "timeout", "time_limit": "timeout", "error": "error", "cancelled": "error"}  # counts failures
 
 
 @dataclass
 class AgentResult:
     question: str
     task: str
-    status: str  # answer, cancel, no_answer, step_limit, time_limit, error, cancelled
+    status: str  # answer, cancel, no_answer, loop, step_limit, time_limit, error, cancelled
     sparql: str | None = None  # the answer's query, else cancel's best attempt, else the last one executed
     kg: str | None = None
     answer: str | None = None  # the answer text (general-qa: the answer itself)
@@ -101,6 +101,7 @@ class Agent:
             self._call(r, messages, functions, "call_examples", name, args, deadline, emit)
 
         # --- model turns until answer / cancel, a turn without calls, or a limit
+        turn, loops = None, 0
         while True:
             if cancel is not None and cancel.is_set():
                 r.status = "cancelled"
@@ -122,6 +123,19 @@ class Agent:
                  seconds=round(reply.seconds, 2), notes="; ".join(reply.notes))
             messages.append({"role": "assistant", "content": reply.content,
                              **({"tool_calls": [c.message() for c in reply.tool_calls]} if reply.tool_calls else {})})
+            turn, last = json.dumps([reply.content, [(c.name, c.raw) for c in reply.tool_calls]]), turn
+            if turn == last:  # the same turn again: not run again; the model is told (GRASP's loop check)
+                loops += 1
+                emit("loop", step=r.steps, loops=loops)
+                if loops > self.o.max_loops:
+                    r.status, r.error = "loop", f"the model repeated its turn {loops + 1} times in a row"
+                    break
+                messages += [{"role": "tool", "tool_call_id": c.id, "content": "Not run: the same call as before."}
+                             for c in reply.tool_calls]
+                messages.append({"role": "user", "content": "You repeated your last turn exactly. Change your "
+                                                            "approach to make progress."})
+                turn = None
+                continue
             stop = not reply.tool_calls
             if stop:
                 emit("no_call", step=r.steps)
@@ -138,6 +152,7 @@ class Agent:
             if not (self.o.feedback and r.feedbacks < self.o.max_feedbacks) or \
                     not self._feedback(r, messages, first, names, deadline, emit):
                 break
+            turn = None  # sent back: answering the same again is no loop
         self._output(r, messages[first:])
         r.timings["total"] = time.monotonic() - start
         emit("output", status=r.status, kg=r.kg, sparql=r.sparql, answer=r.answer, explanation=r.explanation,

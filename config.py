@@ -66,6 +66,7 @@ class AgentConfig:
     feedback: bool = False  # GRASP-F: a second pass judges the answer and may send the agent back
     max_feedbacks: int = 2
     max_steps: int = 30  # model turns per question
+    max_loops: int = 1  # times the model may repeat its last turn exactly (it is told); then the run stops
     time_limit_s: float = 300.0  # per question, model and functions together
     search_top_k: int = 10  # results of SEN, SPR, SPE, SOP
     list_k: int = 10  # triples shown by LST
@@ -207,7 +208,7 @@ def check(config: Config) -> None:
         (a.task in TASKS, f"agent.task = {a.task!r} must be one of {', '.join(TASKS)}"),
         (a.max_steps >= 1, f"agent.max_steps = {a.max_steps} must be >= 1"),
         (a.time_limit_s > 0, f"agent.time_limit_s = {a.time_limit_s} must be > 0"),
-        (a.max_feedbacks >= 0, f"agent.max_feedbacks = {a.max_feedbacks} must be >= 0"),
+        (a.max_feedbacks >= 0 and a.max_loops >= 0, "agent.max_feedbacks and agent.max_loops must be >= 0"),
         (min(a.search_top_k, a.list_k, a.result_max_rows, a.result_max_columns, a.num_examples) >= 1,
          "agent.search_top_k, list_k, result_max_rows, result_max_columns and num_examples must be >= 1"),
         (len(set(names)) == len(names), f"knowledge graph names must be unique: {names}"),

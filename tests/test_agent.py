@@ -144,11 +144,23 @@ def test_general_qa_answers_with_text(kg):
 
 
 def test_step_limit_holds_for_a_model_that_never_answers(kg):
-    agent, _ = agent_with(kg, [reply(call("execute", kg="wikidata", sparql="ASK { ?s ?p ?o }"))], max_steps=3)
+    queries = [f"SELECT ?s WHERE {{ ?s ?p ?o }} LIMIT {n}" for n in range(1, 6)]
+    agent, _ = agent_with(kg, [reply(call("execute", kg="wikidata", sparql=q)) for q in queries], max_steps=3)
     r = agent.run("q?")
     assert (r.status, r.steps, r.failure) == ("step_limit", 3, "timeout")
-    assert r.sparql == "ASK { ?s ?p ?o }"  # GRASP's fallback: the last executed query
+    assert r.sparql == queries[2]  # GRASP's fallback: the last executed query
     assert r.trace[-2] == {"event": "limit", "kind": "step_limit", "steps": 3, "seconds": r.trace[-2]["seconds"]}
+
+
+def test_a_repeated_turn_is_not_run_again_and_a_second_repeat_stops_the_run(kg):
+    same = reply(call("execute", kg="wikidata", sparql="ASK { ?s ?p ?o }"))
+    agent, backend = agent_with(kg, [same], max_loops=1)
+    r = agent.run("q?")
+    # turn 2 repeats turn 1: not run, the model is told; turn 3 counts afresh (as in GRASP); turn 4 repeats it
+    assert (r.status, r.steps, r.calls["execute"], r.failure) == ("loop", 4, 2, "dead_end")
+    told = backend.asked[2]["messages"]
+    assert told[-2]["content"] == "Not run: the same call as before." and "repeated your last turn" in told[-1]["content"]
+    assert [e["loops"] for e in r.trace if e["event"] == "loop"] == [1, 2]
 
 
 def test_time_limit_holds_and_the_deadline_reaches_the_backend(kg):
