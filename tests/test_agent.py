@@ -14,6 +14,7 @@ import pytest
 import defaults
 import evaluate
 from agent import Agent
+import agent_eval
 from agent_eval import EvalPipeline
 from chat_backends import BackendError, BackendTimeout, Reply, ToolCall
 from config import AgentConfig, ConfigError, load_config
@@ -272,3 +273,11 @@ def test_evaluate_runs_the_agent_with_the_same_scoring(kg, demo_endpoint, tmp_pa
     assert json.loads((tmp_path / "run" / "config.json").read_text())["agent"]["options"]["know_before_use"] is True
     with pytest.raises(ValueError, match="not with --system agent"):
         evaluate.main(argparse.Namespace(**{**vars(args), "oracle_skeleton": True}))
+
+
+def test_eval_setup_evaluates_the_given_endpoint_and_names_a_missing_model(demo_endpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRASP_MODEL_MODEL_DIR", str(tmp_path / "no-model"))
+    settings, make = agent_eval.eval_setup(None, demo_endpoint, demo_index(demo_endpoint))
+    assert settings["kg"] == "wikidata" and settings["model"]["model_dir"] == str(tmp_path / "no-model")
+    with pytest.raises(ValueError, match="no model at .*get_model.py"):
+        make()
