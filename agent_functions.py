@@ -60,8 +60,8 @@ class KnowledgeGraph:
             indices = load_indices(Path(k.index)) if k.index else None
         except FileNotFoundError as e:
             raise FunctionError(f"knowledge graph {k.name}: {e} (or set its index to none)") from None
-        examples = ExampleIndex.open(k.examples, Path(k.example_index or defaults.GRISP_HOME / "examples" / k.name)) \
-            if k.examples else None
+        where = Path(k.example_index or defaults.GRISP_HOME / "examples" / Path(k.examples or "").stem)
+        examples = ExampleIndex.open(k.examples, where) if k.examples else None
         prefixes = {**PREFIXES, **k.prefixes}
         return cls(k.name, SparqlClient(k.endpoint, retries=1, prefixes=prefixes), indices, k.description, prefixes, examples)
 

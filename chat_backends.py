@@ -210,7 +210,7 @@ def qwen_tool_prompt(messages: list[dict], tools: list[dict], add_generation_pro
 
 
 class LocalBackend:
-    """Our Qwen2.5 with constrained tool calls; greedy decoding, one call per turn.
+    """Our Qwen2.5 with constrained tool calls, one call per turn; greedy, or sampled at `temperature`.
 
     A turn: free text (the model's reasoning) for at most `max_reasoning_tokens`, until the model starts
     a `<tool_call>` (or writes `{"name"` without it, as small models do) or ends its turn; then, with
@@ -221,8 +221,9 @@ class LocalBackend:
 
     def __init__(self, model_dir: str | Path, adapter: str | Path | None = None, device: str = "auto",
                  max_reasoning_tokens: int = 128, max_call_tokens: int = 768, max_string: int = 1500,
-                 tool_choice: str = "required", model=None, tokenizer=None):
-        import torch  # noqa: F401  (the model stack only when this backend is used)
+                 tool_choice: str = "required", temperature: float | None = None, seed: int = 0,
+                 model=None, tokenizer=None):
+        import torch  # (the model stack only when this backend is used)
         from cpu_speed import prepare_for_inference
         from model import Transformer, pick_device
         from tokenizer import Tokenizer
@@ -238,7 +239,8 @@ class LocalBackend:
             prepare_for_inference(model)
         self.model, self.tokenizer = model, tokenizer or Tokenizer(model_dir)
         self.max_reasoning_tokens, self.max_call_tokens = max_reasoning_tokens, max_call_tokens
-        self.max_string, self.tool_choice = max_string, tool_choice
+        self.max_string, self.tool_choice, self.temperature = max_string, tool_choice, temperature
+        self._generator = torch.Generator().manual_seed(seed)  # sampling (temperature > 0) only
         self.name = f"local:{model_dir.name}" + (f"+{Path(adapter).name}" if adapter else "")
         self._cache, self._ids, self._calls = None, [], 0  # the KV cache, the token ids it holds, calls made
         self._texts: dict[int, str] = {}  # token id -> its text (complete characters only, else "")
@@ -258,7 +260,7 @@ class LocalBackend:
         # --- free text until the model opens a call or ends its turn
         text, boundaries, stop = "", [len(self._ids)], "budget"  # cache length after each generated token
         for _ in range(self.max_reasoning_tokens if tools else self.max_reasoning_tokens + self.max_call_tokens):
-            token = int(logits.argmax())
+            token = self._sample(logits, None)
             if token in eos:
                 stop = "end"
                 break
@@ -302,15 +304,30 @@ class LocalBackend:
     def _choose(self, logits, state) -> tuple[int, str]:
         """The most likely token whose text keeps the call inside the grammar (the top 64 are tried,
         then the best single character the grammar allows: there always is one)."""
+        fits = {}
         for token in logits.topk(min(64, logits.shape[-1])).indices.tolist():
             piece = self._text(token)
             if piece and state.consume(piece) is not None:
-                return token, piece
+                fits[token] = piece
+                if not self.temperature:
+                    break
+        if fits:
+            token = self._sample(logits, list(fits))
+            return token, fits[token]
         allowed = [(float(logits[ids[0]]), c, ids[0]) for c, ids in self._char_ids.items()
                    if len(ids) == 1 and state.step(c) is not None]
         assert allowed, f"the grammar allows no ASCII character after {state.shortest()!r}"
         _, char, token = max(allowed)
         return token, char
+
+    def _sample(self, logits, among: list[int] | None) -> int:
+        """The most likely token (of `among`, else of all), or one drawn from softmax(logits / temperature)."""
+        import torch
+        ids = torch.tensor(among) if among is not None else torch.arange(logits.shape[-1])
+        if not self.temperature:
+            return int(ids[int(logits[ids].argmax())])
+        probs = torch.softmax(logits[ids] / self.temperature, dim=-1)
+        return int(ids[int(torch.multinomial(probs, 1, generator=self._generator))])
 
     def _text(self, token: int) -> str:
         if token not in self._texts:
@@ -356,5 +373,6 @@ def make_backend(model_config) -> "OpenAIBackend | LocalBackend":
         return OpenAIBackend(m.base_url, m.model, os.environ.get(m.api_key_env) if m.api_key_env else None,
                              m.timeout_s, m.temperature, m.tool_choice)
     if m.backend == "local":
-        return LocalBackend(m.model_dir, m.adapter, m.device, m.max_reasoning_tokens, m.max_call_tokens)
+        return LocalBackend(m.model_dir, m.adapter, m.device, m.max_reasoning_tokens, m.max_call_tokens,
+                            temperature=m.temperature)
     raise ValueError(f"unknown backend {m.backend!r}; use 'local' or 'openai'")

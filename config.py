@@ -38,12 +38,13 @@ class KgConfig:
     description: str = ""  # one line for the system instruction
     prefixes: dict = field(default_factory=dict)  # extra prefixes beyond sparql_syntax.PREFIXES
     examples: str | None = None  # question-SPARQL pairs for FSE/FEX: a benchmark name or a JSONL file
-    example_index: str | None = None  # where their embedding index lives (default GRISP_HOME/examples/<name>)
+    example_index: str | None = None  # where their embedding index lives (default GRISP_HOME/examples/<examples>)
 
 
 @dataclass
 class ModelConfig:
     backend: str = "local"  # "local" (our model in-process) or "openai" (any OpenAI-compatible API)
+    temperature: float | None = None  # None: greedy (local), the server's default (openai)
     # local backend
     model_dir: str = str(defaults.MODEL_DIR)
     adapter: str | None = None  # a LoRA adapter directory (PEFT layout); None: the base model
@@ -55,7 +56,6 @@ class ModelConfig:
     model: str = ""  # the model name the server expects
     api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the key ("" for none)
     timeout_s: float = 120.0
-    temperature: float | None = None  # None: the server's default
     tool_choice: str = "auto"  # "auto" or "required" (the local backend always requires a call)
 
 

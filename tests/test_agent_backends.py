@@ -237,8 +237,9 @@ def test_constrained_decoding_always_yields_a_call_that_fits(tiny_models):
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Who directed Pulp Fiction?"}]
     for model_dir in tiny_models:
-        for reasoning, budget in [(0, 400), (6, 400), (0, 8)]:
-            backend = LocalBackend(model_dir, max_reasoning_tokens=reasoning, max_call_tokens=budget, max_string=60)
+        for reasoning, budget, temperature in [(0, 400, None), (6, 400, None), (0, 8, None), (6, 400, 1.0)]:
+            backend = LocalBackend(model_dir, max_reasoning_tokens=reasoning, max_call_tokens=budget, max_string=60,
+                                   temperature=temperature)
             reply = backend.chat(messages, TOOLS)
             assert len(reply.tool_calls) == 1 and reply.tool_calls[0].error is None
             call = reply.tool_calls[0]
@@ -303,3 +304,13 @@ def test_a_call_written_without_its_tag_is_decoded_under_the_grammar(tiny_models
     call = reply.tool_calls[0]
     # the model's own choice of function and kg survive; its unknown key "entity" could not be written
     assert (call.name, call.arguments, call.error) == ("search_entity", {"kg": "wikidata", "query": ""}, None)
+
+
+def test_sampling_is_seeded(tiny_models):
+    messages = [{"role": "user", "content": "Who directed Pulp Fiction?"}]
+
+    def sampled(seed):
+        return LocalBackend(tiny_models[2], max_reasoning_tokens=4, max_call_tokens=30, temperature=1.0,
+                            seed=seed).chat(messages, TOOLS)
+    a, b = sampled(1), sampled(1)
+    assert (a.content, a.tool_calls[0].raw) == (b.content, b.tool_calls[0].raw)
