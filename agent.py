@@ -127,11 +127,11 @@ class Agent:
             if turn == last:  # the same turn again: not run again; the model is told (GRASP's loop check)
                 loops += 1
                 emit("loop", step=r.steps, loops=loops)
+                messages += [{"role": "tool", "tool_call_id": c.id, "content": "Not run: the same call as before."}
+                             for c in reply.tool_calls]  # every call gets an answer: `past` stays a valid chat
                 if loops > self.o.max_loops:
                     r.status, r.error = "loop", f"the model repeated its turn {loops + 1} times in a row"
                     break
-                messages += [{"role": "tool", "tool_call_id": c.id, "content": "Not run: the same call as before."}
-                             for c in reply.tool_calls]
                 messages.append({"role": "user", "content": "You repeated your last turn exactly. Change your "
                                                             "approach to make progress."})
                 turn = None

@@ -162,6 +162,7 @@ def test_a_repeated_turn_is_not_run_again_and_a_second_repeat_stops_the_run(kg):
     told = backend.asked[2]["messages"]
     assert told[-2]["content"] == "Not run: the same call as before." and "repeated your last turn" in told[-1]["content"]
     assert [e["loops"] for e in r.trace if e["event"] == "loop"] == [1, 2]
+    assert r.messages[-1] == {"role": "tool", "tool_call_id": same.tool_calls[0].id, "content": "Not run: the same call as before."}
 
 
 def test_time_limit_holds_and_the_deadline_reaches_the_backend(kg):
