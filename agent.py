@@ -9,7 +9,7 @@ earlier result showed; with feedback (GRASP-F) a second pass judges the output a
 back (at most max_feedbacks times). Follow-up questions carry the earlier turns (`past`).
 
     python agent.py "Who directed Pulp Fiction?"                 # local model, demo KG, trace printed
-    python agent.py --config grasp.toml --backend openai --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct "..."
+    python agent.py --backend openai --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-7B-Instruct "..."
     python agent.py --file questions.jsonl --out answers.jsonl   # {"question": ...} per line
     python agent.py --follow-up "Who directed Pulp Fiction?"     # then more questions from stdin, same conversation
 """
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from agent_functions import FunctionError, Functions, KnowledgeGraph, check_known, table
-from agent_prompts import FEEDBACK_TOOL, feedback_messages, system_instruction, task_definitions
+from agent_prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
 from benchmarks import read_jsonl
 from chat_backends import BackendError, BackendTimeout, make_backend
 from config import ConfigError, check, load_config
@@ -73,7 +73,8 @@ class Agent:
         names = kgs or list(self.kgs)
         unknown = [n for n in names if n not in self.kgs]
         if unknown or task not in ("sparql-qa", "general-qa") or not question.strip():
-            raise ValueError(f"bad question, task {task!r} or knowledge graphs {unknown} (configured: {', '.join(self.kgs)})")
+            raise ValueError(f"bad question, task {task!r} or knowledge graphs {unknown} "
+                             f"(configured: {', '.join(self.kgs)})")
         functions = Functions({n: self.kgs[n] for n in names}, self.o)
         tools = functions.definitions() + task_definitions(task, names)
         prefixes = {k: v for n in names for k, v in self.kgs[n].prefixes.items()}
@@ -96,8 +97,9 @@ class Agent:
         if forced in names and self.kgs[forced].examples is not None and not past_messages:
             name = "find_examples" if self.o.random_examples else "find_similar_examples"
             args = {"kg": forced} | ({} if self.o.random_examples else {"question": question})
-            messages.append({"role": "assistant", "content": "", "tool_calls": [
-                {"id": "call_examples", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]})
+            forced_call = {"id": "call_examples", "type": "function",
+                           "function": {"name": name, "arguments": json.dumps(args)}}
+            messages.append({"role": "assistant", "content": "", "tool_calls": [forced_call]})
             self._call(r, messages, functions, "call_examples", name, args, deadline, emit)
 
         # --- model turns until answer / cancel, a turn without calls, or a limit
@@ -168,7 +170,8 @@ class Agent:
                 raise FunctionError("not run: the time limit is reached")
             if name in ("answer", "cancel"):  # with know_before_use, their query is checked like EXE's
                 best = args.get("best_attempt") if isinstance(args.get("best_attempt"), dict) else {}
-                kg, sparql = (args.get("kg"), args.get("sparql")) if name == "answer" else (best.get("kg"), best.get("sparql"))
+                kg, sparql = (args.get("kg"), args.get("sparql")) if name == "answer" else \
+                    (best.get("kg"), best.get("sparql"))
                 if self.o.know_before_use and sparql and r.task == "sparql-qa":
                     check_known(functions.kg(kg), sparql, r.known)
                 result, stop = "Stopping.", True
@@ -216,18 +219,11 @@ class Agent:
         self._output(r, messages[first:])
         if r.status not in ("answer", "cancel"):
             return False
-        if r.status == "answer":
-            output = f"The system answered: {r.answer}"
-            if r.sparql:
-                output += f"\n\nSPARQL query over {r.kg}:\n```sparql\n{r.sparql}\n```\n\n{self._result_text(r, deadline)}"
-        else:
-            output = f"The system gave up: {r.explanation}"
-            if r.sparql:
-                output += f"\n\nIts best attempt over {r.kg}:\n```sparql\n{r.sparql}\n```"
+        result = self.result_text(r, deadline) if r.status == "answer" and r.sparql else ""
         questions = [m["content"] for m in messages if m["role"] == "user" and not m["content"].startswith("Feedback")]
+        judged = feedback_messages(questions, output_text(r, result), [self.kgs[n] for n in names])
         try:
-            reply = self.backend.chat(feedback_messages(questions, output, [self.kgs[n] for n in names]),
-                                      [FEEDBACK_TOOL], deadline, tool_choice="required")
+            reply = self.backend.chat(judged, [FEEDBACK_TOOL], deadline, tool_choice="required")
         except BackendError as e:
             emit("feedback_error", error=str(e))
             return False
@@ -245,7 +241,8 @@ class Agent:
         messages.append({"role": "user", "content": f"Feedback on your output ({status}):\n{text}"})
         return True
 
-    def _result_text(self, r: AgentResult, deadline: float) -> str:
+    def result_text(self, r: AgentResult, deadline: float) -> str:
+        """The output's query run again, as a table (for the judge and the command line)."""
         kg = self.kgs.get(r.kg)
         if kg is None:
             return ""
@@ -270,12 +267,8 @@ def build_agent(config) -> Agent:
 
 # ---------------------------------------------------------------------------- command line
 
-def print_event(e: dict) -> None:
-    """The trace as it happens: model turns, calls with their results (cut), feedback, limits."""
-    print(event_text(e), flush=True)
-
-
 def event_text(e: dict) -> str:
+    """A trace event for people: model turns, calls with their results (cut), feedback, limits."""
     kind, lines = e["event"], str(e.get("result", "")).splitlines()
     if kind == "question":
         return f"question: {e['question']}  [{e['task']} over {e['kgs']}; {e['backend']}]"
@@ -284,7 +277,8 @@ def event_text(e: dict) -> str:
                 + (f"\n  note: {e['notes']}" if e["notes"] else ""))
     if kind == "call":
         more = f"\n      ... ({len(lines) - 30} more lines)" if len(lines) > 30 else ""
-        return f"  -> {e['name']}({e['arguments']})  ({e['seconds']} s)\n" + "\n".join("      " + x for x in lines[:30]) + more
+        shown = "\n".join("      " + line for line in lines[:30])
+        return f"  -> {e['name']}({e['arguments']})  ({e['seconds']} s)\n{shown}{more}"
     if kind == "output":
         return f"\nstatus: {e['status']} after {e['steps']} steps, {e['seconds']} s"
     return f"  [{kind}] " + ", ".join(f"{k}={v}" for k, v in e.items() if k != "event")
@@ -318,10 +312,11 @@ def main(args: argparse.Namespace) -> int:
     past, code = None, 0
     while questions:
         q = questions.pop(0)
-        r = agent.run(q["question"], kgs=args.kg, past=past, on_event=None if args.quiet else print_event)
+        r = agent.run(q["question"], kgs=args.kg, past=past,
+                      on_event=None if args.quiet else lambda e: print(event_text(e), flush=True))
         print(f"answer: {r.answer or r.explanation or '-'}\nsparql: {r.sparql or '-'}")
         if r.sparql and r.kg in agent.kgs and r.task == "sparql-qa":
-            print(agent._result_text(r, time.monotonic() + config.agent.sparql_timeout_s))
+            print(agent.result_text(r, time.monotonic() + config.agent.sparql_timeout_s))
         if r.error:
             print(f"error: {r.error}", file=sys.stderr)
             code = 1
@@ -347,11 +342,14 @@ if __name__ == "__main__":
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("question", nargs="?", help="the question (or --file)")
     # data
-    parser.add_argument("--config", default=None, help="TOML or JSON config file (see grasp.toml); default $GRASP_CONFIG or built-in defaults")
+    parser.add_argument("--config", default=None,
+                        help="TOML or JSON config file (see grasp.toml); default $GRASP_CONFIG or built-in defaults")
     parser.add_argument("--file", default=None, help="JSONL file of questions ({\"question\": ...} per line)")
     parser.add_argument("--out", default=None, help="write one JSON record per question (answer, query, trace) here")
-    parser.add_argument("--kg", action="append", default=None, help="use only this configured knowledge graph (repeatable)")
-    parser.add_argument("--follow-up", action="store_true", help="after the answer, read follow-up questions from stdin")
+    parser.add_argument("--kg", action="append", default=None,
+                        help="use only this configured knowledge graph (repeatable)")
+    parser.add_argument("--follow-up", action="store_true",
+                        help="after the answer, read follow-up questions from stdin")
     parser.add_argument("--quiet", action="store_true", help="print only the answers, not the trace")
     # model (override the config)
     parser.add_argument("--backend", choices=["local", "openai"], default=None, help="model backend")
@@ -360,7 +358,8 @@ if __name__ == "__main__":
     parser.add_argument("--base-url", default=None, help="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--model", default=None, help="openai backend: model name")
     # agent (override the config)
-    parser.add_argument("--task", choices=["sparql-qa", "general-qa"], default=None, help="answer with a query or with text")
+    parser.add_argument("--task", choices=["sparql-qa", "general-qa"], default=None,
+                        help="answer with a query or with text")
     parser.add_argument("--feedback", action="store_true", help="GRASP-F: judge the answer, maybe try again")
     parser.add_argument("--no-know-before-use", action="store_true", help="allow IRIs no earlier result showed")
     parser.add_argument("--max-steps", type=int, default=None, help="model turns per question")

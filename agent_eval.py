@@ -40,7 +40,8 @@ def eval_setup(config_path: str | None, endpoint: str, index) -> tuple[dict, Cal
     """evaluate.py --system agent: the settings to save, and a maker of the pipeline (the config file's
     model and options over the one knowledge graph evaluated: evaluate's --endpoint and --index)."""
     config = load_config(config_path)
-    config.knowledge_graphs = [replace(config.knowledge_graphs[0], endpoint=endpoint, index=str(index) if index else None)]
+    evaluated = replace(config.knowledge_graphs[0], endpoint=endpoint, index=str(index) if index else None)
+    config.knowledge_graphs = [evaluated]
     check(config)
     settings = {"config_file": config.source, "kg": config.knowledge_graphs[0].name,
                 "model": asdict(config.model), "options": asdict(config.agent)}

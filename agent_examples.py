@@ -66,7 +66,8 @@ def example_definitions(kgs: list[str], k: int, random_examples: bool) -> list[d
     kg = {"kg": string_arg("the knowledge graph", kgs)}
     if random_examples:
         return [tool_def("find_examples", f"Get {k} random example questions with their SPARQL queries over the "
-                    "knowledge graph; they show how its queries are written. Example: find_examples(kg=\"wikidata\")", kg)]
+                    "knowledge graph; they show how its queries are written. "
+                    "Example: find_examples(kg=\"wikidata\")", kg)]
     return [tool_def("find_similar_examples", f"Get the {k} example questions most similar to a given question, with "
                 "their SPARQL queries over the knowledge graph. Example: find_similar_examples(kg=\"wikidata\", "
                 "question=\"Where was Angela Merkel born?\")", kg | {"question": string_arg("the question")})]

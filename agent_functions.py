@@ -63,7 +63,8 @@ class KnowledgeGraph:
         where = Path(k.example_index or defaults.GRISP_HOME / "examples" / Path(k.examples or "").stem)
         examples = ExampleIndex.open(k.examples, where) if k.examples else None
         prefixes = {**PREFIXES, **k.prefixes}
-        return cls(k.name, SparqlClient(k.endpoint, retries=1, prefixes=prefixes), indices, k.description, prefixes, examples)
+        client = SparqlClient(k.endpoint, retries=1, prefixes=prefixes)
+        return cls(k.name, client, indices, k.description, prefixes, examples)
 
     def query(self, sparql: str, deadline: float | None = None, timeout_s: float = 30.0) -> Result:
         """Run a query; the read timeout never passes the agent's deadline."""
@@ -192,7 +193,8 @@ def kg_definitions(kgs: list[str], k: int, list_k: int, indexed: bool) -> list[d
             "(leave out a position to leave it open). Example: list(kg=\"wikidata\", subject=\"wd:Q937\") "
             "shows facts about Albert Einstein; list(kg=\"wikidata\", property=\"wdt:P19\") shows how "
             "place of birth is used.", kg,
-            {"subject": string_arg("an IRI"), "property": string_arg("an IRI"), "object": string_arg("an IRI or a literal")}),
+            {"subject": string_arg("an IRI"), "property": string_arg("an IRI"),
+             "object": string_arg("an IRI or a literal")}),
     ]
     if indexed:
         fns += [
@@ -200,13 +202,16 @@ def kg_definitions(kgs: list[str], k: int, list_k: int, indexed: bool) -> list[d
                 "their IRIs. Example: search_entity(kg=\"wikidata\", query=\"albert einstein\")",
                 kg | {"query": string_arg("the search text")}),
             tool_def("search_property", f"Search the properties of a knowledge graph by meaning; returns the top {k}. "
-                "Example: search_property(kg=\"wikidata\", query=\"place of birth\")", kg | {"query": string_arg("the search text")}),
-            tool_def("search_property_of_entity", f"Search only the properties the given entity has; returns the top {k}. "
+                "Example: search_property(kg=\"wikidata\", query=\"place of birth\")",
+                kg | {"query": string_arg("the search text")}),
+            tool_def("search_property_of_entity", "Search only the properties the given entity has; returns the top "
+                f"{k}. "
                 "Example: search_property_of_entity(kg=\"wikidata\", entity=\"wd:Q937\", query=\"birth\")",
                 kg | {"entity": string_arg("the entity's IRI"), "query": string_arg("the search text")}),
             tool_def("search_object_of_property", f"Search only the entities that are objects of the given property; "
                 f"returns the top {k}. Example: search_object_of_property(kg=\"wikidata\", property=\"wdt:P106\", "
-                "query=\"football\")", kg | {"property": string_arg("the property's IRI"), "query": string_arg("the search text")}),
+                "query=\"football\")",
+                kg | {"property": string_arg("the property's IRI"), "query": string_arg("the search text")}),
         ]
     return fns
 
@@ -271,7 +276,8 @@ class Functions:
         fixed = {"s": s and kg.term(s, "subject"), "p": p and kg.term(p, "property"), "o": o and kg.term(o, "object")}
         pattern = " ".join(fixed[v] or f"?{v}" for v in "spo")
         try:
-            result = kg.query(f"SELECT * WHERE {{ {pattern} }} LIMIT {LIST_LIMIT + 1}", deadline, self.o.sparql_timeout_s)
+            result = kg.query(f"SELECT * WHERE {{ {pattern} }} LIMIT {LIST_LIMIT + 1}", deadline,
+                              self.o.sparql_timeout_s)
         except SparqlError as e:
             raise FunctionError(f"listing the triples failed ({type(e).__name__}): {e}") from None
         more, rows = len(result.rows) > LIST_LIMIT, result.rows[:LIST_LIMIT]
@@ -324,7 +330,8 @@ class Functions:
                                f"Searching without the constraint, its query failed ({type(e).__name__}: {e}).\n")
         iris = [canonical(i) for i in result.iris()]
         if len(result.rows) >= CONSTRAINT_LIMIT:
-            return self.search(kg, kind, query, None, known, "Searching without the constraint (too many candidates).\n")
+            note = "Searching without the constraint (too many candidates).\n"
+            return self.search(kg, kind, query, None, known, note)
         return self.search(kg, kind, query, iris, known)
 
 

@@ -3,8 +3,8 @@ ANS / CAN, and the judge of GRASP-F (GRASP paper Section 3.1 and the demo's task
 Written in our own words after the authors' public instructions; only text, no logic.
 
     system_instruction("sparql-qa", kgs)                  # role, method, knowledge graphs, prefixes, rules
-    task_definitions("sparql-qa", ["wikidata"])           # answer(kg, sparql, answer), cancel(explanation, best_attempt)
-    feedback_messages(question, output_text)              # the judge's conversation; it must call give_feedback
+    task_definitions("sparql-qa", ["wikidata"])           # answer(kg, sparql, answer), cancel(explanation, ...)
+    feedback_messages(questions, output_text(result, table))   # the judge's conversation: it calls give_feedback
 """
 from agent_functions import string_arg, tool_def
 
@@ -88,6 +88,16 @@ knowledge graphs with SPARQL queries. You are given the user's question and eith
 (its final SPARQL query, the knowledge graph, the query's result and a short answer) or its explanation \
 why it gave up. Judge whether the output answers the question correctly and completely, then call \
 give_feedback."""
+
+
+def output_text(r, result: str) -> str:
+    """What the judge reads about an agent.AgentResult: the answer, its query and `result` (the query's
+    result as text), or the explanation of a cancel and its best attempt."""
+    if r.status == "answer":
+        query = f"\n\nSPARQL query over {r.kg}:\n```sparql\n{r.sparql}\n```\n\n{result}" if r.sparql else ""
+        return f"The system answered: {r.answer}{query}"
+    attempt = f"\n\nIts best attempt over {r.kg}:\n```sparql\n{r.sparql}\n```" if r.sparql else ""
+    return f"The system gave up: {r.explanation}{attempt}"
 
 
 def feedback_messages(questions: list[str], output: str, kgs: list) -> list[dict]:

@@ -292,7 +292,7 @@ class LocalBackend:
             forced = "" if state.exact else state.forced()
             state = state.consume(forced)
             call += piece + forced
-            logits = self._feed([token, *self.tokenizer.encode(forced)], deadline) if forced else self._feed([token], deadline)
+            logits = self._feed([token, *(self.tokenizer.encode(forced) if forced else [])], deadline)
         if not state.exact:
             notes.append(f"the call reached {self.max_call_tokens} tokens and was closed by the grammar")
         call += state.shortest()

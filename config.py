@@ -93,7 +93,8 @@ class Config:
         for kg in self.knowledge_graphs:
             if kg.name == name:
                 return kg
-        raise ConfigError(f"no knowledge graph {name!r}; configured: {', '.join(k.name for k in self.knowledge_graphs)}")
+        names = ", ".join(k.name for k in self.knowledge_graphs)
+        raise ConfigError(f"no knowledge graph {name!r}; configured: {names}")
 
 
 def convert(value, typ, where: str):
@@ -168,7 +169,8 @@ def load_config(path: str | Path | None = None, env: dict | None = None) -> Conf
         base_dir = path.parent
         unknown = sorted(set(data) - {"knowledge_graphs", "model", "agent", "server"})
         if unknown:
-            raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; known: knowledge_graphs, model, agent, server")
+            raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; "
+                              f"known: knowledge_graphs, model, agent, server")
     config = Config(source=str(path) if path else None)
     if "knowledge_graphs" in data:
         kgs = data["knowledge_graphs"]

@@ -85,7 +85,8 @@ def test_feedback_sends_the_agent_back_until_done(kg):
     class Backend(Scripted):
         def chat(self, messages, tools, deadline=None, tool_choice=None):
             step = script.pop(0)
-            self.asked.append({"messages": messages, "tools": [t["function"]["name"] for t in tools], "tool_choice": tool_choice})
+            names = [t["function"]["name"] for t in tools]
+            self.asked.append({"messages": messages, "tools": names, "tool_choice": tool_choice})
             if step == "judge":
                 assert [t["function"]["name"] for t in tools] == ["give_feedback"] and tool_choice == "required"
                 return reply(call("give_feedback", status=next(judge_verdicts), feedback="use the director property"))
@@ -113,7 +114,8 @@ def test_follow_up_carries_the_past_turns_and_known_iris(kg):
     second = agent.run("And who directed it, once more?", past=past)
     asked = backend.asked[-2]["messages"]
     assert asked[0]["role"] == "system" and sum(m["role"] == "system" for m in asked) == 1
-    assert asked[1] == {"role": "user", "content": "Who directed Pulp Fiction?"} and asked[-1]["content"] == "And who directed it, once more?"
+    assert asked[1] == {"role": "user", "content": "Who directed Pulp Fiction?"}
+    assert asked[-1]["content"] == "And who directed it, once more?"
     assert len(asked) == len(first.messages) + 1
     # the IRIs known from the first question let the follow-up execute at once (know_before_use is on)
     assert "Quentin Tarantino" in second.trace[2]["result"] and second.status == "answer"
@@ -141,7 +143,8 @@ def test_general_qa_answers_with_text(kg):
     r = agent.run("Tell me about Tarantino.")
     assert (r.status, r.answer, r.sparql) == ("answer", "Quentin Tarantino, an American filmmaker.", None)
     answer_tool = [t for t in backend.asked[0]["tools"]]
-    assert answer_tool[-2:] == ["answer", "cancel"] and "answer the user's question" in backend.asked[0]["messages"][0]["content"]
+    assert answer_tool[-2:] == ["answer", "cancel"]
+    assert "answer the user's question" in backend.asked[0]["messages"][0]["content"]
 
 
 def test_step_limit_holds_for_a_model_that_never_answers(kg):
@@ -160,9 +163,11 @@ def test_a_repeated_turn_is_not_run_again_and_a_second_repeat_stops_the_run(kg):
     # turn 2 repeats turn 1: not run, the model is told; turn 3 counts afresh (as in GRASP); turn 4 repeats it
     assert (r.status, r.steps, r.calls["execute"], r.failure) == ("loop", 4, 2, "dead_end")
     told = backend.asked[2]["messages"]
-    assert told[-2]["content"] == "Not run: the same call as before." and "repeated your last turn" in told[-1]["content"]
+    assert told[-2]["content"] == "Not run: the same call as before."
+    assert "repeated your last turn" in told[-1]["content"]
     assert [e["loops"] for e in r.trace if e["event"] == "loop"] == [1, 2]
-    assert r.messages[-1] == {"role": "tool", "tool_call_id": same.tool_calls[0].id, "content": "Not run: the same call as before."}
+    assert r.messages[-1] == {"role": "tool", "tool_call_id": same.tool_calls[0].id,
+                              "content": "Not run: the same call as before."}  # `past` stays a valid chat
 
 
 def test_time_limit_holds_and_the_deadline_reaches_the_backend(kg):
@@ -182,7 +187,7 @@ def test_time_limit_holds_and_the_deadline_reaches_the_backend(kg):
 
 
 def test_malformed_calls_are_reported_back_and_a_down_backend_is_an_error(kg):
-    bad = ToolCall("c1", "exeute", {}, '{"kg": "wikidata"}', "there is no function 'exeute'; the functions are execute, ...")
+    bad = ToolCall("c1", "exeute", {}, '{"kg": "wikidata"}', "there is no function 'exeute'; the functions are ...")
     agent, backend = agent_with(kg, [Reply("", [bad]), reply(call("cancel", explanation="gave up"))])
     r = agent.run("q?")
     assert [e["event"] for e in r.trace].count("malformed_call") == 1 and r.calls["malformed"] == 1
@@ -254,7 +259,8 @@ def test_command_line_help_and_clear_errors(tmp_path):
 def test_evaluate_runs_the_agent_with_the_same_scoring(kg, demo_endpoint, tmp_path):
     bench = tmp_path / "bench.jsonl"
     bench.write_text(json.dumps({"id": "q1", "question": "Who directed Pulp Fiction?", "sparql": QUERY}) + "\n"
-                     + json.dumps({"id": "q2", "question": "Who acted?", "sparql": "SELECT ?a WHERE { wd:Q104123 wdt:P161 ?a }"}) + "\n")
+                     + json.dumps({"id": "q2", "question": "Who acted?",
+                                   "sparql": "SELECT ?a WHERE { wd:Q104123 wdt:P161 ?a }"}) + "\n")
     script = [reply(call("search_entity", kg="wikidata", query="pulp fiction")),
               reply(call("search_property", kg="wikidata", query="director")),
               reply(call("answer", kg="wikidata", sparql=QUERY, answer="QT")),

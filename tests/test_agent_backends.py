@@ -159,15 +159,19 @@ def test_qwen_tool_prompt_matches_the_models_template():
     template = json.loads(config.read_text())["chat_template"]
     messages = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "Wer? ünïcode"},
                 {"role": "assistant", "content": "Searching.", "tool_calls": [
-                    {"id": "a", "type": "function", "function": {"name": "list", "arguments": '{"kg": "dblp", "page": 2}'}},
-                    {"id": "b", "type": "function", "function": {"name": "execute", "arguments": '{"kg": "wikidata", "sparql": "ASK {}"}'}}]},
+                    {"id": "a", "type": "function",
+                     "function": {"name": "list", "arguments": '{"kg": "dblp", "page": 2}'}},
+                    {"id": "b", "type": "function",
+                     "function": {"name": "execute", "arguments": '{"kg": "wikidata", "sparql": "ASK {}"}'}}]},
                 {"role": "tool", "tool_call_id": "a", "content": "no triples"},
                 {"role": "tool", "tool_call_id": "b", "content": "ASK result: yes"},
                 {"role": "assistant", "content": "", "tool_calls": [
                     {"id": "c", "type": "function", "function": {"name": "list", "arguments": '{"kg": "dblp"}'}}]},
                 {"role": "tool", "tool_call_id": "c", "content": "none"}]
-    hf_messages = [{**m, "tool_calls": [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
-                                         for c in m["tool_calls"]]} if "tool_calls" in m else m for m in messages]
+    def with_dict_arguments(call):  # transformers' templates take the arguments as a dict
+        return {**call, "function": {**call["function"], "arguments": json.loads(call["function"]["arguments"])}}
+    hf_messages = [{**m, "tool_calls": [with_dict_arguments(c) for c in m["tool_calls"]]} if "tool_calls" in m else m
+                   for m in messages]
     hf = PreTrainedTokenizerFast(tokenizer_file=str(defaults.MODEL_DIR / "tokenizer.json"))
     for msgs in (messages, messages[1:2]):  # with and without a system message
         hf_msgs = hf_messages if msgs is messages else hf_messages[1:2]
@@ -235,7 +239,8 @@ def tiny_models(tmp_path_factory):
 
 def test_constrained_decoding_always_yields_a_call_that_fits(tiny_models):
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    messages = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Who directed Pulp Fiction?"}]
+    messages = [{"role": "system", "content": "You are helpful."},
+                {"role": "user", "content": "Who directed Pulp Fiction?"}]
     for model_dir in tiny_models:
         for reasoning, budget, temperature in [(0, 400, None), (6, 400, None), (0, 8, None), (6, 400, 1.0)]:
             backend = LocalBackend(model_dir, max_reasoning_tokens=reasoning, max_call_tokens=budget, max_string=60,

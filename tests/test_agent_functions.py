@@ -20,7 +20,8 @@ def kg(demo_endpoint):
 
 
 def run(kg, name, known=None, **args):
-    return Functions({kg.name: kg}, AgentConfig()).call(name, {"kg": kg.name, **args}, set() if known is None else known)
+    known = set() if known is None else known
+    return Functions({kg.name: kg}, AgentConfig()).call(name, {"kg": kg.name, **args}, known)
 
 
 def test_search_entity_finds_the_film_and_makes_it_known(kg):
@@ -72,8 +73,8 @@ def test_execute_shows_a_table_capped_in_rows_and_columns(kg):
     known = set()
     options = AgentConfig(result_max_rows=4, result_max_columns=2, know_before_use=False)
     functions = Functions({kg.name: kg}, options)
-    text = functions.call("execute", {"kg": kg.name, "sparql": "SELECT ?f ?d ?x WHERE { ?f wdt:P57 ?d . BIND(1 AS ?x) } "
-                                                              "ORDER BY ?f"}, known)
+    query = "SELECT ?f ?d ?x WHERE { ?f wdt:P57 ?d . BIND(1 AS ?x) } ORDER BY ?f"
+    text = functions.call("execute", {"kg": kg.name, "sparql": query}, known)
     lines = text.splitlines()
     assert lines[0] == "Got 51 rows and 3 columns, showing the first and last 2 rows and first and last 1 columns:"
     assert lines[1] == "| f | ... | x |" and lines[4] == "| ... | ... | ... |" and len(lines) == 7
@@ -104,7 +105,8 @@ def test_know_before_use_refuses_iris_no_result_showed(kg):
     functions.call("search_property", {"kg": kg.name, "query": "director"}, known)
     assert "Quentin Tarantino (wd:Q3772)" in functions.call("execute", {"kg": kg.name, "sparql": query}, known)
     # full IRIs and declared prefixes count the same; PREFIX lines themselves are not uses
-    declared = "PREFIX e: <http://www.wikidata.org/entity/>\nASK { e:Q104123 <http://www.wikidata.org/prop/direct/P57> ?d }"
+    declared = ("PREFIX e: <http://www.wikidata.org/entity/>\n"
+                "ASK { e:Q104123 <http://www.wikidata.org/prop/direct/P57> ?d }")
     assert unknown_iris(kg, declared, known) == []
     assert unknown_iris(kg, "ASK { wd:Q1 wdt:P57 ?d }", known) == ["wd:Q1"]
 
@@ -122,21 +124,24 @@ def test_bad_arguments_are_function_errors_with_a_fix(kg):
     no_index = KnowledgeGraph("bare", kg.client)
     with pytest.raises(FunctionError, match="no search index"):
         Functions({"bare": no_index}, AgentConfig()).call("search_entity", {"kg": "bare", "query": "x"}, set())
-    assert [d["function"]["name"] for d in Functions({"bare": no_index}, AgentConfig()).definitions()] == ["execute", "list"]
+    definitions = Functions({"bare": no_index}, AgentConfig()).definitions()
+    assert [d["function"]["name"] for d in definitions] == ["execute", "list"]
 
 
 def test_unreachable_endpoint_and_constraint_failure_are_text_not_crashes(kg):
     dead = KnowledgeGraph("dead", SparqlClient("http://127.0.0.1:9/query", retries=0), kg.indices)
     functions = Functions({"dead": dead}, AgentConfig(know_before_use=False))
     assert "EndpointUnreachable" in functions.call("execute", {"kg": "dead", "sparql": "ASK {}"}, set())
-    text = functions.call("search_property_of_entity", {"kg": "dead", "entity": "wd:Q104123", "query": "director"}, set())
+    args = {"kg": "dead", "entity": "wd:Q104123", "query": "director"}
+    text = functions.call("search_property_of_entity", args, set())
     assert text.startswith("Searching without the constraint") and "director (wdt:P57)" in text
 
 
 def test_table_shows_literals_as_sparql_terms(kg):
-    rows = [{"x": {"type": "literal", "value": "1994-10-14T00:00:00Z", "datatype": "http://www.w3.org/2001/XMLSchema#dateTime"}},
+    xsd = "http://www.w3.org/2001/XMLSchema#"
+    rows = [{"x": {"type": "literal", "value": "1994-10-14T00:00:00Z", "datatype": xsd + "dateTime"}},
             {"x": {"type": "literal", "value": "Paris", "xml:lang": "en"}},
-            {"x": {"type": "literal", "value": "42", "datatype": "http://www.w3.org/2001/XMLSchema#integer"}}]
+            {"x": {"type": "literal", "value": "42", "datatype": xsd + "integer"}}]
     text = table(kg, ["x"], rows, set(), 10, 10)
     assert text.splitlines()[2:] == ['| "1994-10-14T00:00:00Z"^^xsd:dateTime |', '| "Paris"@en |', "| 42 |"]
 
@@ -164,6 +169,7 @@ def test_examples_similar_and_random_and_their_iris_become_known(kg, tmp_path):
     assert two.count("Question:") == 2
     functions = Functions({kg.name: kg_ex}, AgentConfig(num_examples=1))
     assert "find_similar_examples" in [d["function"]["name"] for d in functions.definitions()]
-    assert "wd:Q104123" in functions.call("find_similar_examples", {"kg": kg.name, "question": "who directed pulp fiction"}, set())
+    args = {"kg": kg.name, "question": "who directed pulp fiction"}
+    assert "wd:Q104123" in functions.call("find_similar_examples", args, set())
     with pytest.raises(FunctionError, match="has no examples"):
         find_examples(kg, "q", 1, random.Random(0), set())
