@@ -2,7 +2,7 @@
 
 The GRASP agent explores a knowledge graph through function calls (docs/agent.md); the paper constrains
 decoding wherever the model provider allows it, so that every call names a real function with
-arguments that fit its JSON schema. For our own model (chat_backends.LocalBackend) this module turns
+arguments that fit its JSON schema. For our own model (local_backend.LocalBackend) this module turns
 the function definitions into a grammar over characters and lets the decoder keep only tokens whose
 text stays inside it. The language of one call is
 

@@ -1,5 +1,5 @@
-"""chat_backends.py and tool_grammar.py: the OpenAI-compatible backend against a local fake HTTP server,
-Qwen2.5's tool-call prompt against transformers' rendering of the model's own template, and constrained
+"""chat_backends.py, local_backend.py and tool_grammar.py: the OpenAI-compatible backend against a local
+fake HTTP server, Qwen2.5's tool-call prompt against transformers' rendering of the model's own template, and constrained
 decoding with tiny random models (every call parses and fits its function's schema).
 
 The fake server's answers are synthetic, written in the shape of OpenAI / vLLM chat-completion responses
@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 import defaults
 from agent import Agent
 from agent_prompts import task_definitions
-from chat_backends import (BackendError, BackendTimeout, LocalBackend, OpenAIBackend, check_call, make_backend,
-                           parse_qwen_calls, qwen_tool_prompt)
+from chat_backends import BackendError, BackendTimeout, OpenAIBackend, check_call, make_backend, parse_qwen_calls
+from local_backend import LocalBackend, qwen_tool_prompt
 from config import AgentConfig, ModelConfig
 from tests.agent_helpers import demo_kg
 from tests.tiny import make_model_dir
