@@ -1,6 +1,6 @@
 """chat_backends.py, local_backend.py and tool_grammar.py: the OpenAI-compatible backend against a local
-fake HTTP server, Qwen2.5's tool-call prompt against transformers' rendering of the model's own template, and constrained
-decoding with tiny random models (every call parses and fits its function's schema).
+fake HTTP server, Qwen2.5's tool-call prompt against transformers' rendering of the model's own template,
+and constrained decoding with tiny random models (every call parses and fits its function's schema).
 
 The fake server's answers are synthetic, written in the shape of OpenAI / vLLM chat-completion responses
 (`choices[0].message` with `content` and `tool_calls[{id, type, function: {name, arguments}}]`); they
