@@ -132,7 +132,7 @@ class Agent:
                 messages += [{"role": "tool", "tool_call_id": c.id, "content": "Not run: the same call as before."}
                              for c in reply.tool_calls]  # every call gets an answer: `past` stays a valid chat
                 if loops > self.o.max_loops:
-                    r.status, r.error = "loop", f"the model repeated its turn {loops + 1} times in a row"
+                    r.status, r.error = "loop", f"the model kept repeating its last turn ({loops} repeats)"
                     break
                 messages.append({"role": "user", "content": "You repeated your last turn exactly. Change your "
                                                             "approach to make progress."})
