@@ -66,7 +66,7 @@ KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed", "beam_ran
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
-            "endpoint", "skeletons_from")  # a resumed run must agree with the saved config on these
+            "endpoint", "skeletons_from", "system", "agent")  # a resumed run must agree with the saved config on these
 GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking")  # what decides stage 1's output
 SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index")  # the same for --skeleton-only
 
@@ -340,12 +340,21 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     # --- run configuration (saved next to the predictions; a resumed run must match it)
     options = pipeline_options(args)
     suffix = args.ablation + ("-oracle" if args.oracle_skeleton else "")
+    system = getattr(args, "system", "grisp")
+    if system == "agent":  # the GRASP agent (agent.py) instead of GRISP; same scoring
+        if args.oracle_skeleton or args.skeletons_from or args.ablation != "none":
+            raise ValueError("--oracle-skeleton, --skeletons-from and --ablation are GRISP's; not with --system agent")
+        import agent_eval
+        agent_settings, make_agent = agent_eval.eval_setup(args.agent_config, args.endpoint, args.index)
+        suffix = "agent"
     out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
     config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "oracle_skeleton": args.oracle_skeleton, "model_dir": str(args.model_dir),
               "adapter": str(args.adapter), "index": str(args.index), "endpoint": args.endpoint,
               "device": args.device, "limit": args.limit, "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
+    if system == "agent":
+        config |= {"system": "agent", "agent": agent_settings}
     print(f"config: {json.dumps(config)}")
     prepare_run_dir(out, config, RUN_KEYS)
 
@@ -356,7 +365,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
     if todo:
         generated = load_generated_skeletons(Path(config["skeletons_from"]), config) if args.skeletons_from else {}
-        pipeline = pipeline or load_pipeline(args, options)
+        pipeline = pipeline or (make_agent() if system == "agent" else load_pipeline(args, options))
         skeletonize = load_skeletonizer(args.index) if args.oracle_skeleton else None
         with open(predictions_path, "a", encoding="utf-8") as file:
             for sample in tqdm(todo, desc="evaluating", unit="q"):
@@ -369,14 +378,19 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
                     answer = pipeline.answer(sample["question"])
                 record = answer_record(sample, answer, answer.timings.get("total", time.perf_counter() - start))
                 record["reused_skeletons"] = sample["id"] in generated
+                record.update(getattr(answer, "extra", {}))  # the agent's steps, calls and status
                 score_record(record, sample["sparql"], client)
                 append_jsonl(file, record)
 
     # --- summary over this benchmark selection
     records = [r for r in read_predictions(predictions_path) if r["id"] in gold_by_id]
     summary = {**summarize(records), "config": config}
+    if system == "agent":
+        summary["agent"] = agent_eval.agent_summary(records)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary, f"{name} ({suffix})")
+    if system == "agent":
+        print(f"  agent              {json.dumps(summary['agent'])}")
     print(f"wrote {predictions_path} and {out / 'summary.json'}")
     return summary
 
@@ -423,6 +437,12 @@ if __name__ == "__main__":
                         help="no endpoint: score the top-1 generated skeleton against the gold query's "
                              "skeleton (structure and label match by question shape; labels from --index)")
     add_flags(parser, KNOBS, unset=True)
+    # the GRASP agent instead of GRISP (agent.py, agent_eval.py): its model and options come from a config file
+    parser.add_argument("--system", choices=["grisp", "agent"], default="grisp",
+                        help="what answers the questions: GRISP, or the GRASP agent over --endpoint and --index")
+    parser.add_argument("--agent-config", default=None,
+                        help="--system agent: TOML/JSON config (grasp.toml); its first knowledge graph is "
+                             "replaced by --endpoint and --index; default $GRASP_CONFIG or built-in defaults")
     try:
         main(parser.parse_args())
     except (FileNotFoundError, ValueError) as error:

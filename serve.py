@@ -40,7 +40,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 import defaults
-from benchmarks import read_jsonl
+from jsonl import read_jsonl
 from grisp import Answer, Grisp, answer_to_json
 from jobs import TERMINAL, Job, QueueFull, Worker
 from options import GrispError, Options, add_flags, from_flags, preset

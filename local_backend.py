@@ -1,0 +1,212 @@
+"""Our own model as a chat backend with function calling: Qwen2.5 (model.py) in-process, its tool-call
+format, and constrained decoding of the calls (docs/agent.md section 6).
+
+- `qwen_tool_prompt`: Qwen2.5's chat template with tools, by hand: the function signatures in `<tools>`
+  in the system turn, calls as `<tool_call>{"name": ..., "arguments": ...}</tool_call>` in the answer,
+  results as `<tool_response>` blocks (tests compare it with transformers' rendering of the template).
+- `LocalBackend`: the same `chat(messages, tools, deadline)` protocol as chat_backends.OpenAIBackend;
+  the model may write some text first, then its call is decoded under the grammar of tool_grammar.py,
+  so it always parses and names a real function with arguments that fit the function's schema.
+
+    backend = LocalBackend(defaults.MODEL_DIR)
+    reply = backend.chat([{"role": "user", "content": "Who directed Pulp Fiction?"}], tools)
+    reply.content, reply.tool_calls[0].name, reply.tool_calls[0].arguments
+"""
+import json
+import re
+import time
+from pathlib import Path
+
+import torch
+
+from chat_backends import BackendError, BackendTimeout, Reply, check_call
+from cpu_speed import prepare_for_inference
+from model import Transformer, pick_device
+from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
+from tool_grammar import call_grammar
+
+_CALL_OPENING = re.compile(r'<tool_call>|\{\s*"name"')  # where the free text of a local turn ends
+
+
+def qwen_tool_prompt(messages: list[dict], tools: list[dict], add_generation_prompt: bool = True) -> str:
+    """Qwen2.5's chat template with tools, written by hand (tests compare it with transformers'
+    rendering of the template shipped with the model): the tool signatures go into the system turn,
+    an assistant's calls become `<tool_call>` blocks, tool results `<tool_response>` blocks of a user turn."""
+    if not tools:
+        plain = [{"role": m["role"] if m["role"] != "tool" else "user", "content": m.get("content") or ""}
+                 for m in messages]
+        return chat_prompt(plain, add_generation_prompt)
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else DEFAULT_SYSTEM
+    signatures = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+    out = [f"<|im_start|>system\n{system}\n\n# Tools\n\nYou may call one or more functions to assist with the "
+           f"user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+           f"{signatures}\n</tools>\n\nFor each function call, return a json object with function name and "
+           f"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, "
+           f"\"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n"]
+    for i, m in enumerate(messages):
+        role, content = m["role"], m.get("content") or ""
+        if role == "system" and i == 0:
+            continue
+        if role == "tool":
+            opens = i == 0 or messages[i - 1]["role"] != "tool"
+            closes = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
+            out.append(("<|im_start|>user" if opens else "") + f"\n<tool_response>\n{content}\n</tool_response>"
+                       + ("<|im_end|>\n" if closes else ""))
+        elif role == "assistant" and m.get("tool_calls"):
+            calls = "".join('\n<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": '
+                            + json.dumps(json.loads(c["function"]["arguments"] or "{}"), ensure_ascii=False)
+                            + "}\n</tool_call>" for c in m["tool_calls"])
+            out.append("<|im_start|>assistant" + (f"\n{content}" if content else "") + calls + "<|im_end|>\n")
+        else:
+            out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    return "".join(out) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+class LocalBackend:
+    """Our Qwen2.5 with constrained tool calls, one call per turn; greedy, or sampled at `temperature`.
+
+    A turn: free text (the model's reasoning) for at most `max_reasoning_tokens`, until the model starts
+    a `<tool_call>` (or writes `{"name"` without it, as small models do) or ends its turn; then, with
+    tool_choice "required" (the default: a small model that stops calling functions has stopped
+    working), a call is forced and decoded under the grammar of tool_grammar.call_grammar, at most
+    `max_call_tokens` (then closed by the grammar's shortest completion). The KV cache of the
+    conversation so far is kept between turns (prompts only grow). Not thread-safe: one chat at a time."""
+
+    def __init__(self, model_dir: str | Path, adapter: str | Path | None = None, device: str = "auto",
+                 max_reasoning_tokens: int = 128, max_call_tokens: int = 768, max_string: int = 1500,
+                 tool_choice: str = "required", temperature: float | None = None, seed: int = 0,
+                 model=None, tokenizer=None):
+        model_dir = Path(model_dir).expanduser()
+        if model is None:
+            if not (model_dir / "config.json").exists():
+                raise BackendError(f"no model at {model_dir} (config.json missing); run `python get_model.py`")
+            dev = pick_device(device)
+            model = Transformer.from_pretrained(model_dir, torch.float32 if dev.type == "cpu" else torch.bfloat16, dev)
+            if adapter:
+                import peft_format
+                peft_format.load_merged(model, adapter)
+            prepare_for_inference(model)
+        self.model, self.tokenizer = model, tokenizer or Tokenizer(model_dir)
+        self.max_reasoning_tokens, self.max_call_tokens = max_reasoning_tokens, max_call_tokens
+        self.max_string, self.tool_choice, self.temperature = max_string, tool_choice, temperature
+        self._generator = torch.Generator().manual_seed(seed)  # sampling (temperature > 0) only
+        self.name = f"local:{model_dir.name}" + (f"+{Path(adapter).name}" if adapter else "")
+        self._cache, self._ids, self._calls = None, [], 0  # the KV cache, the token ids it holds, calls made
+        self._texts: dict[int, str] = {}  # token id -> its text (complete characters only, else "")
+        self._special = set(self.tokenizer.tokenizer.get_added_tokens_decoder())  # never inside a call
+        self._char_ids = {c: self.tokenizer.encode(c) for c in map(chr, range(32, 127))}
+        self._char_ids["\n"] = self.tokenizer.encode("\n")
+
+    def chat(self, messages: list[dict], tools: list[dict], deadline: float | None = None,
+             tool_choice: str | None = None) -> Reply:
+        with torch.inference_mode():
+            return self._chat(messages, tools, deadline, tool_choice or self.tool_choice)
+
+    def _chat(self, messages, tools, deadline, tool_choice) -> Reply:
+        start, eos = time.monotonic(), set(self.tokenizer.eos_ids)
+        logits = self._prefill(self.tokenizer.encode(qwen_tool_prompt(messages, tools)), deadline)
+        # --- free text until the model opens a call or ends its turn
+        text, boundaries, stop = "", [len(self._ids)], "budget"  # cache length after each generated token
+        for _ in range(self.max_reasoning_tokens if tools else self.max_reasoning_tokens + self.max_call_tokens):
+            token = self._sample(logits, None)
+            if token in eos:
+                stop = "end"
+                break
+            piece = self.tokenizer.decode([token], skip_special_tokens=False)
+            opening = _CALL_OPENING.search(text + piece)  # `<tool_call>`, or a call written without it
+            if opening:
+                stop, cut = "call", opening.start()
+                while len(boundaries) > 1 and len(text) > cut:  # drop a call opening split over tokens
+                    boundaries.pop()
+                    text = self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False)
+                self._truncate(boundaries[-1])
+                break
+            text += piece
+            logits = self._feed([token], deadline)
+            boundaries.append(len(self._ids))
+        content = self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False).strip()
+        if not tools or (tool_choice == "auto" and stop == "end"):
+            return Reply(content, [], time.monotonic() - start)
+        # --- one call, decoded under the grammar of the functions
+        notes, state = [], call_grammar(tools, self.max_string)
+        call = state.forced()
+        state = state.consume(call)
+        logits = self._feed(self.tokenizer.encode(("\n" if content else "") + "<tool_call>\n" + call), deadline)
+        for _ in range(self.max_call_tokens):
+            if state.exact:
+                break
+            token, piece = self._choose(logits, state)
+            state = state.consume(piece)
+            forced = "" if state.exact else state.forced()
+            state = state.consume(forced)
+            call += piece + forced
+            logits = self._feed([token, *(self.tokenizer.encode(forced) if forced else [])], deadline)
+        if not state.exact:
+            notes.append(f"the call reached {self.max_call_tokens} tokens and was closed by the grammar")
+        call += state.shortest()
+        body = json.loads(call)  # valid by construction
+        self._calls += 1
+        tool_call = check_call(f"call_{self._calls}", body["name"], body["arguments"], tools)
+        return Reply(content, [tool_call], time.monotonic() - start, notes)
+
+    def _choose(self, logits, state) -> tuple[int, str]:
+        """The most likely token whose text keeps the call inside the grammar (the top 64 are tried,
+        then the best single character the grammar allows: there always is one)."""
+        fits = {}
+        for token in logits.topk(min(64, logits.shape[-1])).indices.tolist():
+            piece = self._text(token)
+            if piece and state.consume(piece) is not None:
+                fits[token] = piece
+                if not self.temperature:
+                    break
+        if fits:
+            token = self._sample(logits, list(fits))
+            return token, fits[token]
+        allowed = [(float(logits[ids[0]]), c, ids[0]) for c, ids in self._char_ids.items()
+                   if len(ids) == 1 and state.step(c) is not None]
+        assert allowed, f"the grammar allows no ASCII character after {state.shortest()!r}"
+        _, char, token = max(allowed)
+        return token, char
+
+    def _sample(self, logits, among: list[int] | None) -> int:
+        """The most likely token (of `among`, else of all), or one drawn from softmax(logits / temperature)."""
+        ids = torch.tensor(among) if among is not None else torch.arange(logits.shape[-1])
+        if not self.temperature:
+            return int(ids[int(logits[ids].argmax())])
+        probs = torch.softmax(logits[ids] / self.temperature, dim=-1)
+        return int(ids[int(torch.multinomial(probs, 1, generator=self._generator))])
+
+    def _text(self, token: int) -> str:
+        if token not in self._texts:
+            piece = "" if token in self._special else self.tokenizer.decode([token], skip_special_tokens=False)
+            self._texts[token] = "" if "\ufffd" in piece else piece  # part of a multi-byte character
+        return self._texts[token]
+
+    def _prefill(self, ids: list[int], deadline):
+        """Logits after `ids`, reusing the cached start that this prompt shares with the last one."""
+        same = 0
+        for a, b in zip(self._ids, ids):
+            if a != b:
+                break
+            same += 1
+        self._truncate(min(same, len(ids) - 1))  # at least one token is run, for its logits
+        logits = None
+        rest = ids[len(self._ids):]
+        for i in range(0, len(rest), 512):  # chunks bound the attention's memory
+            logits = self._feed(rest[i:i + 512], deadline)
+        return logits
+
+    def _feed(self, ids: list[int], deadline):
+        if deadline is not None and time.monotonic() > deadline:
+            raise BackendTimeout("the time limit was reached while the local model was generating")
+        if self._cache is None:
+            self._cache = self.model.new_cache(1, 4096)
+        tokens = torch.tensor([ids], device=self.model.model.norm.weight.device)
+        logits = self.model(tokens, cache=self._cache, logits_at=-1)[0].float()  # [V]
+        self._ids += ids
+        return logits
+
+    def _truncate(self, length: int) -> None:
+        if self._cache is not None:
+            self._cache.truncate(length)
+        self._ids = self._ids[:length]

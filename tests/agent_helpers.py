@@ -1,0 +1,57 @@
+"""Helpers of the agent tests (tests/test_agent*.py): the demo KG as agent_functions sees it, a scripted
+chat backend, and calls / replies written briefly.
+
+    kg = demo_kg(demo_endpoint)                       # demo endpoint + prefix-only index (built once per session)
+    backend = Scripted([reply(call("search_entity", kg="wikidata", query="pulp fiction")), ...])
+"""
+import copy
+import functools
+import json
+import tempfile
+from pathlib import Path
+
+import index_build
+from agent_functions import KnowledgeGraph
+from chat_backends import Reply, ToolCall
+from search import load_indices
+from sparql import SparqlClient
+
+
+@functools.lru_cache(maxsize=None)
+def demo_index(endpoint_url: str) -> Path:
+    """A search index of the demo KG, prefix search only (no encoder weights needed), built once."""
+    out = Path(tempfile.mkdtemp(prefix="agent-demo-index-"))
+    index_build.build(out, endpoint=endpoint_url, embed="none")
+    return out
+
+
+def demo_kg(endpoint_url: str, name: str = "wikidata", with_index: bool = True) -> KnowledgeGraph:
+    indices = load_indices(demo_index(endpoint_url)) if with_index else None
+    return KnowledgeGraph(name, SparqlClient(endpoint_url, retries=0), indices, "the demo subset of Wikidata")
+
+
+_ids = iter(range(10 ** 9))
+
+
+def call(name: str, **args) -> ToolCall:
+    return ToolCall(f"call_{next(_ids)}", name, args, json.dumps(args))
+
+
+def reply(*calls: ToolCall, content: str = "") -> Reply:
+    return Reply(content, list(calls), seconds=0.01)
+
+
+class Scripted:
+    """A chat backend that plays back replies (a Reply, or a function of the messages returning one),
+    repeating the last when the script runs out, and records what it was asked."""
+
+    name = "scripted"
+
+    def __init__(self, replies: list):
+        self.replies, self.asked = list(replies), []
+
+    def chat(self, messages, tools, deadline=None, tool_choice=None):
+        self.asked.append({"messages": copy.deepcopy(messages), "tools": [t["function"]["name"] for t in tools],
+                           "tool_choice": tool_choice})
+        turn = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        return turn(messages) if callable(turn) else copy.deepcopy(turn)
