@@ -28,7 +28,7 @@ writing predictions.jsonl and summary.json the same way.
     python evaluate.py --score-only ~/.cache/grisp/eval/demo-none/predictions.jsonl
     python evaluate.py --skeleton-only --benchmark qald10-dev --index ~/.cache/grisp/indices/wikidata-items
 
-About 430 lines, over a script's ~300: the run modes above share the run directory, resumption and
+About 450 lines, over a script's ~300: the run modes above (and --system agent) share the run directory, resumption and
 the summary, so the evaluation stage stays one file; the scoring rules themselves live in metrics.py
 and skeleton_score.py.
 """
