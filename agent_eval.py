@@ -33,6 +33,7 @@ class EvalPipeline:
                  "answer_text": r.answer}
         return SimpleNamespace(sparql=with_prefixes(r.sparql, prefixes) if r.sparql else None, skeletons=[],
                                trace=r.trace, timings=r.timings, backtracks=0, error=r.error, failure=r.failure,
+                               queries=None, endpoint_faults={}, verified=None,  # no per-question tally for the agent
                                extra=extra)
 
 

@@ -239,7 +239,7 @@ def prepare_run_dir(out: Path, config: dict, keys: tuple[str, ...]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if (out / "config.json").exists():
         saved = json.loads((out / "config.json").read_text())
-        changed = [key for key in keys if saved.get(key) != config[key]]
+        changed = [key for key in keys if saved.get(key) != config.get(key)]
         if changed:
             raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
                              f"pass another --out or delete {out}")

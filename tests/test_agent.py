@@ -270,7 +270,8 @@ def test_evaluate_runs_the_agent_with_the_same_scoring(kg, demo_endpoint, tmp_pa
                               endpoint=demo_endpoint, index=demo_index(demo_endpoint),
                               query_timeout=10.0, model_dir=defaults.MODEL_DIR, adapter="none", device="cpu",
                               ablation="none", oracle_skeleton=False, num_beams=None, num_skeletons=None, top_k=None,
-                              time_budget=None, seed=None, skeletons_from=None, system="agent", agent_config=None)
+                              time_budget=None, seed=None, beam_ranking=None, skeletons_from=None, skeleton_only=False,
+                              system="agent", agent_config=None)
     summary = evaluate.main(args, pipeline=pipeline)
     assert (summary["f1"], summary["scored"]) == (0.5, 2)
     assert summary["agent"]["steps_mean"] == 2.0 and summary["agent"]["statuses"] == {"answer": 1, "cancel": 1}
