@@ -234,8 +234,9 @@ def read_predictions(path: Path) -> list[dict]:
     return read_jsonl(path, appended=True)
 
 
-def prepare_run_dir(out: Path, config: dict, keys: tuple[str, ...]) -> None:
-    """Create the run directory and save `config` there; a run already there must agree on `keys`."""
+def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict]) -> tuple[Path, list[dict]]:
+    """Create the run directory and save `config` there (a run already there must agree on `keys`);
+    return the predictions file and the samples it does not hold yet (runs resume)."""
     out.mkdir(parents=True, exist_ok=True)
     if (out / "config.json").exists():
         saved = json.loads((out / "config.json").read_text())
@@ -244,6 +245,11 @@ def prepare_run_dir(out: Path, config: dict, keys: tuple[str, ...]) -> None:
             raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
                              f"pass another --out or delete {out}")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    predictions_path = out / "predictions.jsonl"
+    done = {record["id"] for record in read_predictions(predictions_path)}
+    todo = [sample for sample in samples if sample["id"] not in done]
+    print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
+    return predictions_path, todo
 
 
 def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
@@ -269,12 +275,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
               "model_dir": str(args.model_dir), "adapter": str(args.adapter), "index": str(args.index),
               "device": args.device, "limit": args.limit, "out": str(out)}
     print(f"config: {json.dumps(config)}")
-    prepare_run_dir(out, config, SKELETON_RUN_KEYS)
-
-    predictions_path = out / "predictions.jsonl"
-    done = {record["id"] for record in read_predictions(predictions_path)}
-    todo = [sample for sample in samples if sample["id"] not in done]
-    print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
+    predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples)
     if todo:
         generator = generator or load_pipeline(args, options, generate_only=True)
         with open(predictions_path, "a", encoding="utf-8") as file:
@@ -356,13 +357,9 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     if system == "agent":
         config |= {"system": "agent", "agent": agent_settings}
     print(f"config: {json.dumps(config)}")
-    prepare_run_dir(out, config, RUN_KEYS)
 
     # --- answer the questions not answered yet
-    predictions_path = out / "predictions.jsonl"
-    done = {record["id"] for record in read_predictions(predictions_path)}
-    todo = [sample for sample in samples if sample["id"] not in done]
-    print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
+    predictions_path, todo = start_run(out, config, RUN_KEYS, samples)
     if todo:
         generated = load_generated_skeletons(Path(config["skeletons_from"]), config) if args.skeletons_from else {}
         pipeline = pipeline or (make_agent() if system == "agent" else load_pipeline(args, options))
