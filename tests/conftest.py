@@ -6,6 +6,8 @@ of the session. `demo_endpoint` is the URL of one over the demo KG `data/demo/kg
 """
 import socket
 import sys
+import threading
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's top-level modules
 import defaults  # noqa: E402
 import endpoint  # noqa: E402
+
+
+def start_http_server(handler) -> tuple[ThreadingHTTPServer, str]:
+    """A local HTTP server with `handler` (a BaseHTTPRequestHandler class) in a daemon thread, and its
+    /query URL: the stand-in endpoints of the SPARQL client and endpoint-fault tests."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/query"
+
+
+def stop_http_server(server: ThreadingHTTPServer) -> None:
+    server.shutdown()
+    server.server_close()
 
 
 def free_port() -> int:

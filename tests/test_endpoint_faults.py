@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
 
 import pytest
@@ -28,6 +28,7 @@ import evaluate
 import grisp
 from model import Transformer
 from options import Options
+from conftest import start_http_server, stop_http_server
 from sparql import SparqlClient
 from tests.test_infer import demo_index, run_infer, tiny_model  # noqa: F401 (fixtures)
 
@@ -94,14 +95,11 @@ class FaultyEndpoint:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/query"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.server, self.url = start_http_server(Handler)
 
     def close(self):
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
+        stop_http_server(self.server)
 
 
 @pytest.fixture

@@ -1,15 +1,14 @@
 """sparql.py: the client against a real oxigraph server, and every fault against a fake one
 (query text itself: test_sparql_syntax.py)."""
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
 
 import pytest
 
 import sparql
-from conftest import free_port
+from conftest import free_port, start_http_server, stop_http_server
 from sparql import (BadQuery, EndpointUnreachable, ForbiddenQuery, InvalidResponse, QueryTimeout,
                     ServerError, SparqlClient)
 
@@ -90,13 +89,10 @@ class FakeEndpoint:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/query"
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.server, self.url = start_http_server(Handler)
 
     def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        stop_http_server(self.server)
 
 
 @pytest.fixture
