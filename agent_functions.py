@@ -26,7 +26,7 @@ from pathlib import Path
 
 import defaults
 from agent_examples import example_definitions, find_examples
-from constraints import CONSTRAINT_LIMIT
+from constraints import CONSTRAINT_LIMIT, allowed_items
 from skeleton import split_variant
 from sparql import Result, SparqlClient, SparqlError
 from sparql_syntax import PREFIXES, compact, declared_prefixes, expand, is_keyword, tokenize
@@ -328,11 +328,11 @@ class Functions:
         except SparqlError as e:
             return self.search(kg, kind, query, None, known,
                                f"Searching without the constraint, its query failed ({type(e).__name__}: {e}).\n")
-        iris = [canonical(i) for i in result.iris()]
-        if len(result.rows) >= CONSTRAINT_LIMIT:
+        allowed = allowed_items(result)  # the resolver's rule: None when the limit was reached
+        if allowed is None:
             note = "Searching without the constraint (too many candidates).\n"
             return self.search(kg, kind, query, None, known, note)
-        return self.search(kg, kind, query, iris, known)
+        return self.search(kg, kind, query, allowed, known)
 
 
 def check_known(kg: KnowledgeGraph, sparql: str, known: set[str]) -> None:

@@ -82,7 +82,8 @@ def constraint_query(text: str, ph: Placeholder, limit: int = CONSTRAINT_LIMIT) 
 def allowed_items(result) -> set[str] | None:
     """What a constraint query's result (sparql.Result) allows: None (any item) when it reached the limit,
     too many to be a constraint; else the IRIs of its column, a property variant (wdt:P57) mapped to the
-    item the index knows (wd:P57). Used by the resolver and by constrained training samples (samples.py)."""
+    item the index knows (wd:P57). Used by the resolver, constrained training samples (samples.py) and
+    the agent's SPE/SOP (agent_functions.py)."""
     if len(result.rows) >= CONSTRAINT_LIMIT:
         return None
     return {split_variant(iri)[0] for iri in result.iris()}
