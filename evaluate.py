@@ -61,7 +61,7 @@ ABLATIONS = {
     "no-backtracking": preset(backtracking=False),
     "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
-KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed", "beam_ranking")  # options.Options fields, passed if set
+KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed", "beam_ranking", "precision")  # options.Options fields, passed if set
 # grisp.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")

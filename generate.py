@@ -10,8 +10,11 @@ it: sums of the processed (temperature, top-p) log-probabilities, finished hypot
 length. With `sample=False` the search is the classic deterministic beam search (tests: equal to
 transformers' in both rankings), and width 1 is greedy decoding.
 
-The prompt is prefilled once; its KV cache is copied into the W beam rows and reordered whenever
-beams move (`KVCache.reorder`), so each step runs W new tokens only. Choosing the continuations
+The prompt is prefilled once, through a PromptCache (prompt_cache.py: a start it shares with the
+previous prompt, such as the skeleton prompt's instructions, is not recomputed); its KV cache is copied
+into the W beam rows and reordered whenever beams move (`KVCache.reorder`), so each step runs W new
+tokens only. A caller that needs only the best few hypotheses can end the search as soon as they are
+settled (`enough`; exact for the "sum" ranking). Choosing the continuations
 takes a few linear passes over the W x V scores (top-p from a partial top-k, no full sort), so a
 step costs little more than the model's forward (bench/bench_infer.py measures it).
 
@@ -28,12 +31,14 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 import defaults
 from cpu_speed import prepare_for_inference
 from model import Transformer, pick_device
+from prompt_cache import PromptCache
 from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 
 
@@ -106,6 +111,8 @@ def beam_search(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     ranking: str = "sum",
+    prompt_cache: PromptCache | None = None,
+    enough: Callable[[list[Hypothesis]], bool] | None = None,
 ) -> list[Hypothesis]:
     """Up to `num_beams` hypotheses for `prompt`, best first (finished ones before cut-off ones).
 
@@ -126,6 +133,14 @@ def beam_search(
     In both, only an end-of-turn id among the W best candidates finishes a hypothesis, and the search
     ends after `max_new_tokens` steps at the latest, when running beams fill the W places as
     `finished=False`. use_cache=False recomputes every step from scratch (slow; the tests' reference).
+
+    prompt_cache: a PromptCache that runs the prompt, computing only what it does not share with the
+        cache's previous prompt (e.g. the skeleton prompt's fixed start); by default a fresh one.
+    enough: ranking "sum" only (ignored for "length-normalised", where a longer hypothesis can still
+        overtake). Called, whenever it grows, with the finished hypotheses no running beam can overtake
+        any more (best first: their scores are at least the best running beam's, and scores only
+        fall); True ends the search there. Those hypotheses then lead the result exactly as in the
+        full search, so a caller that needs only the best few gets them sooner (grisp.py).
     """
     assert num_beams >= 1 and temperature > 0 and 0 < top_p <= 1, "bad beam search settings"
     assert ranking in RANKINGS, f"ranking must be one of {RANKINGS}, got {ranking!r}"
@@ -139,11 +154,15 @@ def beam_search(
     finished: list[Hypothesis] = []
 
     prompt_ids = torch.tensor([prompt], device=device)  # [1, P]
-    cache = model.new_cache(1, len(prompt) + max_new_tokens + 1) if use_cache else None
-    logits = model(prompt_ids, cache=cache, logits_at=-1)  # [1, V]
-    if cache is not None:
-        cache.reorder(torch.zeros(W, dtype=torch.long, device=device))
+    cache = None
+    if use_cache:
+        prompt_cache = prompt_cache or PromptCache(model)
+        logits = prompt_cache.run(prompt)[None]  # [1, V]
+        cache = prompt_cache.cache.copy_rows(torch.zeros(W, dtype=torch.long, device=device), len(prompt) + max_new_tokens + 1)
+    else:
+        logits = model(prompt_ids, logits_at=-1)  # [1, V]
     logits = logits.expand(W, -1)  # [W, V]
+    settled = 0  # how many finished hypotheses `enough` last saw
 
     for step in range(max_new_tokens):
         length = step + 1  # generated tokens of every candidate, its new one included
@@ -188,6 +207,12 @@ def beam_search(
         best_running = max(next_scores, default=float("-inf")) / (length if hf else 1)
         if not next_rows or (len(finished) == W and finished[-1].score >= best_running):
             break
+        if enough is not None and not hf:
+            final = sum(h.score >= best_running for h in finished)  # a prefix: finished is sorted
+            if final > settled:
+                settled = final
+                if enough(finished[:final]):
+                    break
         while len(next_rows) < W:  # too few candidates (tiny vocab or top-p): pad with dead beams
             next_rows.append(next_rows[0]), next_tokens.append(next_tokens[0]), next_scores.append(float("-inf"))
 

@@ -22,6 +22,7 @@ from cpu_speed import prepare_for_inference
 from generate import beam_search
 from model import Transformer, pick_device
 from options import GrispError, Options
+from prompt_cache import PromptCache
 from prompts import skeleton_messages
 from rerank import ModelReranker
 from resolve import Resolver
@@ -87,7 +88,8 @@ class Grisp:
         self.model = Transformer.from_pretrained(model_dir, dtype, self.device)
         if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed
             peft_format.load_merged(self.model, adapter_dir)
-        prepare_for_inference(self.model)
+        prepare_for_inference(self.model, int8=options.precision == "int8")
+        self.skeleton_prompts = PromptCache(self.model)  # every skeleton prompt starts alike (the instructions)
         # the re-ranking prompt format the adapter was trained on (docs/method.md section 3.3)
         try:
             self.prompt_format = peft_format.read_prompt_format(adapter_dir)
@@ -96,7 +98,9 @@ class Grisp:
 
     def use_options(self, options: Options) -> None:
         """Answer the next questions with `options` (serve.py: options per request). The re-ranker is made
-        at load time, so re-ranking needs a Grisp loaded with rerank on."""
+        at load time, so re-ranking needs a Grisp loaded with rerank on; the precision is the loaded one."""
+        if options.precision != self.options.precision:
+            raise GrispError(f"this Grisp was loaded in {self.options.precision}; it cannot answer in {options.precision}")
         if self.resolver is not None:
             if options.rerank and self.resolver.reranker is None:
                 raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
@@ -108,19 +112,32 @@ class Grisp:
         o = self.options
         prompt = self.tokenizer.encode(chat_prompt(skeleton_messages(question)))
         generator = torch.Generator(device=self.device).manual_seed(o.seed)
+        needed = o.num_skeletons if o.beam_search else 1
+        texts: dict[tuple[int, ...], tuple[str, bool]] = {}  # tokens -> (skeleton, parses), decoded once
+
+        def read(tokens: list[int]) -> tuple[str, bool]:
+            if tuple(tokens) not in texts:
+                text = self.tokenizer.decode(tokens).strip()
+                texts[tuple(tokens)] = text, parses(text)
+            return texts[tuple(tokens)]
+
+        def enough(settled: list) -> bool:  # the best `needed` distinct parsing skeletons are settled
+            return len({text for text, ok in map(read, (h.tokens for h in settled)) if ok}) >= needed
+
         hyps = beam_search(self.model, prompt, self.tokenizer.eos_ids, num_beams=o.num_beams if o.beam_search else 1,
                            max_new_tokens=o.max_new_tokens, sample=o.sample and o.beam_search,
-                           temperature=o.temperature, top_p=o.top_p, generator=generator, ranking=o.beam_ranking)
+                           temperature=o.temperature, top_p=o.top_p, generator=generator, ranking=o.beam_ranking,
+                           prompt_cache=self.skeleton_prompts, enough=enough)
         kept, trace, seen = [], [], set()
         for h in hyps:
-            text = self.tokenizer.decode(h.tokens).strip()
+            text, ok = read(h.tokens)
             verdict = ("unfinished" if not h.finished else "duplicate" if text in seen
-                       else "does not parse" if not parses(text) else "kept")
+                       else "does not parse" if not ok else "kept")
             seen.add(text)
             trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
             if listener is not None:
                 listener(trace[-1])
-            if verdict == "kept" and len(kept) < (o.num_skeletons if o.beam_search else 1):
+            if verdict == "kept" and len(kept) < needed:
                 kept.append((text, h.score))
         return kept, trace
 

@@ -241,3 +241,81 @@ def test_real_model_chat_knows_paris():
                    "--max-new-tokens", "32")
     assert done.returncode == 0, done.stderr
     assert "Paris" in done.stdout, done.stdout
+
+
+# ---------------------------------------------------------------------------- early end and prompt cache
+MANY_EOS = list(range(2, 20))  # end-of-turn ids common enough that a tiny random model finishes often
+
+
+@pytest.mark.parametrize("sample", [False, True])
+@pytest.mark.parametrize("needed", [1, 2, 3])
+def test_enough_ends_the_search_with_the_same_leading_hypotheses(model, sample, needed):
+    def run(enough=None):
+        return beam_search(model, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=14, sample=sample, temperature=0.7,
+                           generator=torch.Generator().manual_seed(3), enough=enough)
+
+    full = run()
+    seen = []
+
+    def enough(settled):
+        seen.append([h.tokens for h in settled])
+        return len(settled) >= needed
+
+    early = run(enough)
+    assert seen and len(seen[-1]) >= needed  # the search did end early
+    settled = len(seen[-1])
+    assert [(h.tokens, h.score) for h in early[:settled]] == [(h.tokens, h.score) for h in full[:settled]]
+    assert all(h.finished for h in early[:settled])
+
+
+def test_enough_is_ignored_by_the_length_normalised_ranking(model):
+    calls = []
+    beam_search(model, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=8, ranking="length-normalised",
+                enough=lambda settled: calls.append(1) or True)
+    assert calls == []
+
+
+def test_a_shared_prompt_cache_gives_the_same_beams_and_runs_only_the_new_tokens(model):
+    from prompt_cache import PromptCache
+    other = [1, 40, 41, 42, 50, 51, 2, 1, 44]  # shares its first 4 tokens with PROMPT
+    prompts = PromptCache(model)
+    beam_search(model, PROMPT, EOS, num_beams=3, max_new_tokens=6, prompt_cache=prompts)
+    computed = prompts.tokens["computed"]
+    cached = beam_search(model, other, EOS, num_beams=3, max_new_tokens=6, prompt_cache=prompts)
+    assert prompts.tokens["computed"] - computed == len(other) - 4
+    fresh = beam_search(model, other, EOS, num_beams=3, max_new_tokens=6)
+    assert [h.tokens for h in cached] == [h.tokens for h in fresh]
+    for a, b in zip(cached, fresh):
+        assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+class ScriptedModel(torch.nn.Module):
+    """The tiny model's cache and shapes with scripted logits: after the prompt the empty answer ends
+    first at a low score (log 0.18), while 50 -> 51 -> end is likelier and overtakes it two steps later."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.model = inner, inner.model
+
+    def new_cache(self, *args):
+        return self.inner.new_cache(*args)
+
+    def forward(self, tokens, cache=None, logits_at=None):
+        real = self.inner(tokens, cache=cache, logits_at=logits_at)  # [B, V]
+        logits = torch.zeros_like(real)
+        if tokens.shape[1] > 1:  # the prompt
+            logits[:, 50], logits[:, 2] = 20.0, 18.5
+        else:  # 50 -> 51 -> end; other beams wander (flat logits)
+            logits[tokens[:, -1] == 50, 51] = 30.0
+            logits[tokens[:, -1] == 51, 2] = 30.0
+        return logits
+
+
+def test_enough_waits_until_a_later_hypothesis_can_no_longer_overtake(model):
+    scripted = ScriptedModel(model)
+    full = beam_search(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6)
+    assert full[0].tokens == [50, 51] and full[1].tokens == []  # it overtook the first finished
+    seen = []
+    early = beam_search(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6,
+                        enough=lambda settled: seen.append([h.tokens for h in settled]) or True)
+    assert seen[0][0] == [50, 51] and early[0].tokens == [50, 51]
