@@ -13,8 +13,8 @@ transformers' in both rankings), and width 1 is greedy decoding.
 The prompt is prefilled once, through a PromptCache (prompt_cache.py: a start it shares with the
 previous prompt, such as the skeleton prompt's instructions, is not recomputed); its KV cache is copied
 into the W beam rows and reordered whenever beams move (`KVCache.reorder`), so each step runs W new
-tokens only. A caller that needs only the best few hypotheses can end the search as soon as they are
-settled (`enough`; exact for the "sum" ranking). Choosing the continuations
+tokens only. `beam_search_stream` yields each hypothesis as soon as no running beam can overtake it
+("sum" ranking), so a caller that needs only the best few stops the search there (exact). Choosing the continuations
 takes a few linear passes over the W x V scores (top-p from a partial top-k, no full sort), so a
 step costs little more than the model's forward (bench/bench_infer.py measures it).
 
@@ -31,7 +31,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Iterator
 
 import torch
 
@@ -98,8 +98,13 @@ def sample_without_replacement(weights: torch.Tensor, allowed: torch.Tensor, siz
     return allowed[(probs / q[allowed]).topk(n).indices]  # [n]
 
 
+def beam_search(model: Transformer, prompt: list[int], eos_ids: list[int], **settings) -> list[Hypothesis]:
+    """All hypotheses of `beam_search_stream` (same arguments), best first."""
+    return list(beam_search_stream(model, prompt, eos_ids, **settings))
+
+
 @torch.inference_mode()
-def beam_search(
+def beam_search_stream(
     model: Transformer,
     prompt: list[int],
     eos_ids: list[int],
@@ -112,9 +117,14 @@ def beam_search(
     use_cache: bool = True,
     ranking: str = "sum",
     prompt_cache: PromptCache | None = None,
-    enough: Callable[[list[Hypothesis]], bool] | None = None,
-) -> list[Hypothesis]:
-    """Up to `num_beams` hypotheses for `prompt`, best first (finished ones before cut-off ones).
+) -> Iterator[Hypothesis]:
+    """Up to `num_beams` hypotheses for `prompt`, best first (finished ones before cut-off ones), each
+    yielded as soon as it is settled: with ranking "sum" a finished hypothesis whose score is at least
+    the best running beam's can no longer be overtaken (scores only fall), so it comes out while the
+    search goes on; the rest come out at the end. A caller that stops iterating stops the search, so
+    one that needs only the best few skeletons (grisp.py) computes no more steps than those need, and
+    gets exactly what the full search would rank first. (With "length-normalised" a longer hypothesis
+    can still overtake, so everything comes out at the end.)
 
     ranking="sum" (this code's first rule): a beam's score is the sum of its raw (temperature 1)
         token log-probabilities. sample=False: each step keeps the 2W best (beam, token) continuations
@@ -136,11 +146,6 @@ def beam_search(
 
     prompt_cache: a PromptCache that runs the prompt, computing only what it does not share with the
         cache's previous prompt (e.g. the skeleton prompt's fixed start); by default a fresh one.
-    enough: ranking "sum" only (ignored for "length-normalised", where a longer hypothesis can still
-        overtake). Called, whenever it grows, with the finished hypotheses no running beam can overtake
-        any more (best first: their scores are at least the best running beam's, and scores only
-        fall); True ends the search there. Those hypotheses then lead the result exactly as in the
-        full search, so a caller that needs only the best few gets them sooner (grisp.py).
     """
     assert num_beams >= 1 and temperature > 0 and 0 < top_p <= 1, "bad beam search settings"
     assert ranking in RANKINGS, f"ranking must be one of {RANKINGS}, got {ranking!r}"
@@ -162,7 +167,7 @@ def beam_search(
     else:
         logits = model(prompt_ids, logits_at=-1)  # [1, V]
     logits = logits.expand(W, -1)  # [W, V]
-    settled = 0  # how many finished hypotheses `enough` last saw
+    settled = 0  # the leading finished hypotheses already yielded
 
     for step in range(max_new_tokens):
         length = step + 1  # generated tokens of every candidate, its new one included
@@ -207,12 +212,10 @@ def beam_search(
         best_running = max(next_scores, default=float("-inf")) / (length if hf else 1)
         if not next_rows or (len(finished) == W and finished[-1].score >= best_running):
             break
-        if enough is not None and not hf:
-            final = sum(h.score >= best_running for h in finished)  # a prefix: finished is sorted
-            if final > settled:
-                settled = final
-                if enough(finished[:final]):
-                    break
+        if not hf:  # yield what no running beam can overtake any more (a prefix: finished is sorted)
+            final = sum(h.score >= best_running for h in finished)
+            yield from finished[settled:final]
+            settled = max(settled, final)
         while len(next_rows) < W:  # too few candidates (tiny vocab or top-p): pad with dead beams
             next_rows.append(next_rows[0]), next_tokens.append(next_tokens[0]), next_scores.append(float("-inf"))
 
@@ -232,7 +235,9 @@ def beam_search(
     if len(finished) < W and not hf:  # out of steps: the best running beams, marked unfinished
         live = [(float(s), t.tolist()) for s, t in zip(beam_scores, beam_tokens) if torch.isfinite(s)]
         finished += [Hypothesis(t, s, False) for s, t in sorted(live, reverse=True)[: W - len(finished)]]
-    return sorted(finished, key=lambda h: (h.finished, h.score), reverse=True)
+    ranked = sorted(finished, key=lambda h: (h.finished, h.score), reverse=True)
+    assert settled <= len(ranked), "a yielded hypothesis was dropped"  # settled ones lead the ranking
+    yield from ranked[settled:]
 
 
 # ---------------------------------------------------------------------------- greedy chat (command line)

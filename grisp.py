@@ -2,7 +2,9 @@
 
 Stage 1 decodes skeletons with beam search over the fine-tuned model, drops duplicates and those that
 do not parse, and keeps the best `num_skeletons`. Stage 2 resolves them one after the other with the
-KG-guided depth-first search of resolve.py and returns the first that yields a valid query. Every
+KG-guided depth-first search of resolve.py and returns the first that yields a valid query. The two
+interleave: the beam search runs only until the next skeleton is settled, and goes on only if that
+skeleton fails (the same skeletons in the same order as generating all first, docs/method.md 2.5). Every
 mechanism is a switch in `options.Options`, matching the paper's ablations; infer.py and evaluate.py
 are thin command-line fronts over this class.
 
@@ -14,12 +16,13 @@ are thin command-line fronts over this class.
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 
 import peft_format
 from cpu_speed import prepare_for_inference
-from generate import beam_search
+from generate import beam_search_stream
 from model import Transformer, pick_device
 from options import GrispError, Options
 from prompt_cache import PromptCache
@@ -31,7 +34,7 @@ from skeleton import find_placeholders, parses
 from sparql import Result, SparqlClient, Tally
 from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
-from tracing import Listener
+from tracing import Listener, Stopwatch
 
 
 @dataclass
@@ -108,56 +111,56 @@ class Grisp:
         self.options = options
 
     def skeletons(self, question: str, listener: Listener | None = None) -> tuple[list[tuple[str, float]], list[dict]]:
-        """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of all beams."""
+        """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of the beams."""
+        trace: list[dict] = []
+        return list(self.skeleton_stream(question, trace, listener)), trace
+
+    def skeleton_stream(self, question: str, trace: list[dict], listener: Listener | None = None) -> Iterator[tuple[str, float]]:
+        """Stage 1, lazily: the distinct, parsing skeletons best first (at most num_skeletons), each as soon
+        as the beam search has settled it (generate.beam_search_stream), so the search goes only as far
+        as the skeletons taken need. Each beam's verdict is appended to `trace` (and told to `listener`)."""
         o = self.options
         prompt = self.tokenizer.encode(chat_prompt(skeleton_messages(question)))
         generator = torch.Generator(device=self.device).manual_seed(o.seed)
-        needed = o.num_skeletons if o.beam_search else 1
-        texts: dict[tuple[int, ...], tuple[str, bool]] = {}  # tokens -> (skeleton, parses), decoded once
-
-        def read(tokens: list[int]) -> tuple[str, bool]:
-            if tuple(tokens) not in texts:
-                text = self.tokenizer.decode(tokens).strip()
-                texts[tuple(tokens)] = text, parses(text)
-            return texts[tuple(tokens)]
-
-        def enough(settled: list) -> bool:  # the best `needed` distinct parsing skeletons are settled
-            return len({text for text, ok in map(read, (h.tokens for h in settled)) if ok}) >= needed
-
-        hyps = beam_search(self.model, prompt, self.tokenizer.eos_ids, num_beams=o.num_beams if o.beam_search else 1,
-                           max_new_tokens=o.max_new_tokens, sample=o.sample and o.beam_search,
-                           temperature=o.temperature, top_p=o.top_p, generator=generator, ranking=o.beam_ranking,
-                           prompt_cache=self.skeleton_prompts, enough=enough)
-        kept, trace, seen = [], [], set()
-        for h in hyps:
-            text, ok = read(h.tokens)
+        needed, kept, seen = o.num_skeletons if o.beam_search else 1, 0, set()
+        for h in beam_search_stream(self.model, prompt, self.tokenizer.eos_ids,
+                                    num_beams=o.num_beams if o.beam_search else 1, max_new_tokens=o.max_new_tokens,
+                                    sample=o.sample and o.beam_search, temperature=o.temperature, top_p=o.top_p,
+                                    generator=generator, ranking=o.beam_ranking, prompt_cache=self.skeleton_prompts):
+            text = self.tokenizer.decode(h.tokens).strip()
             verdict = ("unfinished" if not h.finished else "duplicate" if text in seen
-                       else "does not parse" if not ok else "kept")
+                       else "does not parse" if not parses(text) else "kept")
             seen.add(text)
             trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
             if listener is not None:
                 listener(trace[-1])
-            if verdict == "kept" and len(kept) < needed:
-                kept.append((text, h.score))
-        return kept, trace
+            if verdict == "kept":
+                kept += 1
+                yield text, h.score
+                if kept == needed:
+                    return
 
     def answer(self, question: str, listener: Listener | None = None) -> Answer:
-        """`listener` sees every trace event as it happens (tracing.py); if it raises, answering stops."""
+        """`listener` sees every trace event as it happens (tracing.py); if it raises, answering stops.
+        Skeletons are generated as resolution asks for them: the next one only when one fails."""
         if not question.strip():
             raise GrispError("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
         start = time.perf_counter()
-        skeletons, trace = self.skeletons(question, listener)
-        generation = time.perf_counter() - start
-        answer = self.answer_from_skeletons(question, skeletons, listener=listener)
-        answer.trace[:0] = trace
-        answer.timings["generate"] = generation
+        trace: list[dict] = []
+        generation = Stopwatch()
+        skeletons = generation.timed(self.skeleton_stream(question, trace, listener))
+        answer = self.answer_from_skeletons(question, skeletons, listener=listener, trace=trace)
+        answer.timings["generate"] = generation.seconds
+        answer.timings["resolve"] -= generation.seconds  # resolution ran the generation steps in between
         answer.timings["total"] = time.perf_counter() - start
         return answer
 
-    def answer_from_skeletons(self, question: str, skeletons: list[str] | list[tuple[str, float]],
-                              deadline: float = float("inf"), listener: Listener | None = None) -> Answer:
-        """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one): the first that
-        resolves to a valid query wins. Each skeleton has its own time budget, as in the reference: a
+    def answer_from_skeletons(self, question: str, skeletons: Iterable[str | tuple[str, float]],
+                              deadline: float = float("inf"), listener: Listener | None = None,
+                              trace: list[dict] | None = None) -> Answer:
+        """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one), taken one at a time
+        from `skeletons` (a list, or answer()'s lazy stream): the first that resolves to a valid query
+        wins. `trace`: the list the answer's trace continues (the stream appends its beams to it). Each skeleton has its own time budget, as in the reference: a
         skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
         (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget; every
         endpoint query ends within its skeleton's budget (and by `deadline`, an optional overall cap).
@@ -168,16 +171,17 @@ class Grisp:
         start = time.perf_counter()
         client = self.resolver.client
         client.tally = Tally()  # this question's queries
-        skeletons = [s if isinstance(s, tuple) else (s, 0.0) for s in skeletons]
-        answer = Answer(question, None, None, skeletons, failure="no_skeleton" if not skeletons else None)
-        for number, (skeleton, score) in enumerate(skeletons):
+        answer = Answer(question, None, None, [], trace if trace is not None else [], failure="no_skeleton")
+        for number, item in enumerate(skeletons):
+            skeleton, score = item if isinstance(item, tuple) else (item, 0.0)
+            answer.skeletons.append((skeleton, score))
             answer.trace.append({"event": "resolve", "skeleton": skeleton, "number": number,
                                  "placeholders": len(find_placeholders(skeleton))})
             if listener is not None:
                 listener(answer.trace[-1])
             budget_end = min(time.monotonic() + self.options.time_budget, deadline)
             resolution = self.resolver.resolve(question, skeleton, budget_end, listener)
-            answer.trace += resolution.trace
+            answer.trace.extend(resolution.trace)
             answer.backtracks += resolution.backtracks
             for name, seconds in resolution.timings.items():
                 answer.timings[name] = answer.timings.get(name, 0.0) + seconds

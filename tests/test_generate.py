@@ -247,32 +247,46 @@ def test_real_model_chat_knows_paris():
 MANY_EOS = list(range(2, 20))  # end-of-turn ids common enough that a tiny random model finishes often
 
 
+class CountingModel(torch.nn.Module):
+    """The tiny model, counting its forward passes."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.model, self.calls = inner, inner.model, 0
+
+    def new_cache(self, *args):
+        return self.inner.new_cache(*args)
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.inner(*args, **kwargs)
+
+
 @pytest.mark.parametrize("sample", [False, True])
-@pytest.mark.parametrize("needed", [1, 2, 3])
-def test_enough_ends_the_search_with_the_same_leading_hypotheses(model, sample, needed):
-    def run(enough=None):
-        return beam_search(model, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=14, sample=sample, temperature=0.7,
-                           generator=torch.Generator().manual_seed(3), enough=enough)
+def test_the_stream_yields_the_full_ranking_and_stopping_early_saves_steps(model, sample):
+    counting = CountingModel(model)
 
-    full = run()
-    seen = []
+    def stream():
+        return generate.beam_search_stream(counting, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=14, sample=sample,
+                                           temperature=0.7, generator=torch.Generator().manual_seed(3))
 
-    def enough(settled):
-        seen.append([h.tokens for h in settled])
-        return len(settled) >= needed
-
-    early = run(enough)
-    assert seen and len(seen[-1]) >= needed  # the search did end early
-    settled = len(seen[-1])
-    assert [(h.tokens, h.score) for h in early[:settled]] == [(h.tokens, h.score) for h in full[:settled]]
-    assert all(h.finished for h in early[:settled])
+    full = [(h.tokens, h.score, h.finished) for h in stream()]
+    full_calls, counting.calls = counting.calls, 0
+    assert full == [(h.tokens, h.score, h.finished) for h in beam_search(
+        model, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=14, sample=sample, temperature=0.7,
+        generator=torch.Generator().manual_seed(3))]
+    first = next(stream())
+    assert (first.tokens, first.score, first.finished) == full[0]
+    assert counting.calls < full_calls  # the search stopped when the best one was settled
 
 
-def test_enough_is_ignored_by_the_length_normalised_ranking(model):
-    calls = []
-    beam_search(model, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=8, ranking="length-normalised",
-                enough=lambda settled: calls.append(1) or True)
-    assert calls == []
+def test_the_length_normalised_stream_yields_only_at_the_end(model):
+    counting = CountingModel(model)
+    settings = dict(num_beams=4, max_new_tokens=8, ranking="length-normalised")
+    full = beam_search(counting, PROMPT, MANY_EOS, **settings)
+    full_calls, counting.calls = counting.calls, 0
+    first = next(generate.beam_search_stream(counting, PROMPT, MANY_EOS, **settings))
+    assert counting.calls == full_calls and first.tokens == full[0].tokens
 
 
 def test_a_shared_prompt_cache_gives_the_same_beams_and_runs_only_the_new_tokens(model):
@@ -311,11 +325,8 @@ class ScriptedModel(torch.nn.Module):
         return logits
 
 
-def test_enough_waits_until_a_later_hypothesis_can_no_longer_overtake(model):
+def test_the_stream_waits_until_a_later_hypothesis_can_no_longer_overtake(model):
     scripted = ScriptedModel(model)
     full = beam_search(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6)
     assert full[0].tokens == [50, 51] and full[1].tokens == []  # it overtook the first finished
-    seen = []
-    early = beam_search(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6,
-                        enough=lambda settled: seen.append([h.tokens for h in settled]) or True)
-    assert seen[0][0] == [50, 51] and early[0].tokens == [50, 51]
+    assert next(generate.beam_search_stream(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6)).tokens == [50, 51]
