@@ -26,6 +26,9 @@ agent's local model, so it is there with `[model] backend = "local"`.
     python serve.py                                 # then open http://127.0.0.1:8000
     python serve.py --config grasp.toml --kg wikidata --port 8080
     curl -s 127.0.0.1:8000/api/answer -d '{"question": "Who directed Pulp Fiction?", "options": {"rerank": false}}'
+
+About 350 lines, over a script's ~300: GRISP's routes, the app that mounts the others and the settings
+shared with agent.py stay in one place; the agent's and /v1's routes are in their own modules.
 """
 import argparse
 import asyncio
@@ -158,16 +161,19 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], ma
         "max_waiting": max_waiting, "time_limit": time_limit, "examples": examples, "prefixes": PREFIXES,
         "agent": agent_info(agent) if agent is not None else None}
     extra = []
-    for backend in {id(b): b for b in (chat, agent and agent.backend) if isinstance(b, LocalBackend)}.values():
-        backend.should_stop = worker.stop_requested  # a cancel or the time limit ends a turn at its next forward
+    for backend in (chat, agent.backend if agent is not None else None):
+        if isinstance(backend, LocalBackend):  # a cancel or the time limit ends its turn at the next forward
+            backend.should_stop = worker.stop_requested
     if chat is not None:
         runs[ChatRequest] = lambda job: run_chat(chat, job)
         extra += openai_routes(chat, worker, time_limit)
-    if agent is not None:  # our model: the one worker; a remote model works elsewhere: a worker of its own
-        runs[AgentQuestion] = lambda job: run_agent(agent, job)
-        local = isinstance(agent.backend, LocalBackend)
-        workers += [] if local else [Worker(lambda job: run_agent(agent, job), max_waiting)]
-        extra += agent_routes(agent, worker if local else workers[-1])
+    if agent is not None:  # on our model: the one worker; on a remote model: a worker of its own
+        if isinstance(agent.backend, LocalBackend):
+            runs[AgentQuestion], agent_worker = (lambda job: run_agent(agent, job)), worker
+        else:
+            agent_worker = Worker(lambda job: run_agent(agent, job), max_waiting)
+            workers.append(agent_worker)
+        extra += agent_routes(agent, agent_worker)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -236,7 +242,8 @@ def settings(args: argparse.Namespace) -> Config:
     config = load_config(flag("config"))
     config.server = override(config.server, host=flag("host"), port=flag("port"), max_waiting=flag("max_waiting"),
                              time_limit_s=flag("time_limit"), kg=flag("kg"), adapter=flag("adapter"),
-                             examples=flag("examples"), threads=flag("threads"), agent=False if flag("no_agent") else None)
+                             examples=flag("examples"), threads=flag("threads"),
+                             agent=False if flag("no_agent") else None)
     config.model = override(config.model, model_dir=flag("model_dir"), device=flag("device"))
     check(config)  # server.kg names a configured knowledge graph
     name = config.server.kg or config.knowledge_graphs[0].name
@@ -300,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset
 
     def cfg(section: str, name: str) -> str:  # where the value comes from when the flag is not given
-        return f"(config [{section}] {name}, default {getattr({'server': ServerConfig, 'model': ModelConfig}[section], name)})"
+        default = getattr({"server": ServerConfig, "model": ModelConfig}[section], name)
+        return f"(config [{section}] {name}, default {default})"
     parser.add_argument("--config", default=None,
                         help="TOML or JSON config shared with agent.py (grasp.toml); default $GRASP_CONFIG or built-in")
     # network
@@ -315,8 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="uvicorn's log level")
     # model, index and knowledge graph
     parser.add_argument("--kg", default=S,
-                        help="the configured knowledge graph GRISP answers over (config [server] kg, default the first)")
-    parser.add_argument("--model-dir", default=S, help=f"base model directory of GRISP and the agent {cfg('model', 'model_dir')}")
+                        help="the configured knowledge graph GRISP answers over (config [server] kg, default: the "
+                             "first)")
+    parser.add_argument("--model-dir", default=S,
+                        help=f"base model directory of GRISP and the agent {cfg('model', 'model_dir')}")
     parser.add_argument("--adapter", default=S,
                         help=f"GRISP's LoRA adapter directory (PEFT layout), or 'none' {cfg('server', 'adapter')}")
     parser.add_argument("--index", default=S, help="search index directory of that knowledge graph (its index)")
@@ -329,7 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(parser)
     # runtime
     parser.add_argument("--device", default=S, help=f"auto (cuda, mps, cpu), cpu, cuda, ... {cfg('model', 'device')}")
-    parser.add_argument("--threads", type=int, default=S, help=f"torch CPU threads, 0: torch's {cfg('server', 'threads')}")
+    parser.add_argument("--threads", type=int, default=S,
+                        help=f"torch CPU threads, 0: torch's {cfg('server', 'threads')}")
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The web page's agent mode: the GRASP agent (agent.py, docs/agent.md) behind serve.py, each step sent to
+"""The web page's agent mode: the GRASP agent (agent.py; docs/agent.md section 8) behind serve.py, each step sent to
 the page as it happens, and a cancel that really stops the agent on the server.
 
     POST /api/agent/stream   {"question": str, "task": "sparql-qa" | "general-qa", "kgs": [names]}

@@ -1,5 +1,5 @@
 """An OpenAI-compatible chat-completions API over our own model: serve.py answers /v1/chat/completions
-with local_backend.LocalBackend (Qwen2.5's tool-call format, constrained decoding; docs/agent.md section 6),
+with local_backend.LocalBackend (Qwen2.5's tool-call format, constrained decoding; docs/agent.md sections 6, 8),
 so any OpenAI client, and the GRASP agent's HTTP backend (chat_backends.OpenAIBackend), can use it.
 
     POST /v1/chat/completions  {"messages": [...], "tools": [...], "tool_choice": "auto" | "required" | "none"
@@ -17,8 +17,9 @@ constrained yet). With tools the model may write some text first; "auto" lets it
 call, "required" forces one, a named function is the only one offered, "none" leaves the tools out of
 the prompt. `model` is not checked (one model is served); `n` must be 1; `stream` is refused (400);
 top_p, max_tokens, stop, seed ... are ignored (the server's token budgets hold). Errors have OpenAI's
-shape {"error": {"message", "type", "code"}}: 400 bad request, 503 + Retry-After when the queue is
-full, 504 past the server's time limit. The requests run one at a time on serve.py's worker thread.
+shape {"error": {"message", "type", "code"}}: 400 bad request (a body is at most 256 KB), 503 +
+Retry-After when the queue is full, 504 past the server's time limit. The requests run one at a time
+on serve.py's worker thread; a client that leaves stops its turn at the next forward pass.
 
     curl -s 127.0.0.1:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 """
@@ -37,7 +38,7 @@ from jobs import Cancelled, Job, QueueFull, Worker
 from serve_http import STATUS, BadRequest, busy, final_message, json_object, read_body
 from tool_grammar import call_grammar
 
-MAX_CHAT_BYTES = 1024 * 1024  # a whole agent conversation with its tables
+MAX_CHAT_BYTES = 256 * 1024  # a whole agent conversation with its tables; the KV cache grows with the prompt
 ROLES = ("system", "user", "assistant", "tool")
 EXAMPLE = '{"messages": [{"role": "user", "content": "Who directed Pulp Fiction?"}]}'
 

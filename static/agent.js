@@ -39,9 +39,11 @@ async function cancelAgent() {
 function callArguments(text) {  // '{"kg": "wikidata", "sparql": "..."}' -> lines; a query in a block of its own
   let args;
   try { args = JSON.parse(text); } catch { return [el("pre", {}, text)]; }
-  return Object.entries(args).map(([key, value]) => key === "sparql" || (typeof value === "string" && value.includes("\n"))
-    ? el("div", {class: "arg"}, el("span", {class: "key"}, key), el("pre", {}, value))
-    : el("div", {class: "arg"}, el("span", {class: "key"}, key), typeof value === "string" ? value : JSON.stringify(value)));
+  return Object.entries(args).map(([key, value]) => {
+    const text = typeof value === "string" ? value : JSON.stringify(value);
+    const block = key === "sparql" || text.includes("\n");
+    return el("div", {class: "arg"}, el("span", {class: "key"}, key), block ? el("pre", {}, text) : text);
+  });
 }
 
 function agentStep(kind, head, ...body) {
@@ -67,13 +69,17 @@ const agentDrawers = {
     return agentStep("rejected", ["✗ malformed call ", el("b", {}, e.name)], el("div", {class: "sub"}, e.error));
   },
   no_call(e) { return agentStep("stop", `step ${e.step}: the model answered without calling a function`); },
-  loop(e) { return agentStep("backtrack", `↩ step ${e.step} repeated the turn before (${e.loops}×); not run again`); },
+  loop(e) {
+    return agentStep("backtrack", `↩ step ${e.step} repeated the turn before (${e.loops}×); not run again`);
+  },
   feedback(e) {
     return agentStep(e.status === "done" ? "ok" : "backtrack", ["feedback: ", el("b", {}, e.status)],
                      el("p", {class: "thought"}, e.feedback));
   },
   feedback_error(e) { return agentStep("stop", `feedback failed: ${e.error}`); },
-  limit(e) { return agentStep("stop", `${e.kind === "step_limit" ? "step" : "time"} limit reached after ${e.steps} steps`); },
+  limit(e) {
+    return agentStep("stop", `${e.kind === "step_limit" ? "step" : "time"} limit reached after ${e.steps} steps`);
+  },
   backend_error(e) { return agentStep("stop", `model error: ${e.error}`); },
   cancelled(e) { return agentStep("stop", `cancelled${e.during ? " during the model's turn" : " between steps"}`); },
   output() { return null; },  // the answer panel shows it

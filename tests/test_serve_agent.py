@@ -6,12 +6,17 @@ The stream sends each step in order (seq 1, 2, ...; the question first, the outp
 model turn), Cancel stops the local model within its turn and a remote run between steps, a run still
 waiting is ended at once, GRISP's questions are not held up by a remote agent run, bad requests are 400.
 """
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 import requests
 import torch
 
+import defaults
 import serve
 from agent import Agent
 from chat_backends import Reply
@@ -19,8 +24,8 @@ from config import AgentConfig, ConfigError
 from local_backend import LocalBackend
 from options import Options
 from serve import make_app
-from tests.agent_helpers import call, demo_kg
-from tests.serving import GOLD, QUESTION, Events, running, scripted_grisp, slowed, sse
+from tests.agent_helpers import call, demo_index, demo_kg
+from tests.serving import GOLD, QUESTION, Events, free_port, running, scripted_grisp, slowed, sse
 from tests.tiny import make_model_dir
 
 torch.set_num_threads(1)
@@ -73,7 +78,8 @@ def test_config_offers_the_agent_and_the_stream_sends_each_step_in_order(setup):
         if e["event"] == "model":
             assert events[i + 1]["event"] in ("call", "loop") and events[i + 1]["step"] == e["step"], events
             assert e["calls"] == events[i + 1].get("name", e["calls"])
-    assert sum(answer["calls"].values()) == answer["steps"] and set(answer["timings"]) == {"model", "functions", "total"}
+    assert sum(answer["calls"].values()) == answer["steps"]
+    assert set(answer["timings"]) == {"model", "functions", "total"}
 
 
 def test_cancel_stops_the_local_model_within_its_turn_and_a_waiting_run_at_once(setup):
@@ -174,3 +180,43 @@ def test_serve_reads_the_agents_config_with_flags_over_it(tmp_path, monkeypatch,
     monkeypatch.setenv("GRASP_SERVER_PORTS", "1")
     with pytest.raises(ConfigError, match="GRASP_SERVER_PORTS names no setting"):
         serve.settings(serve.build_parser().parse_args([]))
+
+
+def test_serve_py_starts_from_the_config_file_with_the_agent_and_v1(tmp_path, demo_endpoint):
+    make_model_dir(tmp_path / "tiny")  # the config names it relative to its own directory
+    path, port = tmp_path / "grasp.toml", free_port()
+    path.write_text(f'[[knowledge_graphs]]\nname = "films"\nendpoint = "{demo_endpoint}"\n'
+                    f'index = "{demo_index(demo_endpoint)}"\n[model]\nmodel_dir = "tiny"\nmax_call_tokens = 40\n'
+                    f'[agent]\nmax_steps = 2\n[server]\nadapter = "none"\nexamples = "none"\n')
+    process = subprocess.Popen([sys.executable, str(defaults.REPO_DIR / "serve.py"), "--config", str(path),
+                                "--port", str(port), "--log-level", "warning", "--threads", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "GRASP_CONFIG": ""})
+    try:
+        lines = []
+        while not (lines and lines[-1].startswith("open http://")):
+            line = process.stdout.readline()
+            assert line, "serve.py ended before it served:\n" + "".join(lines)
+            lines.append(line)
+        assert "agent: local:tiny over films; /v1/chat/completions serves it" in "".join(lines)
+        url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 30
+        while True:  # the line comes just before uvicorn listens
+            try:
+                config = requests.get(url + "/api/config", timeout=10).json()
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline and process.poll() is None, "serve.py did not start listening"
+                time.sleep(0.1)
+        assert config["kg"] == "films" and config["endpoint"] == demo_endpoint and config["config"] == str(path)
+        assert config["agent"]["kgs"][0]["name"] == "films" and config["agent"]["max_steps"] == 2
+        reply = requests.post(url + "/v1/chat/completions", timeout=60,
+                              json={"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function",
+                                    "function": {"name": "f", "parameters": {"type": "object", "properties": {
+                                        "x": {"type": "integer"}}, "required": ["x"]}}}], "tool_choice": "required"})
+        call = reply.json()["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "f" and isinstance(json.loads(call["arguments"])["x"], int)
+        answer = list(sse(requests.post(url + "/api/agent/stream", json={"question": ASKED}, stream=True, timeout=60)))
+        assert answer[-1]["type"] == "answer" and answer[-1]["answer"]["steps"] <= 2
+    finally:
+        process.terminate()
+        process.wait(20)

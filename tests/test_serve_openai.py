@@ -33,13 +33,15 @@ from tests.tiny import make_model_dir
 torch.set_num_threads(1)
 TOOLS = kg_definitions(["wikidata"], 10, 10, indexed=True) + task_definitions("sparql-qa", ["wikidata"])  # the agent's
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-ASK = [{"role": "system", "content": "You answer questions."}, {"role": "user", "content": "Who directed Pulp Fiction?"}]
+ASK = [{"role": "system", "content": "You answer questions."},
+       {"role": "user", "content": "Who directed Pulp Fiction?"}]
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, demo_endpoint):
     grisp = scripted_grisp(tmp_path_factory, demo_endpoint, {})
-    backend = LocalBackend(make_model_dir(tmp_path_factory.mktemp("chat") / "tiny"), max_reasoning_tokens=6, max_call_tokens=60)
+    backend = LocalBackend(make_model_dir(tmp_path_factory.mktemp("chat") / "tiny"), max_reasoning_tokens=6,
+                           max_call_tokens=60)
     return grisp, backend
 
 
@@ -57,7 +59,8 @@ def chat(url: str, **body) -> requests.Response:
 def turn(response: requests.Response) -> tuple:
     """What the model wrote: its text and its calls (names and arguments, not their ids)."""
     message = response.json()["choices"][0]["message"]
-    return message["content"], [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+    return message["content"], calls
 
 
 def test_models_lists_the_one_model(url):
@@ -125,13 +128,15 @@ def test_temperature_is_for_one_request_only(url):
      b'"parameters": {"type": "object", "properties": {"xs": {"type": "array"}}}}}]}', "cannot constrain decoding"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", '
      b'"parameters": {"type": "object", "properties": {}, "required": ["x"]}}}]}', "required keys ['x'] are not among"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "function", "function": {"name": "g"}}}',
+    (b'{"messages": [{"role": "user", "content": "hi"}], '
+     b'"tool_choice": {"type": "function", "function": {"name": "g"}}}',
      "names no function among the tools"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "always"}', "tool_choice must be auto"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}', "there are no tools"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "stream": true}', "stream is not supported"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', "one choice per request"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', "temperature must be a number"),
+    (b"x" * (300 * 1024), "the request body is over 256 KB"),
 ])
 def test_bad_requests_are_400_in_openai_shape(url, body, message):
     response = requests.post(url + "/chat/completions", data=body, timeout=10)
