@@ -13,7 +13,7 @@ back (at most max_feedbacks times). Follow-up questions carry the earlier turns 
     python agent.py --file questions.jsonl --out answers.jsonl   # {"question": ...} per line
     python agent.py --follow-up "Who directed Pulp Fiction?"     # then more questions from stdin, same conversation
 
-About 370 lines, just over a library's ~350: the loop (~265) and its command line (~105) stay in one
+About 375 lines, just over a library's ~350: the loop (~265) and its command line (~105) stay in one
 file, as the issue asks for library + CLI in agent.py.
 """
 import argparse
@@ -21,14 +21,14 @@ import json
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from agent_functions import FunctionError, Functions, KnowledgeGraph, check_known, table
 from agent_prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
 from jsonl import read_jsonl
-from chat_backends import BackendError, BackendTimeout, make_backend
-from config import ConfigError, check, load_config
+from chat_backends import BackendCancelled, BackendError, BackendTimeout, make_backend
+from config import ConfigError, check, load_config, override
 from sparql import SparqlClient, SparqlError
 
 FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "loop": "dead_end",  # as evaluate.py
@@ -70,7 +70,8 @@ class Agent:
             on_event=None, cancel=None) -> AgentResult:
         """Answer `question` over the knowledge graphs `kgs` (default all). `past`: a result's past() (or
         its message list); `on_event(event)` sees each trace event as it happens; `cancel` (a
-        threading.Event) stops the run between steps."""
+        threading.Event) stops the run between steps (and a backend that raises BackendCancelled, during
+        a model turn)."""
         task, start = task or self.o.task, time.monotonic()
         deadline = start + self.o.time_limit_s
         names = kgs or list(self.kgs)
@@ -118,6 +119,10 @@ class Agent:
                 break
             try:
                 reply = self.backend.chat(messages, tools, deadline)
+            except BackendCancelled:  # stopped during generation (serve.py's cancel reaches the local model)
+                r.status = "cancelled"
+                emit("cancelled", during="generation")
+                break
             except BackendError as e:
                 r.status, r.error = ("time_limit" if isinstance(e, BackendTimeout) else "error"), str(e)
                 emit("backend_error", error=str(e), timeout=isinstance(e, BackendTimeout))
@@ -290,12 +295,10 @@ def event_text(e: dict) -> str:
 def main(args: argparse.Namespace) -> int:
     # --- configuration: file < environment < flags
     config = load_config(args.config)
-    flags = {"backend": args.backend, "model_dir": args.model_dir, "adapter": args.adapter,
-             "base_url": args.base_url, "model": args.model}
-    config.model = replace(config.model, **{k: v for k, v in flags.items() if v is not None})
-    flags = {"task": args.task, "max_steps": args.max_steps, "time_limit_s": args.time_limit,
-             "feedback": args.feedback or None, "know_before_use": False if args.no_know_before_use else None}
-    config.agent = replace(config.agent, **{k: v for k, v in flags.items() if v is not None})
+    config.model = override(config.model, backend=args.backend, model_dir=args.model_dir, adapter=args.adapter,
+                            base_url=args.base_url, model=args.model)
+    config.agent = override(config.agent, task=args.task, max_steps=args.max_steps, time_limit_s=args.time_limit,
+                            feedback=args.feedback or None, know_before_use=False if args.no_know_before_use else None)
     check(config)
     questions = read_jsonl(Path(args.file)) if args.file else [{"question": args.question or ""}]
     if not questions or not all(str(q.get("question") or "").strip() for q in questions):

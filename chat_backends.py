@@ -36,6 +36,10 @@ class BackendTimeout(BackendError):
     """No answer before the deadline (the agent's time limit or the backend's own timeout)."""
 
 
+class BackendCancelled(BackendError):
+    """The turn was stopped on request while the model was generating (serve.py's Cancel, local model)."""
+
+
 @dataclass
 class ToolCall:
     id: str
@@ -56,6 +60,8 @@ class Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # e.g. a call closed early at the token budget
+    finish_reason: str = ""  # OpenAI's: "tool_calls", "stop" (the model ended its turn) or "length" (budget)
+    usage: dict = field(default_factory=dict)  # OpenAI's: prompt_tokens, completion_tokens, total_tokens
 
 
 def _is_json(text: str) -> bool:
@@ -150,7 +156,9 @@ class OpenAIBackend:
 
     def _reply(self, response: requests.Response, tools: list[dict], seconds: float) -> Reply:
         try:
-            message = response.json()["choices"][0]["message"]
+            body = response.json()
+            choice = body["choices"][0]
+            message = choice["message"]
             assert isinstance(message, dict), f"message is {type(message).__name__}"
         except (ValueError, KeyError, IndexError, TypeError, AssertionError) as e:
             raise BackendError(f"{self.url} answered, but not with a chat completion "
@@ -164,7 +172,9 @@ class OpenAIBackend:
             calls.append(check_call(call.get("id") or f"call_{n}", fn.get("name"), fn.get("arguments") or "", tools))
         if not calls and "<tool_call>" in content:  # a server without a tool parser: Qwen's format in text
             content, calls = parse_qwen_calls(content, tools)
-        return Reply(content.strip(), calls, seconds)
+        usage = body.get("usage")
+        return Reply(content.strip(), calls, seconds, finish_reason=str(choice.get("finish_reason") or ""),
+                     usage=usage if isinstance(usage, dict) else {})
 
 
 def make_backend(model_config):

@@ -2,15 +2,17 @@
 
 In the spirit of GRASP's single YAML file (docs/agent.md): the knowledge graphs (name, SPARQL endpoint,
 index directory, description, extra prefixes, an optional example set for few-shot functions), the
-model backend and the agent's options. Read by agent.py and evaluate.py (`--system agent`); serve.py
-can keep its own `[server]` table in the same file (kept here unchecked as `Config.server`).
+model backend, the agent's options and serve.py's `[server]` table. Read by agent.py, evaluate.py
+(`--system agent`) and serve.py, so the web page, its agent mode and the command line see the same graphs.
 
     config = load_config("grasp.toml")      # or load_config() for the defaults (the demo KG, local model)
-    config.knowledge_graphs[0].endpoint, config.model.backend, config.agent.max_steps
+    config.knowledge_graphs[0].endpoint, config.model.backend, config.agent.max_steps, config.server.port
+    config.model = override(config.model, model_dir=args.model_dir)   # a flag given (not None) wins
 
 Precedence: dataclass defaults < the file (path argument, else $GRASP_CONFIG) < environment variables
-GRASP_MODEL_<FIELD>, GRASP_AGENT_<FIELD>, GRASP_KG_<NAME>_<FIELD> (e.g. GRASP_MODEL_BACKEND=openai,
-GRASP_AGENT_MAX_STEPS=10, GRASP_KG_WIKIDATA_ENDPOINT=http://...) < command-line flags of the scripts.
+GRASP_MODEL_<FIELD>, GRASP_AGENT_<FIELD>, GRASP_SERVER_<FIELD>, GRASP_KG_<NAME>_<FIELD> (e.g.
+GRASP_MODEL_BACKEND=openai, GRASP_AGENT_MAX_STEPS=10, GRASP_KG_WIKIDATA_ENDPOINT=http://...) <
+command-line flags of the scripts (`override`).
 The API key is never in the file: `api_key_env` names the environment variable that holds it.
 """
 import json
@@ -80,13 +82,27 @@ class AgentConfig:
 
 
 @dataclass
+class ServerConfig:
+    """serve.py: where it listens, its queue and limits, and GRISP's side of the page."""
+    host: str = "127.0.0.1"  # 0.0.0.0 exposes the server to the network
+    port: int = 8000
+    max_waiting: int = 8  # jobs (questions, agent runs, chat completions) that may wait; more get 503
+    time_limit_s: float = 120.0  # per GRISP question and per chat completion; an agent run has agent.time_limit_s
+    kg: str | None = None  # the knowledge graph GRISP answers over (its endpoint and index); None: the first
+    adapter: str | None = str(defaults.ADAPTER_DIR)  # GRISP's LoRA adapter on model.model_dir; None: the base model
+    examples: str | None = str(defaults.DEMO_DIR / "questions.jsonl")  # the page's example questions (JSONL)
+    agent: bool = True  # the page's agent mode and /v1/chat/completions (the local backend loads its model)
+    threads: int = 0  # torch CPU threads (0: torch's default)
+
+
+@dataclass
 class Config:
     knowledge_graphs: list[KgConfig] = field(default_factory=lambda: [KgConfig(
         "wikidata", description="a small subset of Wikidata (films, their directors, cast, writers and "
                                 "composers, people, places, awards); Wikidata IRIs and prefixes")])
     model: ModelConfig = field(default_factory=ModelConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
-    server: dict = field(default_factory=dict)  # serve.py's section, not checked here
+    server: ServerConfig = field(default_factory=ServerConfig)
     source: str | None = None  # the file it came from
 
     def kg(self, name: str) -> KgConfig:
@@ -183,24 +199,34 @@ def load_config(path: str | Path | None = None, env: dict | None = None) -> Conf
             config.knowledge_graphs.append(KgConfig(**_section(KgConfig, kg, f"knowledge_graphs[{i}]", base_dir)))
     config.model = ModelConfig(**_section(ModelConfig, data.get("model", {}), "model", base_dir))
     config.agent = AgentConfig(**_section(AgentConfig, data.get("agent", {}), "agent", base_dir))
-    config.server = data.get("server", {})
+    config.server = ServerConfig(**_section(ServerConfig, data.get("server", {}), "server", base_dir))
     # --- environment overrides
-    config.model = _from_env(config.model, "GRASP_MODEL_", env)
-    config.agent = _from_env(config.agent, "GRASP_AGENT_", env)
+    sections = {"GRASP_MODEL_": "model", "GRASP_AGENT_": "agent", "GRASP_SERVER_": "server"}
+    for prefix, name in sections.items():
+        setattr(config, name, _from_env(getattr(config, name), prefix, env))
     config.knowledge_graphs = [_from_env(kg, f"GRASP_KG_{kg.name.upper().replace('-', '_')}_", env)
                                for kg in config.knowledge_graphs]
     for key in env:
-        if key.startswith(("GRASP_MODEL_", "GRASP_AGENT_")):
-            section = config.model if key.startswith("GRASP_MODEL_") else config.agent
-            if key.split("_", 2)[2].lower() not in {f.name for f in fields(section)}:
-                raise ConfigError(f"${key} names no setting; known: {', '.join(f.name for f in fields(section))}")
+        prefix = next((p for p in sections if key.startswith(p)), None)
+        if prefix is not None:
+            known = [f.name for f in fields(getattr(config, sections[prefix]))]
+            if key[len(prefix):].lower() not in known:
+                raise ConfigError(f"${key} names no setting; known: {', '.join(known)}")
     check(config)
     return config
 
 
+def override(section, **values):
+    """`section` (config.model, .agent, .server or a KgConfig) with the command-line flags that were
+    given (not None), converted to the fields' types ("none" clears an optional field)."""
+    hints = get_type_hints(type(section))
+    return replace(section, **{key: convert(value, hints[key], "--" + key.replace("_", "-"))
+                               for key, value in values.items() if value is not None})
+
+
 def check(config: Config) -> None:
     """Raise ConfigError naming every bad value (closed sets, positive limits, unique KG names)."""
-    a, m = config.agent, config.model
+    a, m, srv = config.agent, config.model, config.server
     names = [kg.name for kg in config.knowledge_graphs]
     problems = [msg for ok, msg in [
         (m.backend in BACKENDS, f"model.backend = {m.backend!r} must be one of {', '.join(BACKENDS)}"),
@@ -216,6 +242,10 @@ def check(config: Config) -> None:
         (len(set(names)) == len(names), f"knowledge graph names must be unique: {names}"),
         (a.force_examples is None or a.force_examples in names,
          f"agent.force_examples = {a.force_examples!r} must name a knowledge graph ({', '.join(names)})"),
+        (srv.kg is None or srv.kg in names, f"server.kg = {srv.kg!r} must name a knowledge graph ({', '.join(names)})"),
+        (0 <= srv.port <= 65535, f"server.port = {srv.port} must be in [0, 65535]"),
+        (srv.max_waiting >= 0, f"server.max_waiting = {srv.max_waiting} must be >= 0"),
+        (srv.time_limit_s > 0, f"server.time_limit_s = {srv.time_limit_s} must be > 0"),
     ] if not ok]
     for kg in config.knowledge_graphs:
         if not kg.endpoint.startswith(("http://", "https://")):

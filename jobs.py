@@ -19,6 +19,7 @@ shortly after the deadline, so a client never waits much past the time limit.
 """
 import asyncio
 import math
+import secrets
 import threading
 import time
 import traceback
@@ -50,6 +51,7 @@ class Job:
         self.cancelled = threading.Event()
         self.reason: str | None = None  # why it was cancelled
         self.submitted, self.deadline = time.monotonic(), None  # the deadline is set when the work starts
+        self.id = secrets.token_urlsafe(9)  # names the job to a client that may cancel it (serve_agent.py)
 
     def emit(self, message: dict) -> None:
         """Send a message to the client side (safe from any thread; dropped once the server has stopped)."""
@@ -64,11 +66,15 @@ class Job:
             self.reason = reason
             self.cancelled.set()
 
-    def check(self) -> None:
-        """A cancel point: raise Cancelled if the job was cancelled or its time is up."""
+    def stopped(self) -> bool:
+        """Whether the work should stop: the job was cancelled, or its time is up."""
         if self.deadline is not None and time.monotonic() > self.deadline:
             self.cancel("timeout")
-        if self.cancelled.is_set():
+        return self.cancelled.is_set()
+
+    def check(self) -> None:
+        """A cancel point: raise Cancelled if the job was cancelled or its time is up."""
+        if self.stopped():
             raise Cancelled(self.reason)
 
     def timeout_message(self) -> dict:
@@ -135,6 +141,12 @@ class Worker:
         """A cancel point for the running job (called from the worker thread, e.g. by a model hook)."""
         if self.current is not None:
             self.current.check()
+
+    def stop_requested(self) -> bool:
+        """Whether the running job should stop, for work that ends itself cleanly instead of at a raising
+        cancel point (the agent's local model: local_backend.LocalBackend.should_stop)."""
+        job = self.current
+        return job is not None and job.stopped()
 
     def next_job(self) -> Job | None:
         """The next job not cancelled while it waited; None once the worker stops."""

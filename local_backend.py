@@ -16,10 +16,11 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from chat_backends import BackendError, BackendTimeout, Reply, check_call
+from chat_backends import BackendCancelled, BackendError, BackendTimeout, Reply, check_call
 from cpu_speed import prepare_for_inference
 from prompt_cache import PromptCache
 from model import Transformer, pick_device
@@ -71,12 +72,14 @@ class LocalBackend:
     tool_choice "required" (the default: a small model that stops calling functions has stopped
     working), a call is forced and decoded under the grammar of tool_grammar.call_grammar, at most
     `max_call_tokens` (then closed by the grammar's shortest completion). The KV cache of the
-    conversation so far is kept between turns (prompts only grow). Not thread-safe: one chat at a time."""
+    conversation so far is kept between turns (prompts only grow). Not thread-safe: one chat at a time
+    (serve.py runs every chat on its one worker thread). `should_stop`, if set, is asked before every
+    forward pass; True ends the turn with BackendCancelled (serve.py: the running job was cancelled)."""
 
     def __init__(self, model_dir: str | Path, adapter: str | Path | None = None, device: str = "auto",
                  max_reasoning_tokens: int = 128, max_call_tokens: int = 768, max_string: int = 1500,
                  tool_choice: str = "required", temperature: float | None = None, seed: int = 0,
-                 model=None, tokenizer=None):
+                 model=None, tokenizer=None, should_stop: Callable[[], bool] | None = None):
         model_dir = Path(model_dir).expanduser()
         if model is None:
             if not (model_dir / "config.json").exists():
@@ -90,6 +93,7 @@ class LocalBackend:
         self.model, self.tokenizer = model, tokenizer or Tokenizer(model_dir)
         self.max_reasoning_tokens, self.max_call_tokens = max_reasoning_tokens, max_call_tokens
         self.max_string, self.tool_choice, self.temperature = max_string, tool_choice, temperature
+        self.should_stop = should_stop
         self._generator = torch.Generator().manual_seed(seed)  # sampling (temperature > 0) only
         self.name = f"local:{model_dir.name}" + (f"+{Path(adapter).name}" if adapter else "")
         self._prompts, self._calls = PromptCache(self.model, room=4096), 0  # the conversation's KV cache, calls made
@@ -105,7 +109,8 @@ class LocalBackend:
 
     def _chat(self, messages, tools, deadline, tool_choice) -> Reply:
         start, eos = time.monotonic(), set(self.tokenizer.eos_ids)
-        logits = self._prefill(self.tokenizer.encode(qwen_tool_prompt(messages, tools)), deadline)
+        prompt = self.tokenizer.encode(qwen_tool_prompt(messages, tools))
+        logits = self._prefill(prompt, deadline)
         # --- free text until the model opens a call or ends its turn
         text, boundaries, stop = "", [len(self._ids)], "budget"  # cache length after each generated token
         for _ in range(self.max_reasoning_tokens if tools else self.max_reasoning_tokens + self.max_call_tokens):
@@ -127,7 +132,8 @@ class LocalBackend:
             boundaries.append(len(self._ids))
         content = self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False).strip()
         if not tools or (tool_choice == "auto" and stop == "end"):
-            return Reply(content, [], time.monotonic() - start)
+            return Reply(content, [], time.monotonic() - start, finish_reason="length" if stop == "budget" else "stop",
+                         usage=self._usage(len(prompt)))
         # --- one call, decoded under the grammar of the functions
         notes, state = [], call_grammar(tools, self.max_string)
         call = state.forced()
@@ -148,7 +154,13 @@ class LocalBackend:
         body = json.loads(call)  # valid by construction
         self._calls += 1
         tool_call = check_call(f"call_{self._calls}", body["name"], body["arguments"], tools)
-        return Reply(content, [tool_call], time.monotonic() - start, notes)
+        return Reply(content, [tool_call], time.monotonic() - start, notes, "tool_calls", self._usage(len(prompt)))
+
+    def _usage(self, prompt_tokens: int) -> dict:
+        """OpenAI's usage of the turn just decoded: its prompt, and the tokens generated after it."""
+        completion = len(self._ids) - prompt_tokens
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion}
 
     def _choose(self, logits, state) -> tuple[int, str]:
         """The most likely token whose text keeps the call inside the grammar (the top 64 are tried,
@@ -190,10 +202,12 @@ class LocalBackend:
     def _feed(self, ids: list[int], deadline):
         return self._prompts.feed(ids, check=lambda: self._check(deadline)).float()
 
-    @staticmethod
-    def _check(deadline) -> None:
+    def _check(self, deadline) -> None:
+        """Raise if the turn must end before the next forward pass: the time limit, or a stop request."""
         if deadline is not None and time.monotonic() > deadline:
             raise BackendTimeout("the time limit was reached while the local model was generating")
+        if self.should_stop is not None and self.should_stop():
+            raise BackendCancelled("stopped on request while the local model was generating")
 
     @property
     def _ids(self) -> list[int]:

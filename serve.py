@@ -1,29 +1,38 @@
-"""Serve GRISP over HTTP: one process, the model loaded once, a JSON API with a live trace and a web page.
+"""Serve GRISP and the GRASP agent over HTTP: one process, the models loaded once, a JSON API with a live
+trace, an OpenAI-compatible chat API and a web page.
 
 The web page (static/, served here; no build step, nothing from the network) asks a question and
-shows the search as it unfolds: the skeletons ranked, each placeholder's candidates re-ranked with
-None's place and the choice, the backtracks and validations, then the query and the answers
-(docs/method.md section 6 for what each step is). The API, for the page and for scripts:
+shows the work as it unfolds. GRISP mode: the skeletons ranked, each placeholder's candidates re-ranked
+with None's place and the choice, the backtracks and validations, then the query and the answers
+(docs/method.md section 6). Agent mode: each step of the GRASP agent (its text, each function call and
+its result), then its answer, with a Cancel that stops it on the server (docs/agent.md). The API:
 
-    GET  /api/config   model, adapter, index, endpoint, default options (with help), limits, examples
+    GET  /api/config   model, adapter, index, endpoint, default options (with help), limits, examples, agent
     POST /api/answer   {"question": str, "options": {name: value}, "mode": "answer"|"generate"}
                        -> the answer (query with PREFIXes, result with labels, skeletons, trace, timings,
                        failure); 400 bad request, 503 busy (Retry-After), 504 time limit, 502 endpoint
     POST /api/stream   the same request -> Server-Sent Events: queued, started, trace (each event as it
                        happens; a repeated seq updates that event), then answer, timeout or error.
                        Closing the connection cancels the question.
+    POST /api/agent/stream, /api/agent/cancel   the agent, step by step (serve_agent.py)
+    POST /v1/chat/completions, GET /v1/models    our model for any OpenAI client, with tools (serve_openai.py)
 
 Options are the fields of options.Options (the paper's switches and knobs); mode "generate" returns the
-skeletons without resolving them. One worker thread runs the questions one after another (jobs.py).
+skeletons without resolving them. One worker thread runs the jobs one after another (jobs.py). The
+configuration is the agent's file (config.py, grasp.toml: knowledge graphs, model, agent, `[server]`);
+flags override it. /v1 and the agent mode need `[server] agent = true` (the default); /v1 serves the
+agent's local model, so it is there with `[model] backend = "local"`.
 
     python serve.py                                 # then open http://127.0.0.1:8000
-    python serve.py --host 0.0.0.0 --port 8080      # expose it on the network, deliberately
+    python serve.py --config grasp.toml --kg wikidata --port 8080
     curl -s 127.0.0.1:8000/api/answer -d '{"question": "Who directed Pulp Fiction?", "options": {"rerank": false}}'
+
+About 350 lines, over a script's ~300: GRISP's routes, the app that mounts the others and the settings
+shared with agent.py stay in one place; the agent's and /v1's routes are in their own modules.
 """
 import argparse
 import asyncio
 import json
-import math
 import socket
 import sys
 import time
@@ -35,31 +44,30 @@ import torch
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 import defaults
-from jsonl import read_jsonl
+from agent import Agent, build_agent
+from chat_backends import BackendError
+from config import Config, ConfigError, ModelConfig, ServerConfig, check, load_config, override
 from grisp import Answer, Grisp, answer_to_json
-from jobs import TERMINAL, Job, QueueFull, Worker
+from jobs import Job, QueueFull, Worker
+from jsonl import read_jsonl
+from local_backend import LocalBackend
 from options import GrispError, Options, add_flags, from_flags, preset
-from search import Indices
-from sparql import Result, SparqlError
+from serve_agent import AgentQuestion, agent_info, agent_routes, run_agent
+from serve_http import (MAX_QUESTION_CHARS, STATUS, BadRequest, busy, event_stream, final_message, json_object, plain,
+                        question_text, read_body, result_labels)
+from serve_openai import ChatRequest, openai_routes, run_chat
+from sparql import SparqlError
 from sparql_syntax import PREFIXES
 
 STATIC_DIR = defaults.REPO_DIR / "static"
-MAX_BODY_BYTES = 64 * 1024
-MAX_QUESTION_CHARS = 1000
 MODES = ("answer", "generate")  # generate: the skeletons only, no resolution
 CAPS = {"num_beams": 16, "num_skeletons": 16, "max_new_tokens": 512}  # cost knobs a client cannot raise past these
-STATUS = {"timeout": 504, "endpoint": 502, "cancelled": 503, "internal": 500}  # terminal message -> HTTP status
-TICK = 1.0  # seconds between keep-alives on a stream (and looks for a lost client)
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:"}  # nothing from elsewhere
-
-
-class BadRequest(Exception):
-    """The request cannot be answered as sent (HTTP 400); the message says what to change."""
 
 
 @dataclass
@@ -96,59 +104,17 @@ def parse_options(values: object, base: Options) -> Options:
 
 def parse_question(body: bytes, base: Options) -> Question:
     """The request body -> Question, or BadRequest saying what is wrong."""
-    try:
-        data = json.loads(body)
-    except ValueError as e:
-        raise BadRequest(f"the body is not JSON ({e}); send {{\"question\": \"Who directed Pulp Fiction?\"}}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the body must be a JSON object like {\"question\": \"Who directed Pulp Fiction?\"}")
+    data = json_object(body, "{\"question\": \"Who directed Pulp Fiction?\"}")
     unknown = sorted(set(data) - {"question", "options", "mode"})
     if unknown:
         raise BadRequest(f"unknown field {', '.join(unknown)}; the fields are question, options and mode")
-    question, mode = data.get("question"), data.get("mode", "answer")
-    if not isinstance(question, str) or not question.strip():
-        raise BadRequest("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise BadRequest(f"the question has {len(question)} characters; at most {MAX_QUESTION_CHARS} are allowed")
+    question, mode = question_text(data.get("question")), data.get("mode", "answer")
     if mode not in MODES:
         raise BadRequest(f"mode must be one of {', '.join(MODES)}, not {json.dumps(mode)}")
-    return Question(question.strip(), parse_options(data.get("options", {}), base), mode)
-
-
-async def read_body(request: Request) -> bytes:
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise BadRequest(f"the request body is over {MAX_BODY_BYTES // 1024} KB")
-    return body
+    return Question(question, parse_options(data.get("options", {}), base), mode)
 
 
 # --- the work, in the worker thread
-def plain(value: object) -> object:
-    """A JSON-safe copy: tuples become lists, non-finite floats None (JSON has no infinity)."""
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value if value is None or isinstance(value, (str, int, float)) else str(value)
-
-
-def result_labels(indices: Indices, result: Result | None, limit: int = 500) -> dict[str, str]:
-    """IRI -> label for the IRIs of the result's first `limit` rows that the index knows."""
-    labels = {}
-    for row in result.rows[:limit] if result is not None else []:
-        for term in row.values():
-            if term["type"] == "uri" and term["value"] not in labels:
-                try:
-                    labels[term["value"]] = indices.item(term["value"]).label
-                except KeyError:
-                    pass
-    return labels
-
-
 def run(grisp: Grisp, job: Job) -> dict:
     """Answer the job's question, streaming each trace event; the final message (answer or error)."""
     q: Question = job.request
@@ -182,22 +148,43 @@ def run(grisp: Grisp, job: Job) -> dict:
 
 
 # --- the web app
-def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str],
-             max_waiting: int = 8, time_limit: float = 120.0) -> Starlette:
-    """The Starlette app over a loaded `grisp`; `info` names what it was loaded from (for /api/config)."""
-    worker = Worker(lambda job: run(grisp, job), max_waiting)
+def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], max_waiting: int = 8,
+             time_limit: float = 120.0, agent: Agent | None = None, chat: LocalBackend | None = None) -> Starlette:
+    """The Starlette app over a loaded `grisp`; `info` names what it was loaded from (for /api/config).
+    `agent` adds the page's agent mode, `chat` (our model in-process) the OpenAI-compatible /v1."""
+    runs = {Question: lambda job: run(grisp, job)}  # the worker runs each kind of job with its own function
+    worker = Worker(lambda job: runs[type(job.request)](job), max_waiting)
+    workers, models = [worker], [grisp.model]
     config = info | {
         "options": asdict(options), "option_help": {f.name: f.metadata["help"] for f in fields(Options)},
         "caps": CAPS, "modes": list(MODES), "max_question_chars": MAX_QUESTION_CHARS,
-        "max_waiting": max_waiting, "time_limit": time_limit, "examples": examples, "prefixes": PREFIXES}
+        "max_waiting": max_waiting, "time_limit": time_limit, "examples": examples, "prefixes": PREFIXES,
+        "agent": agent_info(agent) if agent is not None else None}
+    extra = []
+    for backend in (chat, agent.backend if agent is not None else None):
+        if isinstance(backend, LocalBackend):  # a cancel or the time limit ends its turn at the next forward
+            backend.should_stop = worker.stop_requested
+    if chat is not None:
+        runs[ChatRequest] = lambda job: run_chat(chat, job)
+        extra += openai_routes(chat, worker, time_limit)
+    if agent is not None:  # on our model: the one worker; on a remote model: a worker of its own
+        if isinstance(agent.backend, LocalBackend):
+            runs[AgentQuestion], agent_worker = (lambda job: run_agent(agent, job)), worker
+        else:
+            agent_worker = Worker(lambda job: run_agent(agent, job), max_waiting)
+            workers.append(agent_worker)
+        extra += agent_routes(agent, agent_worker)
 
     @asynccontextmanager
     async def lifespan(app):
-        hook = grisp.model.register_forward_pre_hook(lambda module, args: worker.check())  # cancel point
-        worker.start()
+        hooks = [m.register_forward_pre_hook(lambda module, args: worker.check()) for m in models]  # cancel points
+        for w in workers:
+            w.start()
         yield
-        worker.stop()
-        hook.remove()
+        for w in workers:
+            w.stop()
+        for hook in hooks:
+            hook.remove()
 
     async def submit(request: Request) -> Job | Response:
         try:
@@ -208,53 +195,38 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str],
         try:
             worker.submit(job)
         except QueueFull as e:
-            return JSONResponse({"error": str(e)}, 503, headers={"Retry-After": str(e.retry_after)})
+            return busy(e, {"error": str(e)})
         return job
 
     async def answer(request: Request) -> Response:
         job = await submit(request)
         if isinstance(job, Response):
             return job
-        try:
-            async for message in job.messages(TICK):
-                if message is None:
-                    if await request.is_disconnected():
-                        return Response(status_code=499)  # nobody reads it; `finally` cancels the work
-                elif message["type"] == "answer":
-                    return JSONResponse(message["answer"])
-                elif message["type"] in TERMINAL:
-                    kind = message.get("kind", message["type"])
-                    return JSONResponse({"error": message["message"], "kind": kind}
-                                        | ({"answer": message["answer"]} if "answer" in message else {}), STATUS[kind])
-        finally:
-            job.cancel("client")
+        message = await final_message(request, job)
+        if message is None:
+            return Response(status_code=499)  # nobody reads it; the work was cancelled
+        if message["type"] == "answer":
+            return JSONResponse(message["answer"])
+        kind = message.get("kind", message["type"])
+        return JSONResponse({"error": message["message"], "kind": kind}
+                            | ({"answer": message["answer"]} if "answer" in message else {}), STATUS[kind])
 
     async def stream(request: Request) -> Response:
         job = await submit(request)
-        if isinstance(job, Response):
-            return job
-
-        async def events():
-            try:
-                async for message in job.messages(TICK):
-                    yield ": keep-alive\n\n" if message is None else \
-                        f"event: {message['type']}\ndata: {json.dumps(message)}\n\n"
-            finally:  # the answer went out, or the client left: either way the work is over
-                job.cancel("client")
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        return job if isinstance(job, Response) else event_stream(job)
 
     routes = [Route("/", lambda request: FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)),
               Route("/api/config", lambda request: JSONResponse(config)),
               Route("/api/answer", answer, methods=["POST"]),
               Route("/api/stream", stream, methods=["POST"]),
+              *extra,
               Mount("/static", StaticFiles(directory=STATIC_DIR))]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
-def example_questions(path: str, count: int = 6) -> list[str]:
+def example_questions(path: str | None, count: int = 6) -> list[str]:
     """A few questions of `path` (JSONL with "question"): the first of each shape ("info.shape") first."""
-    if path.lower() == "none":
+    if path is None or path.lower() == "none":
         return []
     records = read_jsonl(Path(path))
     first_of_shape = {}
@@ -263,66 +235,112 @@ def example_questions(path: str, count: int = 6) -> list[str]:
     return list(dict.fromkeys([*first_of_shape.values(), *(r["question"] for r in records)]))[:count]
 
 
+def settings(args: argparse.Namespace) -> Config:
+    """The agent's configuration (--config, else $GRASP_CONFIG, else the defaults) with the flags given;
+    --endpoint and --index change the knowledge graph GRISP answers over (for the agent too)."""
+    flag = vars(args).get  # a flag not given is absent (argparse.SUPPRESS): the config's value stays
+    config = load_config(flag("config"))
+    config.server = override(config.server, host=flag("host"), port=flag("port"), max_waiting=flag("max_waiting"),
+                             time_limit_s=flag("time_limit"), kg=flag("kg"), adapter=flag("adapter"),
+                             examples=flag("examples"), threads=flag("threads"),
+                             agent=False if flag("no_agent") else None)
+    config.model = override(config.model, model_dir=flag("model_dir"), device=flag("device"))
+    check(config)  # server.kg names a configured knowledge graph
+    name = config.server.kg or config.knowledge_graphs[0].name
+    config.knowledge_graphs = [override(kg, endpoint=flag("endpoint"), index=flag("index")) if kg.name == name else kg
+                               for kg in config.knowledge_graphs]
+    config.server = replace(config.server, kg=name)
+    check(config)
+    if config.kg(name).index is None:
+        raise ConfigError(f"knowledge graph {name} has no index; GRISP needs one (python build_index.py, then "
+                          f"its index in the config or --index)")
+    return config
+
+
 def main(args: argparse.Namespace) -> int:
-    # --- setup: sane limits, a free port (checked before the model loads for seconds)
-    if args.max_waiting < 0 or args.time_limit <= 0:
-        print(f"error: --max-waiting must be >= 0 and --time-limit > 0 (got {args.max_waiting}, {args.time_limit})",
-              file=sys.stderr)
-        return 2
+    # --- setup: the configuration, a free port (checked before the models load for seconds)
     try:
-        with socket.create_server((args.host, args.port)):
-            pass
-    except OSError as e:
-        print(f"error: cannot listen on {args.host}:{args.port} ({e.strerror}); pick another --port", file=sys.stderr)
-        return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    adapter = None if args.adapter.lower() == "none" else args.adapter
-    try:
-        options = from_flags(args)
-        examples = example_questions(args.examples)
-        start = time.perf_counter()
-        # always load the re-ranker: a request may turn re-ranking on even if the default is off
-        grisp = Grisp(args.model_dir, adapter, args.index, args.endpoint, replace(options, rerank=True), args.device)
-    except (GrispError, SparqlError, OSError) as e:
+        config = settings(args)
+    except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    info = {"model": args.model_dir, "adapter": adapter, "index": args.index, "endpoint": args.endpoint}
+    srv, kg = config.server, config.kg(config.server.kg)
+    try:
+        with socket.create_server((srv.host, srv.port)):
+            pass
+    except OSError as e:
+        print(f"error: cannot listen on {srv.host}:{srv.port} ({e.strerror}); pick another --port", file=sys.stderr)
+        return 2
+    if srv.threads:
+        torch.set_num_threads(srv.threads)
+    try:
+        options = from_flags(args)
+        examples = example_questions(srv.examples)
+        start = time.perf_counter()
+        # always load the re-ranker: a request may turn re-ranking on even if the default is off
+        grisp = Grisp(config.model.model_dir, srv.adapter, kg.index, kg.endpoint, replace(options, rerank=True),
+                      config.model.device)
+        agent = build_agent(config) if srv.agent else None
+    except (GrispError, SparqlError, OSError, ConfigError, BackendError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    chat = agent.backend if agent is not None and isinstance(agent.backend, LocalBackend) else None
+    info = {"model": config.model.model_dir, "adapter": srv.adapter, "index": kg.index, "endpoint": kg.endpoint,
+            "kg": kg.name, "config": config.source}
     print(f"loaded in {time.perf_counter() - start:.1f}s: " + json.dumps(info | {"options": asdict(options)}))
+    if agent is not None:
+        print(f"agent: {agent_info(agent)['backend']} over {', '.join(agent.kgs)}"
+              + ("; /v1/chat/completions serves it" if chat else ""))
 
     # --- serve
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: serving on {args.host}: anyone who can reach this machine can use the model", file=sys.stderr)
-    app = make_app(grisp, info, options, examples, args.max_waiting, args.time_limit)
-    print(f"open http://{args.host}:{args.port}")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    if srv.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: serving on {srv.host}: anyone who can reach this machine can use the model", file=sys.stderr)
+    app = make_app(grisp, info, options, examples, srv.max_waiting, srv.time_limit_s, agent, chat)
+    print(f"open http://{srv.host}:{srv.port}")
+    uvicorn.run(app, host=srv.host, port=srv.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset
+
+    def cfg(section: str, name: str) -> str:  # where the value comes from when the flag is not given
+        default = getattr({"server": ServerConfig, "model": ModelConfig}[section], name)
+        return f"(config [{section}] {name}, default {default})"
+    parser.add_argument("--config", default=None,
+                        help="TOML or JSON config shared with agent.py (grasp.toml); default $GRASP_CONFIG or built-in")
     # network
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 exposes the server)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on")
-    parser.add_argument("--max-waiting", type=int, default=8, help="questions that may wait; more get 503")
-    parser.add_argument("--time-limit", type=float, default=120.0,
-                        help="seconds per question from the start of its work (generation included); then 504")
+    parser.add_argument("--host", default=S, help=f"address to listen on; 0.0.0.0 exposes it {cfg('server', 'host')}")
+    parser.add_argument("--port", type=int, default=S, help=f"port to listen on {cfg('server', 'port')}")
+    parser.add_argument("--max-waiting", type=int, default=S,
+                        help=f"jobs that may wait; more get 503 {cfg('server', 'max_waiting')}")
+    parser.add_argument("--time-limit", type=float, default=S,
+                        help="seconds per GRISP question or chat completion from the start of its work, then 504; an "
+                             f"agent run has [agent] time_limit_s {cfg('server', 'time_limit_s')}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                         help="uvicorn's log level")
     # model, index and knowledge graph
-    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (get_model.py)")
-    parser.add_argument("--adapter", default=str(defaults.ADAPTER_DIR),
-                        help="LoRA adapter directory (PEFT layout), or 'none' for the base model")
-    parser.add_argument("--index", default=str(defaults.DEMO_INDEX_DIR), help="search index directory (build_index.py)")
-    parser.add_argument("--endpoint", default=defaults.ENDPOINT_URL, help="SPARQL endpoint URL")
-    parser.add_argument("--examples", default=str(defaults.DEMO_DIR / "questions.jsonl"),
-                        help="JSONL with example questions for the page, or 'none'")
+    parser.add_argument("--kg", default=S,
+                        help="the configured knowledge graph GRISP answers over (config [server] kg, default: the "
+                             "first)")
+    parser.add_argument("--model-dir", default=S,
+                        help=f"base model directory of GRISP and the agent {cfg('model', 'model_dir')}")
+    parser.add_argument("--adapter", default=S,
+                        help=f"GRISP's LoRA adapter directory (PEFT layout), or 'none' {cfg('server', 'adapter')}")
+    parser.add_argument("--index", default=S, help="search index directory of that knowledge graph (its index)")
+    parser.add_argument("--endpoint", default=S, help="SPARQL endpoint URL of that knowledge graph (its endpoint)")
+    parser.add_argument("--examples", default=S,
+                        help=f"JSONL with example questions for the page, or 'none' {cfg('server', 'examples')}")
+    parser.add_argument("--no-agent", action="store_true",
+                        help="GRISP only: no agent mode and no /v1 (the agent's model is not loaded)")
     # the default options of every request (a request may override each): one flag per options.Options field
     add_flags(parser)
     # runtime
-    parser.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda, ...")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    parser.add_argument("--device", default=S, help=f"auto (cuda, mps, cpu), cpu, cuda, ... {cfg('model', 'device')}")
+    parser.add_argument("--threads", type=int, default=S,
+                        help=f"torch CPU threads, 0: torch's {cfg('server', 'threads')}")
     return parser
 
 

@@ -203,7 +203,8 @@ def object_grammar(schema: dict, max_string: int) -> Node:
     props = list(schema.get("properties", {}).items())
     required = set(schema.get("required", []))
     unknown = required - {k for k, _ in props}
-    assert not unknown, f"required keys {sorted(unknown)} are not among the properties of {schema!r}"
+    if unknown:  # a schema from a client of serve_openai.py, not only our own
+        raise ValueError(f"the required keys {sorted(unknown)} are not among the properties of {schema!r}")
     values = [value_grammar(s, max_string) for _, s in props]
 
     @lru_cache(maxsize=None)

@@ -1,10 +1,14 @@
-// GRISP's web page: asks serve.py's /api/stream and draws the search as its trace events arrive.
+// GRISP's web page: asks serve.py's /api/stream and draws the search as its trace events arrive; in agent
+// mode (static/agent.js) it asks /api/agent/stream and draws the agent's steps instead.
+// About 390 lines, over the ~350-line budget: the one flow of the page (form, stream, live search, answer) reads
+// best in one file; the agent mode lives apart in agent.js.
 // Plain browser JavaScript, no build step, no libraries. Every server text goes in as text, never as HTML.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 let config = null;      // GET /api/config
-let running = null;     // {controller, timer, started} of the question being answered
+let running = null;     // {controller, timer, started, agent, job} of the question being answered
+let mode = "grisp";     // or "agent" (the mode switch, shown when the server has an agent)
 let run = null;         // what the current question has drawn: trace items by seq, labels, cards
 
 // --- small helpers
@@ -75,6 +79,16 @@ async function loadConfig() {
     options.append(el("label", {title: config.option_help[name]}, input, name.replaceAll("_", " ")));
   }
   $("question").maxLength = config.max_question_chars;
+  if (config.agent) setupAgent(config.agent);  // agent.js: the mode switch and the agent's options
+}
+
+function setMode(chosen) {
+  mode = chosen;
+  $("options").hidden = mode === "agent";
+  $("agentoptions").hidden = mode !== "agent";
+  $("stop").textContent = mode === "agent" ? "Cancel" : "Stop";
+  $("tagline").textContent = mode === "agent" ? "question → function calls exploring the graph → SPARQL → answer"
+                                              : "question → SPARQL skeleton → KG-guided search → answer";
 }
 
 function chosenOptions() {  // the options that differ from the server's defaults
@@ -92,15 +106,18 @@ async function ask() {
   if (!question || !config) return;
   if (running) running.controller.abort();
   resetRun();
-  const controller = new AbortController();
-  running = {controller, started: null, phase: "Waiting", timer: setInterval(tick, 200)};
+  const controller = new AbortController(), agent = mode === "agent";
+  running = {controller, started: null, phase: "Waiting", timer: setInterval(tick, 200), agent, job: null};
   $("go").disabled = true;
   $("stop").hidden = false;
+  $("stop").disabled = false;
   setStatus("Sending…", true);
   try {
-    const response = await fetch("/api/stream", {
+    const body = agent ? agentRequest(question) : {question, options: chosenOptions(), mode: $("opt-mode").value};
+    const response = await fetch(agent ? "/api/agent/stream" : "/api/stream", {
       method: "POST", headers: {"Content-Type": "application/json"}, signal: controller.signal,
-      body: JSON.stringify({question, options: chosenOptions(), mode: $("opt-mode").value})});
+      body: JSON.stringify(body)});
+    running.job = response.headers.get("X-Job-Id");  // names the agent's run for Cancel
     if (!response.ok) {
       const body = await response.json().catch(() => ({error: response.statusText}));
       const retry = response.headers.get("Retry-After");
@@ -154,10 +171,10 @@ function handle(message) {
       break;
     case "started":
       running.started = performance.now();
-      running.phase = "Generating skeletons";
+      running.phase = running.agent ? "Model turn 1" : "Generating skeletons";
       break;
-    case "trace": drawEvent(message.seq, message.event); break;
-    case "answer": showAnswer(message.answer); break;
+    case "trace": (running.agent ? drawAgentEvent : drawEvent)(message.seq, message.event); break;
+    case "answer": (running.agent ? showAgentAnswer : showAnswer)(message.answer); break;
     case "timeout": fail("Timeout", message.message); break;
     case "error":
       if (message.answer) showTimings(message.answer);
@@ -173,6 +190,8 @@ function resetRun() {
   $("steps").replaceChildren();
   $("searchnote").textContent = "";
   $("search").hidden = true;
+  $("agentsteps").replaceChildren();
+  $("agent").hidden = true;
   $("result").hidden = true;
   for (const id of ["message", "table", "query", "timings"]) $(id).replaceChildren();
   $("sparql").hidden = true;
@@ -364,7 +383,10 @@ async function copyQuery() {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("ask").addEventListener("submit", (event) => { event.preventDefault(); ask(); });
-  $("stop").addEventListener("click", () => running && running.controller.abort());
+  $("stop").addEventListener("click", () => running && (running.agent ? cancelAgent() : running.controller.abort()));
+  for (const radio of document.querySelectorAll("input[name=mode]")) {
+    radio.addEventListener("change", () => radio.checked && setMode(radio.value));
+  }
   $("copy").addEventListener("click", copyQuery);
   loadConfig().catch((error) => fail("No server", `cannot read /api/config (${error.message})`));
 });

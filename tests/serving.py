@@ -7,6 +7,7 @@ validation, the server) is the real code.
 
     grisp = scripted_grisp(tmp_path_factory, endpoint_url, {QUESTION: [GOLD]})
     with running(make_app(grisp, {...}, Options(), [])) as url: requests.get(url + "/api/config")
+    with slowed(backend.model, 0.05): ...                  # a slow model turn (cancel, time limits)
 """
 import json
 import socket
@@ -75,6 +76,16 @@ class ScriptedSkeletons:
             time.sleep(self.hold)
 
 
+@contextmanager
+def slowed(model, seconds: float) -> Iterator[None]:
+    """Every forward of `model` takes `seconds` longer: a model turn long enough to cancel or time out."""
+    hook = model.register_forward_pre_hook(lambda module, args: time.sleep(seconds))
+    try:
+        yield
+    finally:
+        hook.remove()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -114,3 +125,20 @@ def sse(response: requests.Response, until: str | None = None) -> Iterator[dict]
             yield message
             if message["type"] == until:
                 return
+
+
+class Events:
+    """One Server-Sent Events response read a part at a time, the connection kept open (sse() with `until`
+    ends it: urllib3 closes a stream left early)."""
+
+    def __init__(self, response: requests.Response):
+        self.headers, self._messages = response.headers, sse(response)
+
+    def take(self, until: str | None = None) -> list[dict]:
+        """The next messages up to and including one of type `until` (None: all that are left)."""
+        taken = []
+        for message in self._messages:
+            taken.append(message)
+            if message["type"] == until:
+                break
+        return taken

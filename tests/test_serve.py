@@ -66,12 +66,13 @@ def test_page_is_served_and_needs_nothing_from_the_network(server):
     page = requests.get(url + "/", timeout=10)
     assert page.status_code == 200 and "/static/app.js" in page.text
     assert page.headers["Content-Security-Policy"].startswith("default-src 'self'")
-    for name in ("app.js", "style.css"):
+    for name in ("app.js", "agent.js", "style.css"):
         assert requests.get(f"{url}/static/{name}", timeout=10).status_code == 200
     for path in (defaults.REPO_DIR / "static").iterdir():  # nothing from elsewhere; links to Wikidata pages only
         hosts = set(re.findall(r"https?:(?://|\\/\\/)([\w.\\-]+)", path.read_text()))
         assert hosts <= {"www.wikidata.org", r"www\.wikidata\.org"}, f"{path.name} refers to {hosts}"
-    assert set(re.findall(r'(?:src|href)="([^"]*)"', page.text)) == {"/static/app.js", "/static/style.css", "data:,"}
+    assert set(re.findall(r'(?:src|href)="([^"]*)"', page.text)) == {"/static/app.js", "/static/agent.js",
+                                                                     "/static/style.css", "data:,"}
 
 
 def test_answer_holds_query_result_labels_skeletons_trace_and_timings(server):
@@ -262,7 +263,7 @@ def test_help_and_setup_errors_are_clear(tmp_path, capsys):
         port = taken.getsockname()[1]
         assert f"cannot listen on 127.0.0.1:{port}" in run_main("--port", str(port))
     assert "get_model.py" in run_main("--port", "0")
-    assert "--time-limit > 0" in run_main("--time-limit", "0")
+    assert "server.time_limit_s = 0.0 must be > 0" in run_main("--time-limit", "0")
     assert "top_k = 13" in run_main("--port", "0", "--top-k", "13")
 
 

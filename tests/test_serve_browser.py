@@ -3,8 +3,9 @@
 It loads the page served by serve.py (tiny model, scripted skeletons, the demo endpoint), asks an example
 question with re-ranking on (the tiny model's re-ranker puts None first: candidates with None's place,
 backtracks, a dead end), then, with re-ranking unchecked in the options, a question it can answer, and
-watches the skeletons appear before the answer, then the answer table with links to Wikidata.
-Screenshots go to the test's temporary directory.
+watches the skeletons appear before the answer, then the answer table with links to Wikidata. In agent
+mode (a scripted stand-in for the model) it watches the agent's steps appear before its answer, and
+cancels a run that would go on. Screenshots go to the test's temporary directory.
 
 Missing chromium, chromedriver or selenium FAILS this test (.ci/run installs them); to skip it on a
 machine without a browser, set GRISP_SKIP_BROWSER_TEST=1.
@@ -16,8 +17,12 @@ import time
 import pytest
 import torch
 
+from agent import Agent
+from chat_backends import Reply
+from config import AgentConfig
 from options import Options
 from serve import make_app
+from tests.agent_helpers import call, demo_kg
 from tests.serving import GOLD, QUESTION, running, scripted_grisp
 
 torch.set_num_threads(1)
@@ -95,5 +100,66 @@ def test_page_asks_and_shows_the_live_search_and_the_answer(browser, tmp_path_fa
         assert "total" in find("#timings")[0].text and find("#status")[0].text.startswith("Answered in")
         browser.save_screenshot(str(tmp_path / "answer.png"))
         assert (tmp_path / "answer.png").stat().st_size > 10_000
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        assert not errors, errors
+
+
+class StandIn:
+    """The agent's model for the page: for "Who directed Pulp Fiction?" it searches, runs the query and
+    answers, a turn every 0.4 s; for any other question it keeps searching, a turn a second."""
+
+    name = "stand-in"
+    QUERY = "SELECT ?d WHERE { wd:Q104123 wdt:P57 ?d }"
+
+    def chat(self, messages, tools, deadline=None, tool_choice=None):
+        question = next(m["content"] for m in messages if m["role"] == "user")
+        turn = sum(m["role"] == "assistant" for m in messages)
+        if question != "Who directed Pulp Fiction?":
+            time.sleep(1.0)
+            return Reply("Still looking.", [call("search_entity", kg="wikidata", query=f"film {turn}")])
+        time.sleep(0.4)
+        script = [call("search_entity", kg="wikidata", query="pulp fiction"),
+                  call("search_property", kg="wikidata", query="director"),
+                  call("execute", kg="wikidata", sparql=self.QUERY),
+                  call("answer", kg="wikidata", sparql=self.QUERY, answer="Quentin Tarantino")]
+        return Reply("First the film." if turn == 0 else "", [script[min(turn, 3)]])
+
+
+def test_agent_mode_shows_each_step_the_answer_and_cancels(browser, tmp_path_factory, demo_endpoint, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    grisp = scripted_grisp(tmp_path_factory, demo_endpoint, {})
+    kg = demo_kg(demo_endpoint)
+    agent = Agent({kg.name: kg}, StandIn(), AgentConfig())
+    with running(make_app(grisp, {"model": "tiny", "adapter": None, "index": "demo", "endpoint": demo_endpoint},
+                          Options(), [QUESTION], agent=agent)) as url:
+        browser.get(url + "/")
+        find = lambda selector: browser.find_elements(By.CSS_SELECTOR, selector)  # noqa: E731
+        wait_for(lambda: find("#modes") and find("#modes")[0].is_displayed(), "the mode switch")
+        find("#modes label:nth-child(2)")[0].click()
+        box = find("#question")[0]
+        box.send_keys("Who directed Pulp Fiction?")
+        find("#go")[0].click()
+        wait_for(lambda: find("#agentsteps li.step.call") and not find("#result")[0].is_displayed(),
+                 "the first steps while the answer is still on its way")
+        assert "First the film." in find("#agentsteps li.step.model")[0].text
+        assert find("#stop")[0].is_displayed() and find("#stop")[0].text == "Cancel"
+        link = wait_for(lambda: find("#table td a"), "the answer table")[0]
+        assert link.text == "Quentin Tarantino" and link.get_attribute("href") == "https://www.wikidata.org/wiki/Q3772"
+        assert "Quentin Tarantino" in find("#message")[0].text and "wdt:P57" in find("#query")[0].text
+        assert [li.find_element(By.CSS_SELECTOR, ".head b").text for li in find("#agentsteps li.step.call")] == \
+            ["search_entity", "search_property", "execute", "answer"]
+        assert find("#status")[0].text.startswith("Answered in") and "4 step(s)" in find("#timings")[0].text
+        browser.save_screenshot(str(tmp_path / "agent.png"))
+
+        # a run that would go on: Cancel stops it on the server, after the step under way
+        box.clear()
+        box.send_keys("Who wrote it?")
+        find("#go")[0].click()
+        wait_for(lambda: find("#agentsteps li.step.call"), "the first step")
+        find("#stop")[0].click()
+        wait_for(lambda: find("#status")[0].text == "Cancelled.", "the cancelled status", seconds=10)
+        assert "cancelled between steps" in find("#agentsteps")[0].text and not find("#go")[0].get_attribute("disabled")
+        assert len(find("#agentsteps li.step.model")) <= 3
         errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
         assert not errors, errors

@@ -1,0 +1,205 @@
+"""serve_openai.py: serve.py's /v1/chat/completions and /v1/models over a tiny random model (a real uvicorn
+server, local_backend.LocalBackend with constrained tool calls), and the GRASP agent's OpenAI backend
+(chat_backends.OpenAIBackend) running its loop against this server over HTTP.
+
+A tiny random model writes garbage, so the tests check the protocol: OpenAI's response shape, calls that
+name an offered function with arguments that fit its schema (checked with jsonschema, independently of
+our grammar), usage, finish reasons, 400s in OpenAI's error shape, one request at a time, the time
+limit, and an agent run that completes within its step limit with a trace for each step.
+"""
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlparse
+
+import jsonschema
+import pytest
+import requests
+import torch
+
+from agent import Agent
+from agent_functions import kg_definitions
+from agent_prompts import task_definitions
+from chat_backends import OpenAIBackend
+from config import AgentConfig
+from local_backend import LocalBackend, qwen_tool_prompt
+from options import Options
+from serve import make_app
+from tests.agent_helpers import demo_kg
+from tests.serving import running, scripted_grisp, slowed
+from tests.tiny import make_model_dir
+
+torch.set_num_threads(1)
+TOOLS = kg_definitions(["wikidata"], 10, 10, indexed=True) + task_definitions("sparql-qa", ["wikidata"])  # the agent's
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "system", "content": "You answer questions."},
+       {"role": "user", "content": "Who directed Pulp Fiction?"}]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, demo_endpoint):
+    grisp = scripted_grisp(tmp_path_factory, demo_endpoint, {})
+    backend = LocalBackend(make_model_dir(tmp_path_factory.mktemp("chat") / "tiny"), max_reasoning_tokens=6,
+                           max_call_tokens=60)
+    return grisp, backend
+
+
+@pytest.fixture(scope="module")
+def url(setup):
+    grisp, backend = setup
+    with running(make_app(grisp, {"model": "tiny"}, Options(rerank=False), [], chat=backend)) as base:
+        yield base + "/v1"
+
+
+def chat(url: str, **body) -> requests.Response:
+    return requests.post(url + "/chat/completions", json={"model": "tiny", "messages": ASK, **body}, timeout=120)
+
+
+def turn(response: requests.Response) -> tuple:
+    """What the model wrote: its text and its calls (names and arguments, not their ids)."""
+    message = response.json()["choices"][0]["message"]
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+    return message["content"], calls
+
+
+def test_models_lists_the_one_model(url):
+    models = requests.get(url + "/models", timeout=10).json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == ["tiny"]
+
+
+def test_a_completion_with_tools_is_one_call_that_fits_in_openai_format(url, setup):
+    response = chat(url, tools=TOOLS)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-") and body["model"] == "tiny"
+    choice = body["choices"][0]
+    assert choice["index"] == 0 and choice["finish_reason"] == "tool_calls"
+    message = choice["message"]
+    assert message["role"] == "assistant" and len(message["tool_calls"]) == 1
+    call = message["tool_calls"][0]
+    assert call["type"] == "function" and call["id"] and call["function"]["name"] in SCHEMAS
+    jsonschema.validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+    usage = body["usage"]  # the prompt is Qwen's template with the tools; completion: the tokens generated
+    prompt = setup[1].tokenizer.encode(qwen_tool_prompt(ASK, TOOLS))
+    assert usage["prompt_tokens"] == len(prompt) and usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_tool_choice_named_none_and_a_conversation_with_earlier_calls(url):
+    named = chat(url, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "search_entity"}}).json()
+    call = named["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "search_entity"
+    jsonschema.validate(json.loads(call["arguments"]), SCHEMAS["search_entity"])
+    plain = chat(url, tools=TOOLS, tool_choice="none").json()["choices"][0]
+    assert "tool_calls" not in plain["message"] and isinstance(plain["message"]["content"], str)
+    assert plain["finish_reason"] in ("stop", "length")
+    earlier = [*ASK, {"role": "assistant", "content": None, "tool_calls": [  # arguments as text and as an object
+                   {"id": "a", "type": "function", "function": {"name": "search_entity",
+                                                                "arguments": '{"kg": "wikidata", "query": "pulp"}'}},
+                   {"id": "b", "type": "function", "function": {"name": "list", "arguments": {"kg": "wikidata"}}}]},
+               {"role": "tool", "tool_call_id": "a", "content": "1. Pulp Fiction (wd:Q104123)"},
+               {"role": "tool", "tool_call_id": "b", "content": [{"type": "text", "text": "no triples"}]}]
+    response = chat(url, messages=earlier, tools=TOOLS, tool_choice="required")
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["tool_calls"]
+
+
+def test_temperature_is_for_one_request_only(url):
+    greedy = turn(chat(url, tools=TOOLS))
+    sampled = chat(url, tools=TOOLS, temperature=1.5)
+    assert sampled.status_code == 200 and sampled.json()["choices"][0]["message"]["tool_calls"]
+    assert turn(chat(url, tools=TOOLS)) == greedy  # greedy again, the same turn
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"{not json", "the body is not JSON"),
+    (b"[1]", "must be a JSON object"),
+    (b"{}", "messages must be a non-empty list"),
+    (b'{"messages": []}', "messages must be a non-empty list"),
+    (b'{"messages": [{"role": "robot", "content": "hi"}]}', "messages[0] must be an object with a role in system"),
+    (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "this model reads text only"),
+    (b'{"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{x"}}]}]}',
+     "messages[0].tool_calls[0] must be"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "retrieval"}]}',
+     'tools[0] has type "retrieval"; only "function" tools are supported'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {}}]}',
+     "tools[0].function must be an object with a name"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", '
+     b'"parameters": {"type": "object", "properties": {"xs": {"type": "array"}}}}}]}', "cannot constrain decoding"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", '
+     b'"parameters": {"type": "object", "properties": {}, "required": ["x"]}}}]}', "required keys ['x'] are not among"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], '
+     b'"tool_choice": {"type": "function", "function": {"name": "g"}}}',
+     "names no function among the tools"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "always"}', "tool_choice must be auto"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}', "there are no tools"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stream": true}', "stream is not supported"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', "one choice per request"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', "temperature must be a number"),
+    (b"x" * (300 * 1024), "the request body is over 256 KB"),
+])
+def test_bad_requests_are_400_in_openai_shape(url, body, message):
+    response = requests.post(url + "/chat/completions", data=body, timeout=10)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert message in error["message"] and error["type"] == "invalid_request_error" and error["code"] == 400
+
+
+def test_requests_are_served_one_at_a_time_and_give_what_they_give_alone(url):
+    questions = [f"Question number {n}?" for n in range(4)]
+
+    def ask(question: str) -> tuple:
+        body = {"messages": [{"role": "user", "content": question}], "tools": TOOLS}
+        return turn(requests.post(url + "/chat/completions", json=body, timeout=120))
+    alone = [ask(q) for q in questions]
+    together = [None] * len(questions)
+
+    def client(i: int) -> None:
+        together[i] = ask(questions[i])
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(questions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert together == alone  # the shared model and its KV cache were never used by two requests at once
+
+
+def test_time_limit_is_504_and_a_client_that_leaves_frees_the_model(setup):
+    grisp, backend = setup
+    with running(make_app(grisp, {"model": "tiny"}, Options(rerank=False), [], time_limit=0.5, chat=backend)) as base, \
+            slowed(backend.model, 0.05):
+        start = time.monotonic()
+        response = chat(base + "/v1", tool_choice="none")  # 66 forwards of 0.05 s: past the limit
+        assert response.status_code == 504 and "time limit of 0.5 s" in response.json()["error"]["message"]
+        assert time.monotonic() - start < 2.5
+    with running(make_app(grisp, {"model": "tiny"}, Options(rerank=False), [], chat=backend)) as base:
+        address = urlparse(base)
+        body = json.dumps({"messages": ASK}).encode()
+        with slowed(backend.model, 0.2):  # a turn of about 13 s, unless it is stopped
+            with socket.create_connection((address.hostname, address.port)) as s:  # a client that leaves
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                time.sleep(0.5)
+        start = time.monotonic()
+        response = chat(base + "/v1", tools=TOOLS)
+        assert response.status_code == 200 and time.monotonic() - start < 5.0, "the abandoned turn went on"
+
+
+def test_the_agent_runs_its_loop_over_our_server(url, demo_endpoint):
+    kg = demo_kg(demo_endpoint)
+    for tool_choice, max_steps in (("required", 1), ("auto", 4)):
+        backend = OpenAIBackend(url, "tiny", tool_choice=tool_choice, retries=0)
+        r = Agent({kg.name: kg}, backend, AgentConfig(max_steps=max_steps)).run("Who directed Pulp Fiction?")
+        events = [e["event"] for e in r.trace]
+        assert events[0] == "question" and events[-1] == "output" and r.error is None, r.trace
+        assert 1 <= r.steps <= max_steps and events.count("model") == r.steps
+        assert r.status in ("answer", "cancel", "step_limit", "loop", "no_answer")
+        assert (r.status == "step_limit") == (r.steps == max_steps and events[-2] == "limit")
+        assert "malformed_call" not in events and "backend_error" not in events
+        calls = [c for m in r.messages if m.get("tool_calls") for c in m["tool_calls"]]
+        for c in calls:  # every call the server sent names a real function with arguments that fit it
+            jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
+        run = [e["name"] for e in r.trace if e["event"] == "call"]  # run unless it repeated the turn before
+        assert len(run) + sum(e["event"] == "loop" for e in r.trace) == len(calls)
+        if tool_choice == "required":
+            assert len(calls) == r.steps  # one call every turn
