@@ -33,6 +33,7 @@ the summary, so the evaluation stage stays one file; the scoring rules themselve
 and skeleton_score.py.
 """
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -49,6 +50,7 @@ import metrics
 import sparql
 from jsonl import append_jsonl, read_jsonl, write_jsonl
 from options import GrispError, Options, add_flags, preset
+from tracing import Stopwatch
 
 # paper table 5: ablation name -> the options.Options fields it switches off (w/o KG guidance also
 # drops constrained search; "all disabled" leaves plain index search, "re-ranking only" adds re-ranking)
@@ -61,20 +63,20 @@ ABLATIONS = {
     "no-backtracking": preset(backtracking=False),
     "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
-KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed", "beam_ranking")  # options.Options fields, passed if set
+KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed", "beam_ranking", "precision")  # options.Options fields, passed if set
 # grisp.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
             "endpoint", "skeletons_from", "system", "agent")  # a resumed run must agree with the saved config on these
-GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking")  # what decides stage 1's output
+GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking", "precision")  # what decides stage 1's output
 SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index")  # the same for --skeleton-only
 
 
 def pipeline_options(args: argparse.Namespace) -> dict:
     """options.Options fields for this run: the ablation preset plus the knobs given on the CLI."""
     return {**ABLATIONS[args.ablation],
-            **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob) is not None}}
+            **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob, None) is not None}}
 
 
 def load_pipeline(args: argparse.Namespace, options: dict, generate_only: bool = False):
@@ -118,13 +120,24 @@ def load_generated_skeletons(run_dir: Path, config: dict) -> dict[str, dict]:
 
 def answer_with_generated(pipeline, question: str, source: dict):
     """A grisp.Answer resolving the skeletons an earlier run generated, timed as if generated here
-    (the recorded generation seconds are added to the timings)."""
-    generation = source["timings"].get("generate", 0.0)
+    (the recorded generation seconds are added to the timings); skeletons past the recorded ones are
+    generated here if needed."""
+    recorded = [tuple(s) for s in source["skeletons"]]
+    trace = [step for step in source["trace"] if step.get("event") == "skeleton"]
+    more = Stopwatch()
+
+    def skeletons():
+        yield from recorded
+        # that run generated skeletons only until one resolved; if this one needs more, the same
+        # settings and seed give the same skeletons first, so skip those
+        yield from more.timed(itertools.islice(pipeline.skeleton_stream(question, []), len(recorded), None))
+
     start = time.perf_counter()
-    answer = pipeline.answer_from_skeletons(question, [tuple(s) for s in source["skeletons"]])
-    answer.trace[:0] = [step for step in source["trace"] if step.get("event") == "skeleton"]
+    answer = pipeline.answer_from_skeletons(question, skeletons(), trace=trace)
+    generation = source["timings"].get("generate", 0.0) + more.seconds
     answer.timings["generate"] = generation
-    answer.timings["total"] = time.perf_counter() - start + generation
+    answer.timings["resolve"] -= more.seconds
+    answer.timings["total"] = time.perf_counter() - start - more.seconds + generation
     return answer
 
 

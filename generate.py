@@ -10,8 +10,11 @@ it: sums of the processed (temperature, top-p) log-probabilities, finished hypot
 length. With `sample=False` the search is the classic deterministic beam search (tests: equal to
 transformers' in both rankings), and width 1 is greedy decoding.
 
-The prompt is prefilled once; its KV cache is copied into the W beam rows and reordered whenever
-beams move (`KVCache.reorder`), so each step runs W new tokens only. Choosing the continuations
+The prompt is prefilled once, through a PromptCache (prompt_cache.py: a start it shares with the
+previous prompt, such as the skeleton prompt's instructions, is not recomputed); its KV cache is copied
+into the W beam rows and reordered whenever beams move (`KVCache.reorder`), so each step runs W new
+tokens only. `beam_search_stream` yields each hypothesis as soon as no running beam can overtake it
+("sum" ranking), so a caller that needs only the best few stops the search there (exact). Choosing the continuations
 takes a few linear passes over the W x V scores (top-p from a partial top-k, no full sort), so a
 step costs little more than the model's forward (bench/bench_infer.py measures it).
 
@@ -28,12 +31,14 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 import defaults
 from cpu_speed import prepare_for_inference
 from model import Transformer, pick_device
+from prompt_cache import PromptCache
 from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 
 
@@ -93,8 +98,13 @@ def sample_without_replacement(weights: torch.Tensor, allowed: torch.Tensor, siz
     return allowed[(probs / q[allowed]).topk(n).indices]  # [n]
 
 
+def beam_search(model: Transformer, prompt: list[int], eos_ids: list[int], **settings) -> list[Hypothesis]:
+    """All hypotheses of `beam_search_stream` (same arguments), best first."""
+    return list(beam_search_stream(model, prompt, eos_ids, **settings))
+
+
 @torch.inference_mode()
-def beam_search(
+def beam_search_stream(
     model: Transformer,
     prompt: list[int],
     eos_ids: list[int],
@@ -106,8 +116,15 @@ def beam_search(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     ranking: str = "sum",
-) -> list[Hypothesis]:
-    """Up to `num_beams` hypotheses for `prompt`, best first (finished ones before cut-off ones).
+    prompt_cache: PromptCache | None = None,
+) -> Iterator[Hypothesis]:
+    """Up to `num_beams` hypotheses for `prompt`, best first (finished ones before cut-off ones), each
+    yielded as soon as it is settled: with ranking "sum" a finished hypothesis whose score is at least
+    the best running beam's can no longer be overtaken (scores only fall), so it comes out while the
+    search goes on; the rest come out at the end. A caller that stops iterating stops the search, so
+    one that needs only the best few skeletons (grisp.py) computes no more steps than those need, and
+    gets exactly what the full search would rank first. (With "length-normalised" a longer hypothesis
+    can still overtake, so everything comes out at the end.)
 
     ranking="sum" (this code's first rule): a beam's score is the sum of its raw (temperature 1)
         token log-probabilities. sample=False: each step keeps the 2W best (beam, token) continuations
@@ -126,6 +143,9 @@ def beam_search(
     In both, only an end-of-turn id among the W best candidates finishes a hypothesis, and the search
     ends after `max_new_tokens` steps at the latest, when running beams fill the W places as
     `finished=False`. use_cache=False recomputes every step from scratch (slow; the tests' reference).
+
+    prompt_cache: a PromptCache that runs the prompt, computing only what it does not share with the
+        cache's previous prompt (e.g. the skeleton prompt's fixed start); by default a fresh one.
     """
     assert num_beams >= 1 and temperature > 0 and 0 < top_p <= 1, "bad beam search settings"
     assert ranking in RANKINGS, f"ranking must be one of {RANKINGS}, got {ranking!r}"
@@ -139,11 +159,15 @@ def beam_search(
     finished: list[Hypothesis] = []
 
     prompt_ids = torch.tensor([prompt], device=device)  # [1, P]
-    cache = model.new_cache(1, len(prompt) + max_new_tokens + 1) if use_cache else None
-    logits = model(prompt_ids, cache=cache, logits_at=-1)  # [1, V]
-    if cache is not None:
-        cache.reorder(torch.zeros(W, dtype=torch.long, device=device))
+    cache = None
+    if use_cache:
+        prompt_cache = prompt_cache or PromptCache(model)
+        logits = prompt_cache.run(prompt)[None]  # [1, V]
+        cache = prompt_cache.cache.copy_rows(torch.zeros(W, dtype=torch.long, device=device), len(prompt) + max_new_tokens + 1)
+    else:
+        logits = model(prompt_ids, logits_at=-1)  # [1, V]
     logits = logits.expand(W, -1)  # [W, V]
+    settled = 0  # the leading finished hypotheses already yielded
 
     for step in range(max_new_tokens):
         length = step + 1  # generated tokens of every candidate, its new one included
@@ -188,6 +212,10 @@ def beam_search(
         best_running = max(next_scores, default=float("-inf")) / (length if hf else 1)
         if not next_rows or (len(finished) == W and finished[-1].score >= best_running):
             break
+        if not hf:  # yield what no running beam can overtake any more (a prefix: finished is sorted)
+            final = sum(h.score >= best_running for h in finished)
+            yield from finished[settled:final]
+            settled = max(settled, final)
         while len(next_rows) < W:  # too few candidates (tiny vocab or top-p): pad with dead beams
             next_rows.append(next_rows[0]), next_tokens.append(next_tokens[0]), next_scores.append(float("-inf"))
 
@@ -207,7 +235,9 @@ def beam_search(
     if len(finished) < W and not hf:  # out of steps: the best running beams, marked unfinished
         live = [(float(s), t.tolist()) for s, t in zip(beam_scores, beam_tokens) if torch.isfinite(s)]
         finished += [Hypothesis(t, s, False) for s, t in sorted(live, reverse=True)[: W - len(finished)]]
-    return sorted(finished, key=lambda h: (h.finished, h.score), reverse=True)
+    ranked = sorted(finished, key=lambda h: (h.finished, h.score), reverse=True)
+    assert settled <= len(ranked), "a yielded hypothesis was dropped"  # settled ones lead the ranking
+    yield from ranked[settled:]
 
 
 # ---------------------------------------------------------------------------- greedy chat (command line)

@@ -2,7 +2,9 @@
 
 Stage 1 decodes skeletons with beam search over the fine-tuned model, drops duplicates and those that
 do not parse, and keeps the best `num_skeletons`. Stage 2 resolves them one after the other with the
-KG-guided depth-first search of resolve.py and returns the first that yields a valid query. Every
+KG-guided depth-first search of resolve.py and returns the first that yields a valid query. The two
+interleave: the beam search runs only until the next skeleton is settled, and goes on only if that
+skeleton fails (the same skeletons in the same order as generating all first, docs/method.md 2.5). Every
 mechanism is a switch in `options.Options`, matching the paper's ablations; infer.py and evaluate.py
 are thin command-line fronts over this class.
 
@@ -14,14 +16,16 @@ are thin command-line fronts over this class.
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import torch
 
 import peft_format
 from cpu_speed import prepare_for_inference
-from generate import beam_search
+from generate import beam_search_stream
 from model import Transformer, pick_device
 from options import GrispError, Options
+from prompt_cache import PromptCache
 from prompts import skeleton_messages
 from rerank import ModelReranker
 from resolve import Resolver
@@ -30,7 +34,7 @@ from skeleton import find_placeholders, parses
 from sparql import Result, SparqlClient, Tally
 from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
-from tracing import Listener
+from tracing import Listener, Stopwatch
 
 
 @dataclass
@@ -87,7 +91,8 @@ class Grisp:
         self.model = Transformer.from_pretrained(model_dir, dtype, self.device)
         if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed
             peft_format.load_merged(self.model, adapter_dir)
-        prepare_for_inference(self.model)
+        prepare_for_inference(self.model, int8=options.precision == "int8")
+        self.skeleton_prompts = PromptCache(self.model)  # every skeleton prompt starts alike (the instructions)
         # the re-ranking prompt format the adapter was trained on (docs/method.md section 3.3)
         try:
             self.prompt_format = peft_format.read_prompt_format(adapter_dir)
@@ -96,7 +101,9 @@ class Grisp:
 
     def use_options(self, options: Options) -> None:
         """Answer the next questions with `options` (serve.py: options per request). The re-ranker is made
-        at load time, so re-ranking needs a Grisp loaded with rerank on."""
+        at load time, so re-ranking needs a Grisp loaded with rerank on; the precision is the loaded one."""
+        if options.precision != self.options.precision:
+            raise GrispError(f"this Grisp was loaded in {self.options.precision}; it cannot answer in {options.precision}")
         if self.resolver is not None:
             if options.rerank and self.resolver.reranker is None:
                 raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
@@ -104,15 +111,22 @@ class Grisp:
         self.options = options
 
     def skeletons(self, question: str, listener: Listener | None = None) -> tuple[list[tuple[str, float]], list[dict]]:
-        """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of all beams."""
+        """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of the beams."""
+        trace: list[dict] = []
+        return list(self.skeleton_stream(question, trace, listener)), trace
+
+    def skeleton_stream(self, question: str, trace: list[dict], listener: Listener | None = None) -> Iterator[tuple[str, float]]:
+        """Stage 1, lazily: the distinct, parsing skeletons best first (at most num_skeletons), each as soon
+        as the beam search has settled it (generate.beam_search_stream), so the search goes only as far
+        as the skeletons taken need. Each beam's verdict is appended to `trace` (and told to `listener`)."""
         o = self.options
         prompt = self.tokenizer.encode(chat_prompt(skeleton_messages(question)))
         generator = torch.Generator(device=self.device).manual_seed(o.seed)
-        hyps = beam_search(self.model, prompt, self.tokenizer.eos_ids, num_beams=o.num_beams if o.beam_search else 1,
-                           max_new_tokens=o.max_new_tokens, sample=o.sample and o.beam_search,
-                           temperature=o.temperature, top_p=o.top_p, generator=generator, ranking=o.beam_ranking)
-        kept, trace, seen = [], [], set()
-        for h in hyps:
+        needed, kept, seen = o.num_skeletons if o.beam_search else 1, 0, set()
+        for h in beam_search_stream(self.model, prompt, self.tokenizer.eos_ids,
+                                    num_beams=o.num_beams if o.beam_search else 1, max_new_tokens=o.max_new_tokens,
+                                    sample=o.sample and o.beam_search, temperature=o.temperature, top_p=o.top_p,
+                                    generator=generator, ranking=o.beam_ranking, prompt_cache=self.skeleton_prompts):
             text = self.tokenizer.decode(h.tokens).strip()
             verdict = ("unfinished" if not h.finished else "duplicate" if text in seen
                        else "does not parse" if not parses(text) else "kept")
@@ -120,27 +134,33 @@ class Grisp:
             trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
             if listener is not None:
                 listener(trace[-1])
-            if verdict == "kept" and len(kept) < (o.num_skeletons if o.beam_search else 1):
-                kept.append((text, h.score))
-        return kept, trace
+            if verdict == "kept":
+                kept += 1
+                yield text, h.score
+                if kept == needed:
+                    return
 
     def answer(self, question: str, listener: Listener | None = None) -> Answer:
-        """`listener` sees every trace event as it happens (tracing.py); if it raises, answering stops."""
+        """`listener` sees every trace event as it happens (tracing.py); if it raises, answering stops.
+        Skeletons are generated as resolution asks for them: the next one only when one fails."""
         if not question.strip():
             raise GrispError("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
         start = time.perf_counter()
-        skeletons, trace = self.skeletons(question, listener)
-        generation = time.perf_counter() - start
-        answer = self.answer_from_skeletons(question, skeletons, listener=listener)
-        answer.trace[:0] = trace
-        answer.timings["generate"] = generation
+        trace: list[dict] = []
+        generation = Stopwatch()
+        skeletons = generation.timed(self.skeleton_stream(question, trace, listener))
+        answer = self.answer_from_skeletons(question, skeletons, listener=listener, trace=trace)
+        answer.timings["generate"] = generation.seconds
+        answer.timings["resolve"] -= generation.seconds  # resolution ran the generation steps in between
         answer.timings["total"] = time.perf_counter() - start
         return answer
 
-    def answer_from_skeletons(self, question: str, skeletons: list[str] | list[tuple[str, float]],
-                              deadline: float = float("inf"), listener: Listener | None = None) -> Answer:
-        """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one): the first that
-        resolves to a valid query wins. Each skeleton has its own time budget, as in the reference: a
+    def answer_from_skeletons(self, question: str, skeletons: Iterable[str | tuple[str, float]],
+                              deadline: float = float("inf"), listener: Listener | None = None,
+                              trace: list[dict] | None = None) -> Answer:
+        """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one), taken one at a time
+        from `skeletons` (a list, or answer()'s lazy stream): the first that resolves to a valid query
+        wins. `trace`: the list the answer's trace continues (the stream appends its beams to it). Each skeleton has its own time budget, as in the reference: a
         skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
         (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget; every
         endpoint query ends within its skeleton's budget (and by `deadline`, an optional overall cap).
@@ -151,16 +171,17 @@ class Grisp:
         start = time.perf_counter()
         client = self.resolver.client
         client.tally = Tally()  # this question's queries
-        skeletons = [s if isinstance(s, tuple) else (s, 0.0) for s in skeletons]
-        answer = Answer(question, None, None, skeletons, failure="no_skeleton" if not skeletons else None)
-        for number, (skeleton, score) in enumerate(skeletons):
+        answer = Answer(question, None, None, [], trace if trace is not None else [], failure="no_skeleton")
+        for number, item in enumerate(skeletons):
+            skeleton, score = item if isinstance(item, tuple) else (item, 0.0)
+            answer.skeletons.append((skeleton, score))
             answer.trace.append({"event": "resolve", "skeleton": skeleton, "number": number,
                                  "placeholders": len(find_placeholders(skeleton))})
             if listener is not None:
                 listener(answer.trace[-1])
             budget_end = min(time.monotonic() + self.options.time_budget, deadline)
             resolution = self.resolver.resolve(question, skeleton, budget_end, listener)
-            answer.trace += resolution.trace
+            answer.trace.extend(resolution.trace)
             answer.backtracks += resolution.backtracks
             for name, seconds in resolution.timings.items():
                 answer.timings[name] = answer.timings.get(name, 0.0) + seconds

@@ -22,6 +22,7 @@ import torch
 
 from chat_backends import BackendCancelled, BackendError, BackendTimeout, Reply, check_call
 from cpu_speed import prepare_for_inference
+from prompt_cache import PromptCache
 from model import Transformer, pick_device
 from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 from tool_grammar import call_grammar
@@ -95,7 +96,7 @@ class LocalBackend:
         self.should_stop = should_stop
         self._generator = torch.Generator().manual_seed(seed)  # sampling (temperature > 0) only
         self.name = f"local:{model_dir.name}" + (f"+{Path(adapter).name}" if adapter else "")
-        self._cache, self._ids, self._calls = None, [], 0  # the KV cache, the token ids it holds, calls made
+        self._prompts, self._calls = PromptCache(self.model, room=4096), 0  # the conversation's KV cache, calls made
         self._texts: dict[int, str] = {}  # token id -> its text (complete characters only, else "")
         self._special = set(self.tokenizer.tokenizer.get_added_tokens_decoder())  # never inside a call
         self._char_ids = {c: self.tokenizer.encode(c) for c in map(chr, range(32, 127))}
@@ -196,31 +197,21 @@ class LocalBackend:
 
     def _prefill(self, ids: list[int], deadline):
         """Logits after `ids`, reusing the cached start that this prompt shares with the last one."""
-        same = 0
-        for a, b in zip(self._ids, ids):
-            if a != b:
-                break
-            same += 1
-        self._truncate(min(same, len(ids) - 1))  # at least one token is run, for its logits
-        logits = None
-        rest = ids[len(self._ids):]
-        for i in range(0, len(rest), 512):  # chunks bound the attention's memory
-            logits = self._feed(rest[i:i + 512], deadline)
-        return logits
+        return self._prompts.run(ids, check=lambda: self._check(deadline)).float()
 
     def _feed(self, ids: list[int], deadline):
+        return self._prompts.feed(ids, check=lambda: self._check(deadline)).float()
+
+    def _check(self, deadline) -> None:
+        """Raise if the turn must end before the next forward pass: the time limit, or a stop request."""
         if deadline is not None and time.monotonic() > deadline:
             raise BackendTimeout("the time limit was reached while the local model was generating")
         if self.should_stop is not None and self.should_stop():
             raise BackendCancelled("stopped on request while the local model was generating")
-        if self._cache is None:
-            self._cache = self.model.new_cache(1, 4096)
-        tokens = torch.tensor([ids], device=self.model.model.norm.weight.device)
-        logits = self.model(tokens, cache=self._cache, logits_at=-1)[0].float()  # [V]
-        self._ids += ids
-        return logits
+
+    @property
+    def _ids(self) -> list[int]:
+        return self._prompts.ids
 
     def _truncate(self, length: int) -> None:
-        if self._cache is not None:
-            self._cache.truncate(length)
-        self._ids = self._ids[:length]
+        self._prompts.truncate(length)

@@ -166,6 +166,14 @@ class KVCache:
         torch.index_select(self.mask, 0, rows, out=mask)
         self.spare, (self.k, self.v, self.mask) = (self.k, self.v, self.mask), (k, v, mask)
 
+    def copy_rows(self, rows: torch.Tensor, max_len: int) -> "KVCache":
+        """A new cache holding `rows` (LongTensor, may repeat) of this one's filled part, with room for
+        `max_len` positions; this cache stays as it is (a prompt's cache -> the beams of beam search)."""
+        copy = object.__new__(KVCache)
+        copy.length, copy.k, copy.v, copy.mask = self.length, self.k, self.v, self.mask
+        copy._rebuild(rows, max(max_len, self.length))
+        return copy
+
     def _rebuild(self, rows: torch.Tensor | slice, size: int) -> None:
         """Replace the buffers by ones holding `rows` of the filled part, with room for `size` positions."""
         n, (L, B, H, _, D) = self.length, self.k.shape

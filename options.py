@@ -47,6 +47,9 @@ class Options:
                                "demo structure match, 27 -> 21 of 53); length-normalised = Hugging Face's beam "
                                "sampling as the reference decodes (processed log-probabilities / length), for "
                                "retrained adapters once measured", choices=RANKINGS)
+    precision: str = option("float32", "matmul precision of the model on CPU: float32, or int8 = torch's dynamic "
+                            "int8 for every linear layer except down_proj (faster, lossy: docs/cpu_speed.md 1.4)",
+                            choices=("float32", "int8"))
     # placeholder resolution (the paper's ablations)
     top_k: int = option(10, "search hits re-ranked per placeholder")
     rerank: bool = option(True, "take the index order, no model re-ranking")
@@ -70,7 +73,8 @@ class Options:
             # re-ranking prompt names at most len(IDENTIFIERS) - 1 alternatives
             ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"in [1, {MAX_TOP_K}]"),
             ("time_budget", self.time_budget, self.time_budget > 0, "> 0"),
-            ("beam_ranking", self.beam_ranking, self.beam_ranking in RANKINGS, f"one of {', '.join(RANKINGS)}")] if not ok]
+            ("beam_ranking", self.beam_ranking, self.beam_ranking in RANKINGS, f"one of {', '.join(RANKINGS)}"),
+            ("precision", self.precision, self.precision in ("float32", "int8"), "float32 or int8")] if not ok]
         if problems:
             raise GrispError("bad settings: " + "; ".join(problems))
 

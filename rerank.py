@@ -8,8 +8,8 @@ position after the prompt: one forward pass scores the whole list. Training uses
 `identifier_token_ids` (letters -> single token ids, or a clear error) and `identifier_logits` (gather
 the identifiers' logits, absent ones masked).
 
-`ModelReranker` adds the speed-up: it keeps the KV cache of its previous prompt and runs only the
-tokens after the start the two prompts share (tests/test_rerank.py: same scores as a full forward;
+`ModelReranker` adds the speed-up: its prompts run through a PromptCache (prompt_cache.py), which
+computes only the tokens after the start a prompt shares with the previous one (tests/test_rerank.py: same scores as a full forward;
 docs/cpu_speed.md section 3.3: the speed-up).
 
     reranker = ModelReranker(model, tokenizer, prompt_format="v2")   # the adapter's format (peft_format)
@@ -20,6 +20,7 @@ from typing import Iterable
 import torch
 
 from model import Transformer
+from prompt_cache import PromptCache
 from prompts import IDENTIFIERS, LATEST_PROMPT_FORMAT, PROMPT_FORMATS, Alternative, rerank_messages
 from tokenizer import Tokenizer, chat_prompt
 
@@ -48,9 +49,9 @@ class ModelReranker:
 
     Successive prompts share a long start: always the system message and chat header, within one
     question also the question line, the query up to its first changed placeholder and, on a backtrack,
-    the whole query and the resolved items. So the re-ranker keeps the KV cache of its previous prompt,
-    cuts it back to the tokens the new prompt shares with it and runs only the rest; cutting back is
-    free, so reuse always pays. prefix_cache=False runs every prompt in full (the reference; scores agree up to rounding).
+    the whole query and the resolved items. So the re-ranker runs its prompts through a PromptCache,
+    which computes only the tokens after the start a prompt shares with the previous one.
+    prefix_cache=False runs every prompt in full (the reference; scores agree up to rounding).
     `tokens` counts prompt tokens seen and tokens actually run through the model. `prompt_format` is the
     one the adapter was trained on (prompts.PROMPT_FORMATS; v2 also shows the `resolved` items)."""
 
@@ -62,8 +63,9 @@ class ModelReranker:
         self.prompt_format = prompt_format
         # identifier letter -> its token id; the scores are these logits
         self.identifier_ids = dict(zip(IDENTIFIERS, identifier_token_ids(tokenizer, IDENTIFIERS)))
-        self.cache, self.cached_ids = None, []  # the KV cache of the previous prompt and its tokens
-        self.tokens = {"prompt": 0, "computed": 0}
+        self.prompts = PromptCache(model)  # the KV cache of the previous prompt
+        # prompt tokens seen and tokens run through the model (with the prefix cache: the PromptCache's)
+        self.tokens = self.prompts.tokens if prefix_cache else {"prompt": 0, "computed": 0}
 
     def __call__(self, question: str, marked_query: str, alternatives: list[Alternative],
                  resolved: list[Alternative] = ()) -> list[float]:
@@ -76,20 +78,8 @@ class ModelReranker:
     @torch.inference_mode()
     def next_token_logits(self, ids: list[int]) -> torch.Tensor:
         """Logits [V] of the token after the prompt `ids`, reusing the start it shares with the last prompt."""
-        tokens = torch.tensor([ids], device=self.model.model.norm.weight.device)  # [1, P]
+        if self.prefix_cache:
+            return self.prompts.run(ids)
         self.tokens["prompt"] += len(ids)
-        if not self.prefix_cache:
-            self.tokens["computed"] += len(ids)
-            return self.model(tokens, logits_at=-1)[0]
-        # the longest common start, but at least the last token runs: its logits are the answer
-        shared, limit = 0, min(len(ids) - 1, len(self.cached_ids))
-        while shared < limit and ids[shared] == self.cached_ids[shared]:
-            shared += 1
-        if self.cache is None:
-            self.cache = self.model.new_cache(1, 2 * len(ids))
-        self.cache.truncate(shared)
-        self.cached_ids = ids[:shared]  # what the cache holds, should the forward below fail
-        logits = self.model(tokens[:, shared:], cache=self.cache, logits_at=-1)[0]  # [V]
-        self.cached_ids = ids
-        self.tokens["computed"] += len(ids) - shared
-        return logits
+        self.tokens["computed"] += len(ids)
+        return self.model(torch.tensor([ids], device=self.model.model.norm.weight.device), logits_at=-1)[0]

@@ -16,7 +16,7 @@ the same dict, each time a note adds to it; if it raises (a cancelled question),
 """
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 Listener = Callable[[dict], None]  # called with a new event, and with the latest event after each note
 
@@ -50,3 +50,22 @@ class Trace:
             yield
         finally:
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - start
+
+
+class Stopwatch:
+    """Seconds spent inside an iterator's steps (answer(): the generation between resolutions)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def timed(self, iterable: Iterable) -> Iterator:
+        iterator = iter(iterable)
+        while True:
+            start = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self.seconds += time.perf_counter() - start
+            yield item

@@ -8,7 +8,7 @@ rounds and the ratio ours / transformers (> 1 is better for tokens/s, < 1 for me
 Both compute logits only at the last position, as generation does (transformers: logits_to_keep=1).
 
     python bench/bench_model.py
-    python bench/bench_model.py --impls ours ours-plain transformers --repeats 5
+    python bench/bench_model.py --impls ours ours-plain ours-int8 transformers --repeats 5
 """
 import argparse
 import json
@@ -24,8 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 
-IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (split matmuls)",
+IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (split matmuls for few rows)",
          "ours-plain": "model.py, cpu_speed.prepare_for_inference(split_matmuls=False) (plain nn.Linear)",
+         "ours-int8": "model.py, cpu_speed.prepare_for_inference(int8=True) (dynamic int8 but down_proj; lossy)",
          "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)"}
 
 
@@ -43,7 +44,8 @@ def load(impl: str, model_dir: Path, room: int):
     else:
         import model as M
         from cpu_speed import prepare_for_inference
-        model = prepare_for_inference(M.Transformer.from_pretrained(model_dir), split_matmuls=impl == "ours")
+        model = prepare_for_inference(M.Transformer.from_pretrained(model_dir), split_matmuls=impl != "ours-plain",
+                                      int8=impl == "ours-int8")
 
         def step(ids, cache):
             cache = model.new_cache(ids.shape[0], ids.shape[1] + room) if cache is None else cache

@@ -39,12 +39,12 @@ def scripted_grisp(tmp_path_factory, endpoint_url: str, script: dict[str, list[s
     subprocess.run([sys.executable, str(defaults.REPO_DIR / "build_index.py"), "--endpoint", endpoint_url,
                     "--out", str(index), "--embed", "none"], check=True, capture_output=True)
     grisp = Grisp(make_model_dir(tmp_path_factory.mktemp("tiny")), None, index, endpoint_url, Options())
-    grisp.skeletons = ScriptedSkeletons(grisp, script)
+    grisp.skeleton_stream = ScriptedSkeletons(grisp, script)
     return grisp
 
 
 class ScriptedSkeletons:
-    """Stands in for Grisp.skeletons: `forwards` model forwards `pause` seconds apart (a question with
+    """Stands in for Grisp.skeleton_stream: `forwards` model forwards `pause` seconds apart (a question with
     "slow" in it: `slow_forwards`), then the skeletons scripted for the question (none if not scripted);
     for a question with "hold" in it, `hold` seconds more after them (time to watch the live page).
     `cancelled` counts the runs the server stopped at a forward."""
@@ -55,7 +55,7 @@ class ScriptedSkeletons:
         self.pause, self.hold = pause, hold
         self.cancelled = 0
 
-    def __call__(self, question: str, listener=None):
+    def __call__(self, question: str, trace: list, listener=None):
         try:
             for _ in range(self.slow_forwards if "slow" in question else self.forwards):
                 with torch.inference_mode():
@@ -64,15 +64,16 @@ class ScriptedSkeletons:
         except Cancelled:
             self.cancelled += 1
             raise
-        kept, trace = [], []
-        for number, skeleton in enumerate(self.script.get(question, [])):
-            kept.append((skeleton, -1.0 - number))
+        script = self.script.get(question, [])
+        for number, skeleton in enumerate(script):
             trace.append({"event": "skeleton", "skeleton": skeleton, "score": -1.0 - number, "verdict": "kept"})
             if listener is not None:
                 listener(trace[-1])
-        if "hold" in question:
+            if "hold" in question and number == len(script) - 1:
+                time.sleep(self.hold)
+            yield skeleton, -1.0 - number
+        if "hold" in question and not script:
             time.sleep(self.hold)
-        return kept, trace
 
 
 @contextmanager

@@ -283,7 +283,9 @@ class SpellingLM:
         self.model = SimpleNamespace(norm=SimpleNamespace(weight=torch.zeros(1)))
 
     def new_cache(self, batch_size, max_len):
-        return SimpleNamespace(ids=[], truncate=lambda n: self._cache.ids.__delitem__(slice(n, None)))
+        cache = SimpleNamespace(ids=[])
+        cache.truncate = lambda n: cache.ids.__delitem__(slice(n, None))
+        return cache
 
     def __call__(self, tokens, cache, logits_at):
         self._cache = cache

@@ -1,6 +1,8 @@
-"""Tests for cpu_speed.py: prepare_for_inference is exact (full forward and cached decoding), converts
-only plain nn.Linear layers, and switches the model to eval mode without gradients. Tiny random models
-from tests/tiny.py, tied and untied lm_head. (LoRA layers on this path: tests/test_lora.py.)
+"""Tests for cpu_speed.py: prepare_for_inference is exact (full forward and cached decoding, both
+matmul forms of SplitLinear), converts only plain nn.Linear layers without copying weights, switches
+the model to eval mode without gradients, and the int8 option quantises the layers it names only and
+stays close. Tiny random models from tests/tiny.py, tied and untied lm_head. (LoRA layers on this
+path: tests/test_lora.py.)
 """
 from pathlib import Path
 
@@ -35,8 +37,50 @@ def test_prepare_for_inference_is_exact_and_leaves_wrapped_layers(model_dir, spl
     assert not any(p.requires_grad for p in model.parameters())
     assert model.model.layers[0].self_attn.q_proj is wrapped and type(wrapped[0]) is torch.nn.Linear
     assert isinstance(model.model.layers[1].mlp.down_proj, SplitLinear) == split
-    assert isinstance(model.lm_head, SplitLinear) == (split and not model.args.tie_word_embeddings)
+    assert isinstance(model.lm_head, SplitLinear) == split
     torch.testing.assert_close(model(x), before, atol=1e-5, rtol=0)
     cache = model.new_cache(2)
     steps = [model(x[:, :4], cache=cache)] + [model(x[:, t:t + 1], cache=cache) for t in range(4, 9)]
     torch.testing.assert_close(torch.cat(steps, dim=1), before, atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("max_rows", [0, 1000], ids=["F.linear", "bmm"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_split_linear_equals_the_linear_in_both_forms(max_rows, bias):
+    linear = torch.nn.Linear(12, 8, bias=bias)
+    x = torch.randn(3, 5, 12)
+    expected = linear(x)
+    split = SplitLinear(linear, parts=4, max_rows=max_rows)
+    assert split.weight.data_ptr() == linear.weight.data_ptr()  # a view, no copy
+    torch.testing.assert_close(split(x), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(split(x[:1, :1]), expected[:1, :1], atol=1e-6, rtol=0)
+
+
+def test_split_linear_picks_the_form_by_row_count(monkeypatch):
+    """Few rows go to torch.bmm, more than max_rows to F.linear."""
+    calls = []
+    monkeypatch.setattr(torch, "bmm", lambda *a: calls.append("bmm") or torch.matmul(*a))
+    monkeypatch.setattr(torch, "baddbmm", lambda b, x, w: calls.append("bmm") or b + torch.matmul(x, w))
+    split = SplitLinear(torch.nn.Linear(4, 6), parts=2, max_rows=8)
+    split(torch.randn(2, 4, 4))  # 8 rows
+    split(torch.randn(3, 3, 4))  # 9 rows
+    assert calls == ["bmm"]
+
+
+@torch.no_grad()
+def test_int8_quantises_all_but_down_proj_and_stays_close(model_dir):
+    model = M.Transformer.from_pretrained(model_dir)
+    x = tokens(2, 9, seed=3)
+    before = model(x)
+    prepare_for_inference(model, int8=True)
+    block = model.model.layers[0]
+    assert isinstance(block.mlp.down_proj, SplitLinear)
+    for layer in (block.self_attn.q_proj, block.mlp.gate_proj, block.mlp.up_proj, block.self_attn.o_proj):
+        assert isinstance(layer, torch.ao.nn.quantized.dynamic.Linear)
+    assert isinstance(model.lm_head, SplitLinear) == model.args.tie_word_embeddings
+    after = model(x)
+    assert not torch.equal(after, before)  # really quantised
+    # int8 with per-channel scales: close to float32 on a tiny random model (a wrong scale gives ~1)
+    relative_error = (after - before).pow(2).mean().sqrt() / before.pow(2).mean().sqrt()
+    assert relative_error < 0.15, relative_error  # measured: 0.08

@@ -5,7 +5,7 @@ Each test runs infer.py's real command line (argparse, main, exit code) with a t
 demo index and the faulty server below, and checks the exit code, the final message, the JSON and
 that the run ends within the time budget plus a small margin. The tiny model writes no skeleton that
 parses, so the tests hand the pipeline the skeleton a trained model writes for the question
-(`Grisp.skeletons` is replaced); everything after it is real: resolver, HTTP client, messages.
+(`Grisp.skeleton_stream` is replaced); everything after it is real: resolver, HTTP client, messages.
 """
 import argparse
 import json
@@ -126,7 +126,7 @@ def infer(tiny_model, demo_index, tmp_path, monkeypatch, capsys):  # noqa: F811 
     Transformer.from_pretrained(tiny_model)  # torch's one-time start-up (seconds) is not the run's time
 
     def run(endpoint_url: str, skeleton: str = SKELETON):
-        monkeypatch.setattr(grisp.Grisp, "skeletons", lambda self, question, listener=None: ([(skeleton, -1.0)], []))
+        monkeypatch.setattr(grisp.Grisp, "skeleton_stream", lambda self, question, trace, listener=None: iter([(skeleton, -1.0)]))
         monkeypatch.setattr(sys, "argv", ["infer.py", QUESTION, "--model-dir", str(tiny_model), "--adapter", "none",
                                           "--index", str(demo_index), "--endpoint", endpoint_url,
                                           "--no-rerank", "--top-k", "3", "--time-budget", str(BUDGET),
@@ -239,7 +239,7 @@ def test_help_documents_the_exit_codes():
 def test_no_traceback_from_the_process(faulty, tiny_model, demo_index):  # noqa: F811 (fixtures)
     # the same run as a separate process: its exit code and whole stderr, as a user sees them
     server = faulty("html")
-    give_skeleton = (f"import grisp, runpy; grisp.Grisp.skeletons = lambda self, q, listener=None: ([({SKELETON!r}, -1.0)], []); "
+    give_skeleton = (f"import grisp, runpy; grisp.Grisp.skeleton_stream = lambda self, q, trace, listener=None: iter([({SKELETON!r}, -1.0)]); "
                      f"runpy.run_path({str(defaults.REPO_DIR / 'infer.py')!r}, run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", give_skeleton, QUESTION, "--model-dir", str(tiny_model),
                           "--adapter", "none", "--index", str(demo_index), "--endpoint", server.url,

@@ -175,9 +175,9 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=2), pipeline=Generating())
 
     class Resolving(Generating):
-        def answer_from_skeletons(self, question, skeletons):
-            self.asked.append((question, skeletons))
-            return Answer(BORN, trace=[{"event": "resolved"}], timings={"search": 0.25})
+        def answer_from_skeletons(self, question, skeletons, trace=None):
+            self.asked.append((question, [next(iter(skeletons))]))  # the first resolves: no more are asked for
+            return Answer(BORN, trace=(trace or []) + [{"event": "resolved"}], timings={"search": 0.25, "resolve": 0.3})
     pipeline = Resolving()
     args = make_args(bench, tmp_path / "no-rerank", endpoint_url, ablation="no-rerank", limit=3,
                      skeletons_from=str(tmp_path / "full"))
@@ -196,6 +196,21 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     with pytest.raises(FileNotFoundError, match="no evaluation run there"):
         evaluate.main(make_args(bench, tmp_path / "x", endpoint_url, skeletons_from=str(tmp_path / "nothing")),
                       pipeline=Resolving())
+
+    # the earlier run stopped generating once its first skeleton resolved; an ablation whose first one
+    # fails gets the next from a fresh generation, which repeats the recorded ones first (skipped)
+    class NeedingMore(Resolving):
+        def skeleton_stream(self, question, trace):
+            yield from [(f"skeleton of {question}", -1.5), ("second", -2.0), ("third", -2.5)]
+
+        def answer_from_skeletons(self, question, skeletons, trace=None):
+            self.asked.append((question, list(skeletons)))  # all fail
+            return Answer(BORN, trace=trace or [], timings={"resolve": 0.3})
+    pipeline = NeedingMore()
+    evaluate.main(make_args(bench, tmp_path / "no-backtracking", endpoint_url, ablation="no-backtracking", limit=1,
+                            skeletons_from=str(tmp_path / "full")), pipeline=pipeline)
+    assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5), ("second", -2.0),
+                                                   ("third", -2.5)])]
 
 
 def test_score_only_rescores_without_a_pipeline(bench, tmp_path, endpoint_url):

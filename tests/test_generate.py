@@ -241,3 +241,92 @@ def test_real_model_chat_knows_paris():
                    "--max-new-tokens", "32")
     assert done.returncode == 0, done.stderr
     assert "Paris" in done.stdout, done.stdout
+
+
+# ---------------------------------------------------------------------------- early end and prompt cache
+MANY_EOS = list(range(2, 20))  # end-of-turn ids common enough that a tiny random model finishes often
+
+
+class CountingModel(torch.nn.Module):
+    """The tiny model, counting its forward passes."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.model, self.calls = inner, inner.model, 0
+
+    def new_cache(self, *args):
+        return self.inner.new_cache(*args)
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.inner(*args, **kwargs)
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_the_stream_yields_the_full_ranking_and_stopping_early_saves_steps(model, sample):
+    counting = CountingModel(model)
+
+    def stream():
+        return generate.beam_search_stream(counting, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=14, sample=sample,
+                                           temperature=0.7, generator=torch.Generator().manual_seed(3))
+
+    full = [(h.tokens, h.score, h.finished) for h in stream()]
+    full_calls, counting.calls = counting.calls, 0
+    assert full == [(h.tokens, h.score, h.finished) for h in beam_search(
+        model, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=14, sample=sample, temperature=0.7,
+        generator=torch.Generator().manual_seed(3))]
+    first = next(stream())
+    assert (first.tokens, first.score, first.finished) == full[0]
+    assert counting.calls < full_calls  # the search stopped when the best one was settled
+
+
+def test_the_length_normalised_stream_yields_only_at_the_end(model):
+    counting = CountingModel(model)
+    settings = dict(num_beams=4, max_new_tokens=8, ranking="length-normalised")
+    full = beam_search(counting, PROMPT, MANY_EOS, **settings)
+    full_calls, counting.calls = counting.calls, 0
+    first = next(generate.beam_search_stream(counting, PROMPT, MANY_EOS, **settings))
+    assert counting.calls == full_calls and first.tokens == full[0].tokens
+
+
+def test_a_shared_prompt_cache_gives_the_same_beams_and_runs_only_the_new_tokens(model):
+    from prompt_cache import PromptCache
+    other = [1, 40, 41, 42, 50, 51, 2, 1, 44]  # shares its first 4 tokens with PROMPT
+    prompts = PromptCache(model)
+    beam_search(model, PROMPT, EOS, num_beams=3, max_new_tokens=6, prompt_cache=prompts)
+    computed = prompts.tokens["computed"]
+    cached = beam_search(model, other, EOS, num_beams=3, max_new_tokens=6, prompt_cache=prompts)
+    assert prompts.tokens["computed"] - computed == len(other) - 4
+    fresh = beam_search(model, other, EOS, num_beams=3, max_new_tokens=6)
+    assert [h.tokens for h in cached] == [h.tokens for h in fresh]
+    for a, b in zip(cached, fresh):
+        assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+class ScriptedModel(torch.nn.Module):
+    """The tiny model's cache and shapes with scripted logits: after the prompt the empty answer ends
+    first at a low score (log 0.18), while 50 -> 51 -> end is likelier and overtakes it two steps later."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.model = inner, inner.model
+
+    def new_cache(self, *args):
+        return self.inner.new_cache(*args)
+
+    def forward(self, tokens, cache=None, logits_at=None):
+        real = self.inner(tokens, cache=cache, logits_at=logits_at)  # [B, V]
+        logits = torch.zeros_like(real)
+        if tokens.shape[1] > 1:  # the prompt
+            logits[:, 50], logits[:, 2] = 20.0, 18.5
+        else:  # 50 -> 51 -> end; other beams wander (flat logits)
+            logits[tokens[:, -1] == 50, 51] = 30.0
+            logits[tokens[:, -1] == 51, 2] = 30.0
+        return logits
+
+
+def test_the_stream_waits_until_a_later_hypothesis_can_no_longer_overtake(model):
+    scripted = ScriptedModel(model)
+    full = beam_search(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6)
+    assert full[0].tokens == [50, 51] and full[1].tokens == []  # it overtook the first finished
+    assert next(generate.beam_search_stream(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6)).tokens == [50, 51]

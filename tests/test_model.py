@@ -221,7 +221,7 @@ def test_editing_loaded_weights_in_place_leaves_the_checkpoint_file_alone(tmp_pa
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    prepare_for_inference(model, split_matmuls=True)  # converts the weights in place, too
+    prepare_for_inference(model, int8=True)  # quantises (reads) the edited weights, too
     assert (model_dir / "model.safetensors").read_bytes() == before
     reloaded = M.Transformer.from_pretrained(model_dir)
     assert torch.equal(reloaded.model.norm.weight + 1.0, model.model.norm.weight)

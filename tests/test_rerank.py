@@ -86,7 +86,7 @@ def test_without_prefix_cache_every_prompt_runs_in_full(model, tokenizer):
     for question, query, alts, resolved in CALLS[:3]:
         assert reranker(question, query, alts, resolved) == pytest.approx(
             full_scores(model, tokenizer, question, query, alts, resolved), abs=1e-5)
-    assert reranker.tokens["computed"] == reranker.tokens["prompt"] and reranker.cache is None
+    assert reranker.tokens["computed"] == reranker.tokens["prompt"] and reranker.prompts.cache is None
 
 
 def test_truncated_cache_continues_like_a_full_forward(model):
@@ -150,11 +150,9 @@ def rig_lm_head(model, tokenizer, question, query, alts, wanted):
     full_scores(model, tokenizer, question, query, alts)
     hook.remove()
     h = hidden[0].reshape(-1).double()  # [C]
-    weight = model.lm_head.weight_t  # SplitLinear: [2, C, V/2]
-    half = weight.shape[2]
+    weight = model.lm_head.weight  # [V, C]
     for identifier, score in zip(IDENTIFIERS, wanted):
-        token = tokenizer.encode(identifier)[0]
-        weight[token // half, :, token % half] = (score * h / h.dot(h)).float()
+        weight[tokenizer.encode(identifier)[0]] = (score * h / h.dot(h)).float()
 
 
 def test_scores_order_the_alternatives_and_none_is_last(model, tokenizer):
