@@ -1,0 +1,155 @@
+"""The README's Results tables, printed from evaluate.py run directories (docs/method.md section 7).
+
+Every number in README Results comes from a run directory's summary.json or predictions.jsonl; this
+script prints the tables from them, so a table can be re-made to the digit after a re-run.
+
+    python report.py systems ~/.cache/grisp/eval/demo-{none,no-rerank,no-beam-search}    # one row per run
+    python report.py skeletons ~/.cache/grisp/eval/{demo,qald10-dev}-skeletons           # one column per run
+    python report.py compare ~/.cache/grisp/eval/wwq-dev-full-none ~/.cache/grisp/eval/wwq-dev-full-no-rerank
+"""
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+from evaluate import ABLATIONS
+from jsonl import read_jsonl
+from skeleton_score import SHAPES
+
+# row names of the systems table, by evaluate.py --ablation (the paper's names)
+SYSTEM_NAMES = {"none": "GRISP (all mechanisms)", "no-rerank": "w/o re-ranking", "no-beam-search": "w/o beam search",
+                "no-kg-guidance": "w/o KG guidance", "no-constrained": "w/o constrained search",
+                "no-backtracking": "w/o backtracking", "all-disabled": "all disabled", "rerank-only": "re-ranking only"}
+SHAPE_NAMES = {"aggregate": "aggregate (COUNT ...)"}
+
+
+def load_summary(run_dir: Path) -> dict:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        sys.exit(f"error: {path} does not exist (is {run_dir} a finished evaluate.py run?)")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def system_name(summary: dict, with_adapter: bool) -> str:
+    """The ablation's name, then what else sets the run apart: gold skeletons, changed knobs, the adapter."""
+    config = summary["config"]
+    notes = ["gold skeletons"] if config.get("oracle_skeleton") else []
+    preset = ABLATIONS.get(config["ablation"], {})
+    notes += [f"{k}={v}" for k, v in sorted((config.get("options") or {}).items()) if preset.get(k, object()) != v]
+    notes += [adapter_name(config["adapter"])] if with_adapter else []
+    name = SYSTEM_NAMES.get(config["ablation"], config["ablation"])
+    return f"{name} ({', '.join(notes)})" if notes else name
+
+
+def adapter_name(path: str) -> str:
+    """A run's adapter in a few words: the run name for a training run's adapter/ or best/."""
+    path = Path(path)
+    return path.parent.name if path.name in ("adapter", "best") else path.name
+
+
+def systems_table(run_dirs: list[Path]) -> list[str]:
+    """One row per full-system run: F1, EM, seconds, backtracks and where the questions ended."""
+    lines = ["| system | F1 | EM | s/question (median / mean) | backtracks/sample | dead end / wrong / correct | scored |",
+             "|---|---|---|---|---|---|---|"]
+    summaries = [load_summary(d) for d in run_dirs]
+    for run_dir, s in zip(run_dirs, summaries):
+        if "f1" not in s:
+            sys.exit(f"error: {run_dir} is a --skeleton-only run; use `report.py skeletons`")
+    several_adapters = len({s["config"]["adapter"] for s in summaries}) > 1
+    for s in summaries:
+        f = s["failures"]
+        lines.append(f"| {system_name(s, several_adapters)} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
+                     f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {s['backtracks_per_sample']:.2f} | "
+                     f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']} | {s['scored']} |")
+    return lines
+
+
+def skeleton_cell(block: dict | None) -> str:
+    if not block:
+        return "-"
+    return f"{block['questions']}: {100 * block['structure']:.1f}, {100 * block['label']:.1f}"
+
+
+def median_seconds(run_dir: Path) -> float | None:
+    seconds = [r["seconds"] for r in read_jsonl(run_dir / "predictions.jsonl") if r.get("seconds") is not None]
+    return statistics.median(seconds) if seconds else None
+
+
+def skeletons_table(run_dirs: list[Path]) -> list[str]:
+    """One column per --skeleton-only run; cells: questions, structure match %, label match %."""
+    summaries = [load_summary(d) for d in run_dirs]
+    for run_dir, s in zip(run_dirs, summaries):
+        if "by_shape" not in s:
+            sys.exit(f"error: {run_dir} is not a --skeleton-only run; use `report.py systems`")
+    heads = [d.name for d in run_dirs]
+    lines = ["| shape | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for shape in SHAPES:  # most specific first, as skeleton_score assigns them
+        cells = [skeleton_cell(s["by_shape"].get(shape)) for s in summaries]
+        if any(c != "-" for c in cells):
+            lines.append(f"| {SHAPE_NAMES.get(shape, shape)} | " + " | ".join(cells) + " |")
+    lines.append("| all | " + " | ".join(skeleton_cell(s["all"]) for s in summaries) + " |")
+    extra = []
+    for s, run_dir in zip(summaries, run_dirs):
+        median = median_seconds(run_dir)
+        extra.append(f"{s['unskeletonisable']} not skeletonisable, {s['no_skeleton']} without a skeleton"
+                     + (f", median {median:.1f} s" if median is not None else ""))
+    lines.append("| not scored | " + " | ".join(extra) + " |")
+    return lines
+
+
+def outcome(record: dict) -> str:
+    return record.get("failure") or "correct"
+
+
+def query_line(record: dict) -> str | None:
+    """The predicted query without its PREFIX lines."""
+    sparql = record.get("sparql")
+    return sparql and " ".join(l for l in sparql.splitlines() if not l.upper().startswith("PREFIX"))
+
+
+def compare(run_a: Path, run_b: Path, show: int) -> list[str]:
+    """Question by question: how the outcomes moved from run A to run B, then the first `show` that changed."""
+    a, b = ({r["id"]: r for r in read_jsonl(d / "predictions.jsonl")} for d in (run_a, run_b))
+    common = [i for i in a if i in b]
+    moves = Counter((outcome(a[i]), outcome(b[i])) for i in common)
+    lines = [f"{len(common)} questions in both runs ({run_a.name} -> {run_b.name})", "", "| A | B | questions |",
+             "|---|---|---|"]
+    lines += [f"| {x} | {y} | {n} |" for (x, y), n in sorted(moves.items(), key=lambda kv: (-kv[1], kv[0]))]
+    changed = [i for i in common if outcome(a[i]) != outcome(b[i])]
+    for i in changed[:show]:
+        lines += ["", f"{i}: {a[i]['question']}  ({outcome(a[i])} -> {outcome(b[i])})",
+                  f"  A: {query_line(a[i])}", f"  B: {query_line(b[i])}"]
+    return lines
+
+
+def main(args: argparse.Namespace) -> None:
+    for run_dir in args.run_dirs:
+        if not run_dir.is_dir():
+            sys.exit(f"error: no run directory {run_dir}")
+    if args.table == "systems":
+        lines = systems_table(args.run_dirs)
+    elif args.table == "skeletons":
+        lines = skeletons_table(args.run_dirs)
+    else:
+        if len(args.run_dirs) != 2:
+            sys.exit("error: compare takes exactly two run directories (A, then B)")
+        lines = compare(*args.run_dirs, show=args.show)
+    print("\n".join(lines))
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("table", choices=["systems", "skeletons", "compare"],
+                        help="systems: one row per full-system run (F1, EM, s/question, backtracks, failures); "
+                             "skeletons: one column per --skeleton-only run (structure and label match by shape); "
+                             "compare: outcome transitions from run A to run B")
+    parser.add_argument("run_dirs", nargs="+", type=Path, help="evaluate.py run directories (--out)")
+    parser.add_argument("--show", type=int, default=0, help="compare: print the first N questions whose outcome changed")
+    return parser
+
+
+if __name__ == "__main__":
+    main(make_parser().parse_args())

@@ -1,0 +1,85 @@
+"""report.py: the README tables come out of real evaluate.py summaries with the right numbers."""
+import json
+
+import pytest
+
+import evaluate
+import report
+import skeleton_score
+
+
+def write_run(run_dir, records, summary, config):
+    run_dir.mkdir()
+    (run_dir / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "config": config}))
+    return run_dir
+
+
+def system_record(qid, failure, seconds, backtracks=0):
+    return {"id": qid, "question": f"question {qid}", "sparql": None if failure == "dead_end" else "PREFIX wd: <x>\nSELECT ?x {}",
+            "f1": 1.0 if failure is None else 0.0, "em": failure is None, "failure": failure, "seconds": seconds,
+            "backtracks": backtracks, "gold_status": "ok", "timings": {"total": seconds}}
+
+
+def system_run(tmp_path, name, ablation, outcomes, options=None, adapter="adapters/a"):
+    records = [system_record(f"q{i}", failure, seconds=2.0 + i, backtracks=i % 2) for i, failure in enumerate(outcomes)]
+    config = {"ablation": ablation, "options": options or {}, "oracle_skeleton": False, "adapter": adapter}
+    return write_run(tmp_path / name, records, evaluate.summarize(records), config)
+
+
+def test_systems_table_rows_follow_the_summaries(tmp_path):
+    full = system_run(tmp_path, "full", "none", [None, None, "dead_end", "wrong_answer"])
+    no_rerank = system_run(tmp_path, "norr", "no-rerank", [None, None, None, "wrong_answer"],
+                           options=dict(evaluate.ABLATIONS["no-rerank"]))
+    lines = report.systems_table([full, no_rerank])
+    assert lines[2] == "| GRISP (all mechanisms) | 50.0 | 50.0 | 3.5 / 3.5 | 0.50 | 1 / 1 / 2 | 4 |"
+    # the ablation's own preset is not repeated in the name
+    assert lines[3] == "| w/o re-ranking | 75.0 | 75.0 | 3.5 / 3.5 | 0.50 | 0 / 1 / 3 | 4 |"
+
+
+def test_systems_table_names_what_else_differs(tmp_path):
+    a = system_run(tmp_path, "a", "none", [None], options={"beam_ranking": "length-normalised"})
+    b = system_run(tmp_path, "b", "none", [None], adapter="/runs/mix/adapter")
+    lines = report.systems_table([a, b])
+    assert lines[2].startswith("| GRISP (all mechanisms) (beam_ranking=length-normalised, a) |")
+    assert lines[3].startswith("| GRISP (all mechanisms) (mix) |")
+
+
+def skeleton_record(qid, shape, structure, label, seconds=1.0):
+    return {"id": qid, "question": qid, "shape": shape, "status": "scored", "generated": "SELECT ?x {}",
+            "structure_match": structure, "label_match": label, "seconds": seconds}
+
+
+def test_skeletons_table_has_one_column_per_run(tmp_path):
+    records_a = [skeleton_record("1", "one triple", True, True, 1.0), skeleton_record("2", "one triple", True, False, 3.0),
+                 skeleton_record("3", "two-hop", False, False, 5.0),
+                 {"id": "4", "question": "4", "status": "unskeletonisable"}]
+    records_b = [skeleton_record("1", "ask", False, False)]
+    a = write_run(tmp_path / "a", records_a, skeleton_score.summarize(records_a), {"ablation": "none"})
+    b = write_run(tmp_path / "b", records_b, skeleton_score.summarize(records_b), {"ablation": "none"})
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in report.skeletons_table([a, b])}
+    assert rows["ask"] == "| ask | - | 1: 0.0, 0.0 |"
+    assert rows["two-hop"] == "| two-hop | 1: 0.0, 0.0 | - |"
+    assert rows["one triple"] == "| one triple | 2: 100.0, 50.0 | - |"
+    assert rows["all"] == "| all | 3: 66.7, 33.3 | 1: 0.0, 0.0 |"
+    assert "1 not skeletonisable, 0 without a skeleton, median 3.0 s" in rows["not scored"]
+    assert list(rows)[2:6] == ["ask", "two-hop", "one triple", "all"]  # skeleton_score's shape order
+
+
+def test_compare_counts_transitions(tmp_path):
+    a = system_run(tmp_path, "a", "none", [None, "dead_end", "dead_end"])
+    b = system_run(tmp_path, "b", "no-rerank", [None, None, "dead_end"])
+    lines = report.compare(a, b, show=5)
+    assert "| correct | correct | 1 |" in lines and "| dead_end | correct | 1 |" in lines
+    assert "| dead_end | dead_end | 1 |" in lines
+    assert "q1: question q1  (dead_end -> correct)" in lines
+    assert "  B: SELECT ?x {}" in lines  # PREFIX lines dropped
+
+
+def test_wrong_kind_of_run_is_a_clear_error(tmp_path):
+    records = [skeleton_record("1", "ask", False, False)]
+    skel = write_run(tmp_path / "s", records, skeleton_score.summarize(records), {"ablation": "none"})
+    with pytest.raises(SystemExit, match="skeleton-only run"):
+        report.systems_table([skel])
+    with pytest.raises(SystemExit, match="does not exist"):
+        report.load_summary(tmp_path)
