@@ -208,18 +208,20 @@ class SparqlClient:
                 time.sleep(pause)
             attempts, left = attempt + 1, max(deadline - time.monotonic(), 1e-3)
             timeout = (min(self.timeout[0], left), min(self.timeout[1], left))
+            answer_by = min(deadline, time.monotonic() + timeout[0] + timeout[1])  # the whole answer, not each read
             try:
                 if self.method == "post":
-                    response = self.session.post(self.url, data={"query": sparql}, timeout=timeout)
+                    response = self.session.post(self.url, data={"query": sparql}, timeout=timeout, stream=True)
                 else:
-                    response = self.session.get(self.url, params={"query": sparql}, timeout=timeout)
-            except requests.ConnectTimeout:
-                error = EndpointUnreachable(f"connecting to {self.url} timed out after {timeout[0]:.3g} s")
-                continue
-            except requests.ReadTimeout:
+                    response = self.session.get(self.url, params={"query": sparql}, timeout=timeout, stream=True)
+                body = read_body(response, answer_by)
+            except (requests.ReadTimeout, urllib3.exceptions.ReadTimeoutError):
                 hint = ("the rest of the time budget" if timeout[1] < self.timeout[1]
                         else "raise read_timeout_s or simplify the query")
                 raise QueryTimeout(f"no answer from {self.url} within {timeout[1]:.3g} s ({hint})") from None
+            except requests.ConnectTimeout:
+                error = EndpointUnreachable(f"connecting to {self.url} timed out after {timeout[0]:.3g} s")
+                continue
             except requests.ConnectionError as e:
                 if isinstance(e.args[0] if e.args else None, urllib3.exceptions.ProtocolError):
                     # connected, then reset or closed before the answer: retried like a refused connection
@@ -228,9 +230,9 @@ class SparqlClient:
                     error = EndpointUnreachable(f"cannot connect to {self.url} ({type(e).__name__}); is the "
                                                 "endpoint running? (local: python endpoint.py start)")
                 continue
-            except requests.RequestException as e:  # e.g. an answer cut off mid-stream (connection reset)
+            except (requests.RequestException, urllib3.exceptions.HTTPError) as e:  # e.g. an answer cut off mid-stream
                 raise InvalidResponse(f"broken answer from {self.url}: {e}") from None
-            message = response.text[:500].strip()
+            message = body[:500].decode("utf-8", "replace").strip()
             if response.status_code >= 500 or response.status_code == 429:
                 if _TIMEOUT_TEXT.search(message):
                     raise QueryTimeout(f"the endpoint {self.url} timed out: {message}")
@@ -239,9 +241,9 @@ class SparqlClient:
             if response.status_code >= 400:
                 raise BadQuery(f"HTTP {response.status_code} from {self.url}: {message}")
             try:
-                return parse_results(response.content)
+                return parse_results(body)
             except InvalidResponse as e:
-                if _TIMEOUT_TEXT.search(response.content[-300:].decode("utf-8", "replace")):
+                if _TIMEOUT_TEXT.search(body[-300:].decode("utf-8", "replace")):
                     raise QueryTimeout(f"the endpoint {self.url} cancelled the query (timeout): {e}") from None
                 raise
         assert error is not None, f"no attempt was made (retries={self.retries})"
@@ -249,3 +251,25 @@ class SparqlClient:
 
     def close(self) -> None:
         self.session.close()
+
+
+def read_body(response: requests.Response, answer_by: float) -> bytes:
+    """The response body, read as it arrives until `answer_by` (time.monotonic() seconds). requests'
+    read timeout bounds each socket read, so a server that trickles bytes could stretch one answer
+    without limit; here every read waits at most the time left. Read to its end, the connection goes
+    back to the session's pool (keep-alive); cut off, it is closed."""
+    sock = getattr(response.raw.connection, "sock", None)
+    chunks = []
+    try:
+        while True:
+            left = answer_by - time.monotonic()
+            if left <= 0:
+                raise urllib3.exceptions.ReadTimeoutError(None, response.url, "the answer took too long")
+            if sock is not None:
+                sock.settimeout(left)
+            chunk = response.raw.read1(64 * 1024, decode_content=True)  # what has arrived; b"" at the end
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        response.close()

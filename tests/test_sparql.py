@@ -212,6 +212,50 @@ def test_deadline_cuts_the_read_timeout_and_the_retries(fake):
     assert len(broken.requests) == 1 and client.tally == sparql.Tally()
 
 
+def test_a_trickling_answer_is_cut_at_the_read_timeout_and_the_deadline():
+    # headers at once, then one byte every 0.05 s: each socket read is quick, the whole answer is not
+    # (1,000 bytes would take 50 s); the limit holds for the whole answer, not per read
+    class Trickle(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/sparql-results+json")
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            try:
+                for _ in range(1000):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up
+
+        def log_message(self, *args):
+            pass
+
+    server, url = start_http_server(Trickle)
+    try:
+        start = time.monotonic()
+        with pytest.raises(QueryTimeout, match="within 0.4 s"):
+            SparqlClient(url, read_timeout_s=0.4, connect_timeout_s=0.1).query("SELECT * WHERE { ?s ?p ?o }")
+        assert time.monotonic() - start < 1.0
+        start = time.monotonic()
+        with pytest.raises(QueryTimeout, match="the rest of the time budget"):
+            SparqlClient(url).query("SELECT * WHERE { ?s ?p ?o }", deadline=time.monotonic() + 0.3)
+        assert time.monotonic() - start < 0.6
+    finally:
+        stop_http_server(server)
+
+
+def test_the_connection_is_reused_across_queries(kg_url):
+    # the body is read to its end, so the keep-alive connection goes back to the pool
+    client = SparqlClient(kg_url)
+    for _ in range(3):
+        client.query("ASK { ?s ?p ?o }")
+    pools = list(client.session.adapters["http://"].poolmanager.pools._container.values())
+    assert [pool.num_connections for pool in pools] == [1]
+
+
 def test_tally_counts_queries_answers_and_faults(fake):
     server = fake((200, ROW, 0.0), (500, "internal error", 0.0), (200, "<html>", 0.0), (400, "syntax", 0.0))
     client = SparqlClient(server.url, retries=0)
