@@ -79,7 +79,7 @@ class KnowledgeGraph:
         if self.indices is None:
             return None
         canonical = split_variant(iri)[0]
-        return self.indices.item(canonical) if canonical in self.indices else None
+        return self.indices.get(canonical)
 
     def show(self, iri: str) -> str:
         """`Label (prefix:local)` for an indexed item, else the compact IRI."""

@@ -95,12 +95,9 @@ def load_skeletonizer(index_dir: Path) -> Callable[[str], str]:
     """gold SPARQL -> gold skeleton whose placeholders carry the index's labels (oracle mode);
     IRIs the index does not know stay IRIs, as they would for the resolver."""
     import search
-    from skeletonize import skeletonize
-    indices = search.load_indices(index_dir)
-
-    def label(iri: str) -> str | None:
-        return indices.item(iri).label if iri in indices else None
-    return lambda query: skeletonize(query, label).skeleton
+    from skeleton_score import gold_skeleton
+    lookup = search.load_indices(index_dir).get
+    return lambda query: gold_skeleton(query, lookup).skeleton
 
 
 def load_generated_skeletons(run_dir: Path, config: dict) -> dict[str, dict]:
@@ -280,7 +277,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
                          f"resolution: drop them (--ablation none or no-beam-search)")
     args.benchmark = args.benchmark or "demo"
     samples = benchmarks.load_benchmark(args.benchmark)[: args.limit]
-    lookup = skeleton_score.item_lookup(search.load_indices(args.index))  # gold items' labels and aliases
+    lookup = search.load_indices(args.index).get  # IRI -> the gold item's labels and aliases, or None
     name = Path(args.benchmark).stem if args.benchmark.endswith(".jsonl") else args.benchmark
     suffix = "skeletons" + ("" if args.ablation == "none" else f"-{args.ablation}")
     out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"

@@ -132,10 +132,8 @@ def prepare(records: list[dict], indices) -> tuple[list[dict], Counter]:
     """(usable records, skipped): the label service rewritten, records that cannot train dropped and
     counted by (source, reason) (SKIP_REASONS), rewrites counted as (source, "label_service_rewritten")."""
     def named(iri: str) -> str | None:
-        try:
-            return indices.item(iri).label
-        except KeyError:
-            return None
+        item = indices.get(iri)
+        return item.label if item is not None else None
 
     usable, counts = [], Counter()
     for record in records:

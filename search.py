@@ -125,7 +125,7 @@ class Indices:
     """The search indices of one knowledge graph, as built by build_index.py.
 
     search(kind, query, k, allowed_ids) -> list[Hit]   kind "entity" or "property"
-    item(iri) -> Item, `iri in indices`                 metadata of any indexed item
+    item(iri) -> Item, get(iri) -> Item | None, `iri in indices`   metadata of any indexed item
     Ids are full IRIs; Wikidata properties by their entity IRI (http://www.wikidata.org/entity/P19),
     so callers map wdt:/p:/ps:/pq: variants to that before calling (skeleton.split_variant).
     """
@@ -182,8 +182,12 @@ class Indices:
                 return item
         raise KeyError(f"{iri} is not in the index at {self.directory}")
 
+    def get(self, iri: str) -> Item | None:
+        """Metadata of an indexed entity or property, or None if the IRI is not indexed."""
+        return next((item for store in self.stores.values() if (item := store.get(iri)) is not None), None)
+
     def __contains__(self, iri: str) -> bool:
-        return any(store.get(iri) is not None for store in self.stores.values())
+        return self.get(iri) is not None
 
 
 def load_indices(directory: Path, encoder=None) -> Indices:

@@ -12,7 +12,7 @@ The gold skeleton is the training target (skeletonize.py with the index's labels
 Each question gets one shape from its gold query (`shape`, first rule that applies, in `SHAPES` order
 of precedence). evaluate.py --skeleton-only runs it over a benchmark:
 
-    gold = gold_skeleton(sample["sparql"], item_lookup(indices))  # skeleton, names per placeholder, unknown IRIs
+    gold = gold_skeleton(sample["sparql"], indices.get)  # skeleton, names per placeholder, unknown IRIs
     structure_match(gold.skeleton, generated), label_match(gold.skeleton, gold.names, generated)
     shape("ASK { wd:Q1 wdt:P19 wd:Q2 }")  # "ask"
 """
@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from search import Indices, Item
+from search import Item
 from skeleton import find_placeholders, split_variant
 from skeletonize import skeletonize
 from sparql_syntax import (PREFIXES, Unsupported, declared_prefixes, expand, is_keyword, skip_group, tokenize,
@@ -113,16 +113,6 @@ class GoldSkeleton:
     skeleton: str  # skeletonize.py's output with the index's labels (the training target)
     names: list[list[str]]  # per placeholder, left to right: its gold item's label and aliases
     unknown: list[str]  # IRIs without a label in the index: such a question cannot be scored
-
-
-def item_lookup(indices: Indices) -> Callable[[str], Item | None]:
-    """IRI -> the index's item (label, aliases) or None when the index does not know it."""
-    def lookup(iri: str) -> Item | None:
-        try:
-            return indices.item(iri)
-        except KeyError:
-            return None
-    return lookup
 
 
 def gold_skeleton(sparql: str, lookup: Callable[[str], Item | None]) -> GoldSkeleton:

@@ -229,6 +229,8 @@ def test_item_store_and_load_indices(tmp_path):
     assert indices.item("http://ex.org/2").label == "Name 2" and "http://ex.org/2" in indices
     with pytest.raises(KeyError):
         indices.item("http://nope")
+    assert indices.get("http://ex.org/2").label == "Name 2" and indices.get("http://nope") is None
+    assert "http://nope" not in indices
     with pytest.raises(ValueError, match="kind"):
         indices.search("class", "name")
     with pytest.raises(FileNotFoundError, match="build_index.py"):
