@@ -6,6 +6,7 @@ script prints the tables from them, so a table can be re-made to the digit after
     python report.py systems ~/.cache/grisp/eval/demo-{none,no-rerank,no-beam-search}    # one row per run
     python report.py skeletons ~/.cache/grisp/eval/{demo,qald10-dev}-skeletons           # one column per run
     python report.py compare ~/.cache/grisp/eval/wwq-dev-full-none ~/.cache/grisp/eval/wwq-dev-full-no-rerank
+    python report.py agent ~/.cache/grisp/eval/demo-agent                                # evaluate.py --system agent
 """
 import argparse
 import json
@@ -33,8 +34,11 @@ def load_summary(run_dir: Path) -> dict:
 
 
 def system_name(summary: dict, with_adapter: bool) -> str:
-    """The ablation's name, then what else sets the run apart: gold skeletons, changed knobs, the adapter."""
+    """The ablation's name, then what else sets the run apart: gold skeletons, changed knobs, the adapter
+    (for an agent run: the agent and its model)."""
     config = summary["config"]
+    if config.get("system") == "agent":
+        return f"GRASP agent ({agent_model(config)})"
     notes = ["gold skeletons"] if config.get("oracle_skeleton") else []
     preset = ABLATIONS.get(config["ablation"], {})
     notes += [f"{k}={v}" for k, v in sorted((config.get("options") or {}).items()) if preset.get(k, object()) != v]
@@ -63,6 +67,29 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
         lines.append(f"| {system_name(s, several_adapters)} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
                      f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {s['backtracks_per_sample']:.2f} | "
                      f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']} | {s['scored']} |")
+    return lines
+
+
+def agent_model(config: dict) -> str:
+    """The agent's model in a few words: the backend and the model's name or directory."""
+    model = config["agent"]["model"]
+    return f"{model['backend']}: {model.get('model') or Path(model['model_dir']).name}"
+
+
+def agent_table(run_dirs: list[Path]) -> list[str]:
+    """One row per evaluate.py --system agent run: scores, time, steps, function calls and how runs ended."""
+    lines = ["| run | model | F1 | EM | s/question (median / mean) | steps/question | calls/question | calls by function (per question) | ended | scored |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for run_dir in run_dirs:
+        s = load_summary(run_dir)
+        if "agent" not in s:
+            sys.exit(f"error: {run_dir} is not an evaluate.py --system agent run; use `report.py systems`")
+        a = s["agent"]
+        calls = ", ".join(f"{name} {n:.2f}" for name, n in sorted(a["calls_per_question"].items(), key=lambda kv: -kv[1]))
+        ended = ", ".join(f"{status} {n}" for status, n in sorted(a["statuses"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"| {run_dir.name} | {agent_model(s['config'])} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
+                     f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {a['steps_mean']:.2f} | "
+                     f"{a['calls_mean']:.2f} | {calls} | {ended} | {s['scored']} |")
     return lines
 
 
@@ -132,6 +159,8 @@ def main(args: argparse.Namespace) -> None:
         lines = systems_table(args.run_dirs)
     elif args.table == "skeletons":
         lines = skeletons_table(args.run_dirs)
+    elif args.table == "agent":
+        lines = agent_table(args.run_dirs)
     else:
         if len(args.run_dirs) != 2:
             sys.exit("error: compare takes exactly two run directories (A, then B)")
@@ -142,9 +171,10 @@ def main(args: argparse.Namespace) -> None:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("table", choices=["systems", "skeletons", "compare"],
+    parser.add_argument("table", choices=["systems", "skeletons", "agent", "compare"],
                         help="systems: one row per full-system run (F1, EM, s/question, backtracks, failures); "
                              "skeletons: one column per --skeleton-only run (structure and label match by shape); "
+                             "agent: one row per --system agent run (steps, function calls, how runs ended); "
                              "compare: outcome transitions from run A to run B")
     parser.add_argument("run_dirs", nargs="+", type=Path, help="evaluate.py run directories (--out)")
     parser.add_argument("--show", type=int, default=0, help="compare: print the first N questions whose outcome changed")

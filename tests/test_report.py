@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+import agent_eval
 import evaluate
 import report
 import skeleton_score
@@ -83,3 +84,23 @@ def test_wrong_kind_of_run_is_a_clear_error(tmp_path):
         report.systems_table([skel])
     with pytest.raises(SystemExit, match="does not exist"):
         report.load_summary(tmp_path)
+
+
+def agent_config(model_dir="/models/qwen2.5-coder-0.5b-instruct"):
+    return {"system": "agent", "ablation": "none", "options": {}, "adapter": "none",
+            "agent": {"model": {"backend": "local", "model": "", "model_dir": model_dir}}}
+
+
+def test_agent_table_counts_steps_calls_and_endings(tmp_path):
+    records = [system_record("q0", None, 10.0) | {"steps": 4, "calls": {"search_entity": 2, "execute": 1}, "agent_status": "answered"},
+               system_record("q1", "dead_end", 30.0) | {"steps": 6, "calls": {"search_entity": 1}, "agent_status": "loop"}]
+    summary = evaluate.summarize(records) | {"agent": agent_eval.agent_summary(records)}
+    run = write_run(tmp_path / "demo-agent", records, summary, agent_config())
+    lines = report.agent_table([run])
+    assert lines[2] == ("| demo-agent | local: qwen2.5-coder-0.5b-instruct | 50.0 | 50.0 | 20.0 / 20.0 | 5.00 | 2.00 | "
+                        "search_entity 1.50, execute 0.50 | answered 1, loop 1 | 2 |")
+    # in the systems table an agent run is named as the agent, not as GRISP
+    assert report.systems_table([run])[2].startswith("| GRASP agent (local: qwen2.5-coder-0.5b-instruct) | 50.0 |")
+    grisp = system_run(tmp_path, "grisp", "none", [None])
+    with pytest.raises(SystemExit, match="not an evaluate.py --system agent run"):
+        report.agent_table([grisp])
