@@ -21,8 +21,9 @@ in sparql_syntax.py). `ENDPOINT_FAULTS` are the endpoint's failures rather than 
 
 A `deadline` (time.monotonic() seconds) makes the time budget a hard limit: every request's connect
 and read timeouts are cut to the time left, and no retry waits past it. The read timeout bounds the
-whole answer, not each socket read (`read_body`), so a server that trickles bytes cannot stretch it. `client.tally` counts the
-queries sent, those answered and the endpoint faults by type (grisp.py starts a new one per question):
+whole answer, not each socket read (`read_body`), so a server that trickles bytes cannot stretch it.
+`client.tally` counts the queries sent, those answered and the endpoint faults by type (grisp.py
+starts a new one per question):
 
     result = client.query(query, deadline=time.monotonic() + 20)
     client.tally  # Tally(sent=3, answered=2, faults={'ServerError': 1}, first_fault='ServerError: ...')
