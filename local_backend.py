@@ -127,10 +127,15 @@ class LocalBackend:
                     text = self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False)
                 self._truncate(boundaries[-1])
                 break
+            if token in self._special:  # another control token (`<|im_start|>` ...) ends the turn's text
+                stop = "end"
+                break
             text += piece
             logits = self._feed([token], deadline)
             boundaries.append(len(self._ids))
         content = self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False).strip()
+        if stop == "call" and content.count("```") % 2:  # the fence a call opened in (```json) is not text
+            content = content[:content.rfind("```")].strip()
         if not tools or (tool_choice == "auto" and stop == "end"):
             return Reply(content, [], time.monotonic() - start, finish_reason="length" if stop == "budget" else "stop",
                          usage=self._usage(len(prompt)))

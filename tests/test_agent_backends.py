@@ -292,9 +292,10 @@ class SpellingLM:
         cache.ids += tokens[0].tolist()
         text = self.tokenizer.decode(cache.ids, skip_special_tokens=False)
         generated = text.rsplit("<|im_start|>assistant\n", 1)[-1]
-        want = self.target[len(generated):len(generated) + 1] if self.target.startswith(generated) else '"'
+        rest = self.target[len(generated):] if self.target.startswith(generated) else '"'
+        special = [t for t in ("<|im_start|>", "<|endoftext|>") if rest.startswith(t)]  # spelt as one token
         logits = torch.zeros(1, 300)
-        logits[0, self.tokenizer.encode(want or '"')[0]] = 10.0
+        logits[0, self.tokenizer.encode(special[0] if special else rest[:1] or '"')[0]] = 10.0
         return logits
 
 
@@ -311,6 +312,20 @@ def test_a_call_written_without_its_tag_is_decoded_under_the_grammar(tiny_models
     call = reply.tool_calls[0]
     # the model's own choice of function and kg survive; its unknown key "entity" could not be written
     assert (call.name, call.arguments, call.error) == ("search_entity", {"kg": "wikidata", "query": ""}, None)
+
+
+@pytest.mark.parametrize("target, content", [
+    ('Searching.\n```json\n{"name": "search_entity", "arguments": {"kg": "wikidata"}}\n```', "Searching."),
+    ("Thinking.<|im_start|>user\nmore", "Thinking."),
+])
+def test_the_free_text_of_a_turn_holds_no_call_fence_and_no_control_token(tiny_models, target, content):
+    from tokenizer import Tokenizer
+    tokenizer = Tokenizer(tiny_models[0])
+    backend = LocalBackend(tiny_models[0], model=SpellingLM(tokenizer, target), tokenizer=tokenizer,
+                           max_reasoning_tokens=60, max_call_tokens=60)
+    reply = backend.chat([{"role": "user", "content": "Who directed Pulp Fiction?"}], TOOLS)
+    assert reply.content == content
+    assert len(reply.tool_calls) == 1 and reply.tool_calls[0].error is None  # the call still comes
 
 
 def test_sampling_is_seeded(tiny_models):
