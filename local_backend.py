@@ -98,7 +98,8 @@ class LocalBackend:
         self.name = f"local:{model_dir.name}" + (f"+{Path(adapter).name}" if adapter else "")
         self._prompts, self._calls = PromptCache(self.model, room=4096), 0  # the conversation's KV cache, calls made
         self._texts: dict[int, str] = {}  # token id -> its text (complete characters only, else "")
-        self._special = set(self.tokenizer.tokenizer.get_added_tokens_decoder())  # never inside a call
+        # control tokens (end of turn included): never inside a call, and they end a turn's free text
+        self._special = set(self.tokenizer.tokenizer.get_added_tokens_decoder()) | set(self.tokenizer.eos_ids)
         self._char_ids = {c: self.tokenizer.encode(c) for c in map(chr, range(32, 127))}
         self._char_ids["\n"] = self.tokenizer.encode("\n")
 
@@ -108,16 +109,13 @@ class LocalBackend:
             return self._chat(messages, tools, deadline, tool_choice or self.tool_choice)
 
     def _chat(self, messages, tools, deadline, tool_choice) -> Reply:
-        start, eos = time.monotonic(), set(self.tokenizer.eos_ids)
+        start = time.monotonic()
         prompt = self.tokenizer.encode(qwen_tool_prompt(messages, tools))
         logits = self._prefill(prompt, deadline)
         # --- free text until the model opens a call or ends its turn
         text, boundaries, stop = "", [len(self._ids)], "budget"  # cache length after each generated token
         for _ in range(self.max_reasoning_tokens if tools else self.max_reasoning_tokens + self.max_call_tokens):
             token = self._sample(logits, None)
-            if token in eos:
-                stop = "end"
-                break
             piece = self.tokenizer.decode([token], skip_special_tokens=False)
             opening = _CALL_OPENING.search(text + piece)  # `<tool_call>`, or a call written without it
             if opening:
@@ -127,7 +125,7 @@ class LocalBackend:
                     text = self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False)
                 self._truncate(boundaries[-1])
                 break
-            if token in self._special:  # another control token (`<|im_start|>` ...) ends the turn's text
+            if token in self._special:  # `<|im_end|>`, or another control token (`<|im_start|>` ...)
                 stop = "end"
                 break
             text += piece
