@@ -1,9 +1,6 @@
 """Our own model as a chat backend with function calling: Qwen2.5 (model.py) in-process, its tool-call
 format, and constrained decoding of the calls (docs/agent.md section 6).
 
-- `qwen_tool_prompt`: Qwen2.5's chat template with tools, by hand: the function signatures in `<tools>`
-  in the system turn, calls as `<tool_call>{"name": ..., "arguments": ...}</tool_call>` in the answer,
-  results as `<tool_response>` blocks (tests compare it with transformers' rendering of the template).
 - `LocalBackend`: the same `chat(messages, tools, deadline)` protocol as chat_backends.OpenAIBackend;
   the model may write some text first, then its call is decoded under the grammar of tool_grammar.py,
   so it always parses and names a real function with arguments that fit the function's schema.
@@ -24,44 +21,10 @@ from chat_backends import BackendCancelled, BackendError, BackendTimeout, Reply,
 from cpu_speed import prepare_for_inference
 from prompt_cache import PromptCache
 from model import Transformer, pick_device
-from tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
+from tokenizer import Tokenizer, qwen_tool_prompt
 from tool_grammar import call_grammar
 
 _CALL_OPENING = re.compile(r'<tool_call>|\{\s*"name"')  # where the free text of a local turn ends
-
-
-def qwen_tool_prompt(messages: list[dict], tools: list[dict], add_generation_prompt: bool = True) -> str:
-    """Qwen2.5's chat template with tools, written by hand (tests compare it with transformers'
-    rendering of the template shipped with the model): the tool signatures go into the system turn,
-    an assistant's calls become `<tool_call>` blocks, tool results `<tool_response>` blocks of a user turn."""
-    if not tools:
-        plain = [{"role": m["role"] if m["role"] != "tool" else "user", "content": m.get("content") or ""}
-                 for m in messages]
-        return chat_prompt(plain, add_generation_prompt)
-    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else DEFAULT_SYSTEM
-    signatures = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
-    out = [f"<|im_start|>system\n{system}\n\n# Tools\n\nYou may call one or more functions to assist with the "
-           f"user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-           f"{signatures}\n</tools>\n\nFor each function call, return a json object with function name and "
-           f"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, "
-           f"\"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n"]
-    for i, m in enumerate(messages):
-        role, content = m["role"], m.get("content") or ""
-        if role == "system" and i == 0:
-            continue
-        if role == "tool":
-            opens = i == 0 or messages[i - 1]["role"] != "tool"
-            closes = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
-            out.append(("<|im_start|>user" if opens else "") + f"\n<tool_response>\n{content}\n</tool_response>"
-                       + ("<|im_end|>\n" if closes else ""))
-        elif role == "assistant" and m.get("tool_calls"):
-            calls = "".join('\n<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": '
-                            + json.dumps(json.loads(c["function"]["arguments"] or "{}"), ensure_ascii=False)
-                            + "}\n</tool_call>" for c in m["tool_calls"])
-            out.append("<|im_start|>assistant" + (f"\n{content}" if content else "") + calls + "<|im_end|>\n")
-        else:
-            out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
-    return "".join(out) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
 class LocalBackend:

@@ -2,7 +2,9 @@
 
 `Tokenizer` wraps the model directory's tokenizer.json (byte-level BPE, read by the `tokenizers`
 library) and finds Qwen's special ids; `chat_prompt` writes Qwen's chat format by hand, so prompts need
-no chat-template engine. tests/test_model.py checks both against transformers' tokenizer.
+no chat-template engine; `qwen_tool_prompt` writes the same format with tools (function calling: the
+agent's local backend, and agent traces for training). tests/test_model.py and
+tests/test_agent_backends.py check them against transformers' tokenizer and template.
 
     tokenizer = Tokenizer(model_dir)
     ids = tokenizer.encode(chat_prompt([{"role": "user", "content": "Who directed Pulp Fiction?"}]))
@@ -27,6 +29,40 @@ def chat_prompt(messages: list[dict[str, str]], add_generation_prompt: bool = Tr
             raise ValueError(f"unknown chat role {m['role']!r}; use system, user or assistant")
     text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def qwen_tool_prompt(messages: list[dict], tools: list[dict], add_generation_prompt: bool = True) -> str:
+    """Qwen2.5's chat template with tools, written by hand (tests compare it with transformers'
+    rendering of the template shipped with the model): the tool signatures go into the system turn,
+    an assistant's calls become `<tool_call>` blocks, tool results `<tool_response>` blocks of a user turn."""
+    if not tools:
+        plain = [{"role": m["role"] if m["role"] != "tool" else "user", "content": m.get("content") or ""}
+                 for m in messages]
+        return chat_prompt(plain, add_generation_prompt)
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else DEFAULT_SYSTEM
+    signatures = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+    out = [f"<|im_start|>system\n{system}\n\n# Tools\n\nYou may call one or more functions to assist with the "
+           f"user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+           f"{signatures}\n</tools>\n\nFor each function call, return a json object with function name and "
+           f"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, "
+           f"\"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n"]
+    for i, m in enumerate(messages):
+        role, content = m["role"], m.get("content") or ""
+        if role == "system" and i == 0:
+            continue
+        if role == "tool":
+            opens = i == 0 or messages[i - 1]["role"] != "tool"
+            closes = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
+            out.append(("<|im_start|>user" if opens else "") + f"\n<tool_response>\n{content}\n</tool_response>"
+                       + ("<|im_end|>\n" if closes else ""))
+        elif role == "assistant" and m.get("tool_calls"):
+            calls = "".join('\n<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": '
+                            + json.dumps(json.loads(c["function"]["arguments"] or "{}"), ensure_ascii=False)
+                            + "}\n</tool_call>" for c in m["tool_calls"])
+            out.append("<|im_start|>assistant" + (f"\n{content}" if content else "") + calls + "<|im_end|>\n")
+        else:
+            out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
+    return "".join(out) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
 class Tokenizer:

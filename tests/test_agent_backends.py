@@ -22,11 +22,11 @@ import defaults
 from agent import Agent
 from agent_prompts import task_definitions
 from chat_backends import BackendError, BackendTimeout, OpenAIBackend, check_call, make_backend, parse_qwen_calls
-from local_backend import LocalBackend, qwen_tool_prompt
+from local_backend import LocalBackend
 from config import AgentConfig, ModelConfig
 from tests.agent_helpers import demo_kg
 from tests.tiny import make_model_dir
-from tokenizer import chat_prompt
+from tokenizer import chat_prompt, qwen_tool_prompt
 from tool_grammar import call_grammar, schema_errors
 
 torch.set_num_threads(1)

@@ -23,7 +23,8 @@ from agent_functions import kg_definitions
 from agent_prompts import task_definitions
 from chat_backends import OpenAIBackend
 from config import AgentConfig
-from local_backend import LocalBackend, qwen_tool_prompt
+from local_backend import LocalBackend
+from tokenizer import qwen_tool_prompt
 from options import Options
 from serve import make_app
 from tests.agent_helpers import demo_kg
