@@ -79,9 +79,7 @@ class Agent:
         if unknown or task not in ("sparql-qa", "general-qa") or not question.strip():
             raise ValueError(f"bad question, task {task!r} or knowledge graphs {unknown} "
                              f"(configured: {', '.join(self.kgs)})")
-        functions = Functions({n: self.kgs[n] for n in names}, self.o)
-        tools = functions.definitions() + task_definitions(task, names)
-        prefixes = {k: v for n in names for k, v in self.kgs[n].prefixes.items()}
+        functions, tools, system = self.conversation(task, names)
         past_messages, known = (past.get("messages", []), set(past.get("known", []))) if isinstance(past, dict) \
             else (list(past or []), set())
         r = AgentResult(question, task, "no_answer", known=known)
@@ -93,7 +91,6 @@ class Agent:
                 on_event(r.trace[-1])
 
         # --- the conversation: the current instruction, earlier turns unchanged, the question
-        system = {"role": "system", "content": system_instruction(task, [self.kgs[n] for n in names], prefixes)}
         messages = [system, *[m for m in past_messages if m["role"] != "system"], {"role": "user", "content": question}]
         r.messages, first = messages, len(messages) - 1  # this question's turns start at `first`
         emit("question", question=question, task=task, kgs=", ".join(names), backend=getattr(self.backend, "name", ""))
@@ -168,6 +165,15 @@ class Agent:
         emit("output", status=r.status, kg=r.kg, sparql=r.sparql, answer=r.answer, explanation=r.explanation,
              steps=r.steps, seconds=round(r.timings["total"], 2))
         return r
+
+    def conversation(self, task: str, names: list[str]) -> tuple[Functions, list[dict], dict]:
+        """What a conversation over the knowledge graphs `names` starts from: their functions, the tool
+        definitions (with the task's answer and cancel) and the system message."""
+        functions = Functions({n: self.kgs[n] for n in names}, self.o)
+        tools = functions.definitions() + task_definitions(task, names)
+        prefixes = {k: v for n in names for k, v in self.kgs[n].prefixes.items()}
+        system = {"role": "system", "content": system_instruction(task, [self.kgs[n] for n in names], prefixes)}
+        return functions, tools, system
 
     def _call(self, r, messages, functions, call_id, name, args, deadline, emit) -> bool:
         """Run one function call, append its result; True if it ends the conversation (ANS / CAN)."""
