@@ -5,6 +5,9 @@ The model is trained jointly on two tasks:
 - skeleton: next-token cross-entropy on each answer token (the skeleton and <|im_end|>);
 - re-ranking: cross-entropy restricted to the logits of the identifier tokens present in the prompt
   (A, B, ..., and the one of "None of the above"), read at the first answer position: one row.
+A third task trains the GRASP agent's local model (gen_agent_data.py; not GRISP's): agent, a whole
+conversation with tools, next-token cross-entropy on every token of the model's own turns (its calls and
+<|im_end|>), weighed as skeleton answer tokens are.
 How they add up is the weighting (WEIGHTINGS; docs/method.md section 4.1):
 - "reference" (the reference implementation's, the default): the batch loss is the sum of all token
   and row cross-entropies over the whole batch, divided by (skeleton answer tokens + re-ranking rows)
@@ -30,35 +33,61 @@ import torch
 import torch.nn.functional as F
 
 from rerank import identifier_logits, identifier_token_ids
-from tokenizer import Tokenizer, chat_prompt
+from tokenizer import Tokenizer, chat_prompt, qwen_tool_prompt
 
 WEIGHTINGS = ("reference", "per-sample")  # how skeleton tokens and re-ranking rows add up (module docstring)
+TASKS = ("skeleton", "rerank", "agent")  # what a sample trains (module docstring)
 
 
 def encode(sample: dict, tokenizer: Tokenizer) -> dict:
-    """Token ids of one sample and what its loss reads: the answer ids (skeleton) or the identifier
-    ids with the index of the target among them (re-ranking; the ids end with the prompt)."""
+    """Token ids of one sample and what its loss reads: the positions of the tokens it predicts
+    (`answer_at`: a skeleton's answer, an agent's turns) or the identifier ids with the index of the
+    target among them (re-ranking; the ids end with the prompt). `n_prompt`: the tokens before the
+    first predicted one."""
+    task = sample["task"]
+    if task == "agent":
+        ids, answer_at = agent_tokens(sample["messages"], sample["tools"], tokenizer)
+        return {"task": task, "ids": ids, "n_prompt": answer_at[0], "answer_at": answer_at, "choices": [], "target": -1}
     prompt = tokenizer.encode(chat_prompt(sample["messages"], add_generation_prompt=True))
-    if sample["task"] == "skeleton":
+    if task == "skeleton":
         answer = tokenizer.encode(sample["target"]) + [tokenizer.im_end_id]
-        return {"ids": prompt + answer, "n_prompt": len(prompt), "choices": [], "target": -1}
-    return {"ids": prompt, "n_prompt": len(prompt), "choices": identifier_token_ids(tokenizer, sample["identifiers"]),
+        return {"task": task, "ids": prompt + answer, "n_prompt": len(prompt),
+                "answer_at": list(range(len(prompt), len(prompt) + len(answer))), "choices": [], "target": -1}
+    return {"task": task, "ids": prompt, "n_prompt": len(prompt), "answer_at": [],
+            "choices": identifier_token_ids(tokenizer, sample["identifiers"]),
             "target": sample["identifiers"].index(sample["target"])}
 
 
+def agent_tokens(messages: list[dict], tools: list[dict], tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """Token ids of a conversation with tools (Qwen's format, as the agent's local backend writes it) and
+    the positions of the assistant's tokens: each of its turns from after `<|im_start|>assistant\n` to
+    its `<|im_end|>`. Control tokens split the text, so each turn's ids extend the ids before it."""
+    ids, answer_at = [], []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = tokenizer.encode(qwen_tool_prompt(messages[:i], tools, add_generation_prompt=True))
+        ids = tokenizer.encode(qwen_tool_prompt(messages[:i + 1], tools, add_generation_prompt=False))
+        assert ids[:len(before)] == before and ids[-2] == tokenizer.im_end_id, "a turn does not extend the ids"
+        answer_at += range(len(before), len(ids) - 1)  # its text and <|im_end|>, not the "\n" after it
+    if not answer_at:
+        raise ValueError("an agent sample needs at least one assistant turn")
+    return ids, answer_at
+
+
 def units(sample: dict, weighting: str) -> int:
-    """An encoded sample's share of the loss's denominator: its loss positions (the skeleton's answer
-    tokens, or the one re-ranking row) under "reference", 1 under "per-sample"."""
+    """An encoded sample's share of the loss's denominator: its loss positions (the tokens it predicts,
+    or the one re-ranking row) under "reference", 1 under "per-sample"."""
     assert weighting in WEIGHTINGS, f"weighting must be one of {WEIGHTINGS}, got {weighting!r}"
     if weighting == "per-sample" or sample["choices"]:
         return 1
-    return len(sample["ids"]) - sample["n_prompt"]
+    return len(sample["answer_at"])
 
 
 def collate(batch: list[dict], pad_id: int, weighting: str = "reference") -> dict:
     """Right-padded tokens [B, T] and, per loss position (row-major, as model.forward's bool
     logits_at returns them): the label id, the owning row, the weight (units / loss positions of its
-    sample: 1 under "reference", 1/answer-length for a skeleton under "per-sample"), and for
+    sample: 1 under "reference", 1/answer-length for a token task under "per-sample"), and for
     re-ranking rows the identifier ids [N, K] (-1 = padding) and the target column."""
     T = max(len(s["ids"]) for s in batch)
     tokens = torch.full((len(batch), T), pad_id, dtype=torch.long)
@@ -70,8 +99,8 @@ def collate(batch: list[dict], pad_id: int, weighting: str = "reference") -> dic
         tokens[b, :n] = torch.tensor(s["ids"])
         if s["choices"]:  # re-ranking: one position, the last prompt token predicts the identifier
             positions, row_labels = [P - 1], [-1]
-        else:  # skeleton: position t predicts token t + 1 for every answer token
-            positions, row_labels = list(range(P - 1, n - 1)), s["ids"][P:]
+        else:  # skeleton, agent: position t - 1 predicts token t, for every answer token t
+            positions, row_labels = [t - 1 for t in s["answer_at"]], [s["ids"][t] for t in s["answer_at"]]
         at[b, positions] = True
         labels += row_labels
         rows += [b] * len(positions)
@@ -115,7 +144,7 @@ def backward_batch(model, mine: list[dict], total: int, micro_batch_size: int, w
     `total` is the units of the whole batch (`units`: counted before any micro-batch, so the result
     is the whole batch's loss however it is split); DDP averages gradients over the `world` processes,
     hence the factor. Returns per task (summed sample losses, units) of `mine`."""
-    by_task = {"skeleton": (0.0, 0), "rerank": (0.0, 0)}
+    by_task = {}
     micro = [mine[i:i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
     for j, batch in enumerate(micro):
         sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
@@ -123,17 +152,18 @@ def backward_batch(model, mine: list[dict], total: int, micro_batch_size: int, w
             losses, _ = sample_losses(model, to_device(collate(batch, pad_id, weighting), device))
             (losses.sum() * world / total).backward()
         for s, value in zip(batch, losses.tolist()):
-            task = "rerank" if s["choices"] else "skeleton"
-            by_task[task] = (by_task[task][0] + value, by_task[task][1] + units(s, weighting))
+            total_loss, total_units = by_task.get(s["task"], (0.0, 0))
+            by_task[s["task"]] = (total_loss + value, total_units + units(s, weighting))
     return by_task
 
 
 @torch.no_grad()
 def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, autocast, weighting: str) -> dict:
-    """Validation loss as training weighs it (sum of losses / units), the same per task, and the
-    re-ranking accuracy (no dropout, no RNG use)."""
+    """Validation loss as training weighs it (sum of losses / units), the same per task present
+    (val_skeleton, val_rerank, val_agent), and the re-ranking accuracy if there are re-ranking samples (no
+    dropout, no RNG use)."""
     model.eval()
-    totals = {"skeleton": [0.0, 0], "rerank": [0.0, 0]}
+    totals = {}
     correct_reranks = []
     order = sorted(range(len(val)), key=lambda i: len(val[i]["ids"]))
     for start in range(0, len(order), micro_batch):
@@ -141,17 +171,16 @@ def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, auto
         with autocast:
             losses, correct = sample_losses(model, to_device(collate(batch, pad_id, weighting), device))
         for s, value, ok in zip(batch, losses.tolist(), correct.tolist()):
-            task = "rerank" if s["choices"] else "skeleton"
-            totals[task][0] += value
-            totals[task][1] += units(s, weighting)
+            totals.setdefault(s["task"], [0.0, 0])
+            totals[s["task"]][0] += value
+            totals[s["task"]][1] += units(s, weighting)
             if s["choices"]:
                 correct_reranks.append(float(ok))
     model.train()
-    mean = {task: value / n if n else float("nan") for task, (value, n) in totals.items()}
-    total_units = totals["skeleton"][1] + totals["rerank"][1]
-    return {"val_loss": (totals["skeleton"][0] + totals["rerank"][0]) / max(1, total_units),
-            "val_skeleton": mean["skeleton"], "val_rerank": mean["rerank"],
-            "val_rerank_acc": sum(correct_reranks) / len(correct_reranks) if correct_reranks else float("nan")}
+    total_loss, total_units = (sum(values) for values in zip(*totals.values())) if totals else (0.0, 0)
+    return {"val_loss": total_loss / max(1, total_units),
+            **{f"val_{task}": totals[task][0] / totals[task][1] for task in TASKS if task in totals},
+            **({"val_rerank_acc": sum(correct_reranks) / len(correct_reranks)} if correct_reranks else {})}
 
 
 def to_device(batch: dict, device) -> dict:

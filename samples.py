@@ -48,6 +48,7 @@ import index_build
 import mixture
 from constraints import allowed_items, constraint_query
 from jsonl import iter_jsonl
+from loss import TASKS
 from mixture import epoch_records
 from prompts import (IDENTIFIERS, LATEST_PROMPT_FORMAT, PROMPT_FORMATS, mark_current, rerank_messages, skeleton_messages,
                      to_alternative)
@@ -284,9 +285,10 @@ def read_samples(path: str | Path) -> dict[int, list[dict]]:
     """Precomputed samples by epoch; a line that is not a sample raises ValueError naming it."""
     by_epoch = {}
     for number, sample in iter_jsonl(path):
-        if (not isinstance(sample, dict) or sample.get("task") not in ("skeleton", "rerank")
-                or not {"id", "epoch", "messages", "target"} <= sample.keys()):
-            raise ValueError(f"{path}: line {number} is not a gen_data.py sample (needs id, epoch, task, messages, target)")
+        task = sample.get("task") if isinstance(sample, dict) else None
+        if task not in TASKS or not {"id", "epoch", "messages", "tools" if task == "agent" else "target"} <= sample.keys():
+            raise ValueError(f"{path}: line {number} is not a gen_data.py or gen_agent_data.py sample (needs id, "
+                             f"epoch, task, messages, and target or, for an agent trace, tools)")
         by_epoch.setdefault(sample["epoch"], []).append(sample)
     if not by_epoch:
         raise ValueError(f"{path} holds no samples; write some with gen_data.py --out")

@@ -292,7 +292,7 @@ class TrainingLoop:
 
     def train(self) -> bool:
         """Train to the end (total steps or early stop); False if stopped by a signal or --stop-after."""
-        args, run, state = self.args, self.run, self.state
+        args, state = self.args, self.state
         if args.eval_every and state.step == 0:
             self.validate()  # the base model's loss: where training starts
         with checkpoint.StopFlag() as stop:
@@ -477,7 +477,8 @@ def make_parser() -> argparse.ArgumentParser:
                        "optional weight = uses of each record per epoch (e.g. wwq,qald10,lcquad2:0.3); a source is "
                        f"{', '.join(mixture.SOURCES)}, demo, a benchmarks.py name or a JSONL path; samples are made "
                        "online, fresh per epoch; the QALD-10 hold-out (qald10-dev) is never among them")
-    group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online generation)")
+    group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online "
+                       "generation), or agent conversations from gen_agent_data.py")
     group.add_argument("--index", default=None, help=f"search index for online generation (default: demo index for demo, else {samples.WIKIDATA_INDEX_DIR}, built if missing)")
     group.add_argument("--val-fraction", type=float, default=0.05, help="records held out (by id hash) for the validation loss")
     group.add_argument("--val-data", default=None, help="validation benchmark or samples file instead of the held-out slice")

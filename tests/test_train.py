@@ -118,8 +118,10 @@ class ConstantLogits(torch.nn.Module):
 
 def test_loss_weightings_by_hand():
     V = 300
-    skeleton = lambda n: {"ids": [5] * (10 + n), "n_prompt": 10, "choices": [], "target": -1}  # n answer tokens
-    rerank = lambda k: {"ids": [5] * 12, "n_prompt": 12, "choices": list(range(20, 20 + k)), "target": 0}
+    skeleton = lambda n: {"task": "skeleton", "ids": [5] * (10 + n), "n_prompt": 10,  # n answer tokens
+                          "answer_at": list(range(10, 10 + n)), "choices": [], "target": -1}
+    rerank = lambda k: {"task": "rerank", "ids": [5] * 12, "n_prompt": 12, "answer_at": [],
+                        "choices": list(range(20, 20 + k)), "target": 0}
     batch = [skeleton(3), skeleton(1), rerank(4)]
     model = ConstantLogits(V)
     for weighting, expected_losses, units in [

@@ -1,0 +1,157 @@
+"""Synthesise GRASP agent conversations from question-SPARQL pairs, to fine-tune our small model as the
+agent's local backend (docs/agent.md section 9). GRASP itself is zero-shot; the 0.5B model on this
+machine does not follow the function-calling protocol by itself (README Results: it loops), so we show
+it the protocol on training questions.
+
+For each record of the mixture `--data` (mixture.py: the QALD-10 hold-out stays out; records whose IRIs
+the index cannot name are skipped), one conversation in the agent's own format (agent.Agent.conversation:
+the system instruction and tool definitions of the config's first knowledge graph, as at inference):
+
+    user       the question
+    assistant  search_entity(kg, query=<the entity as the question names it, else its label>)
+    tool       the real result of that search in `--index`
+    assistant  search_property(kg, query=<the property's label>)
+    tool       ...                                 one search per KG item of the gold query, in query order
+    assistant  answer(kg, sparql=<the gold query without PREFIX lines>, answer=ANSWER_TEXT)   the end
+
+One call per turn, no free text (what the local backend decodes). There is no execute step: no offline
+knowledge graph here holds the facts of the training questions (only WWQ dev's gold answers are on this
+machine, and they are evaluation data), and a conversation whose query returns nothing would teach the
+model to answer after an empty result. So the answer's text does not claim what the query returns.
+A record is skipped, and counted, when a search does not show the gold item among its hits (the model
+could not have found it so). A sample, for train.py --samples (loss.py: cross-entropy on the assistant
+turns only):
+
+    {"id": record id, "source": "wwq", "epoch": 0, "task": "agent", "messages": [...], "tools": [...]}
+
+    python gen_agent_data.py --data wwq --limit 300 --out ~/.cache/grisp/data/agent-wwq.jsonl
+    python train.py --samples ~/.cache/grisp/data/agent-wwq.jsonl --name agent-wwq --max-length 4096 ...
+"""
+import argparse
+import json
+import random
+import re
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+import defaults
+import mixture
+from agent import Agent
+from agent_functions import FunctionError, KnowledgeGraph, canonical, check_known
+from config import ConfigError, load_config, override
+from jsonl import write_jsonl
+from samples import WIKIDATA_INDEX_DIR
+from skeletonize import query_iris, skeletonize
+
+ANSWER_TEXT = "The result of this query."  # the trace never ran it (module docstring)
+
+
+def main(args: argparse.Namespace) -> None:
+    # --- the agent's conversation start, with the knowledge graph's index replaced by --index
+    config = load_config(args.config)
+    kg_config = override(config.knowledge_graphs[0], index=args.index)
+    kg = KnowledgeGraph.from_config(kg_config)
+    agent = Agent({kg.name: kg}, backend=None, options=config.agent)
+    functions, tools, system = agent.conversation(config.agent.task, [kg.name])
+    if config.agent.task != "sparql-qa":
+        sys.exit(f"error: traces answer with a query; the config's task is {config.agent.task!r}")
+
+    # --- records: the mixture's usable ones, a seeded sample of --limit
+    data = mixture.read(args.data).prepare(kg.indices)
+    print(data.table())
+    records = data.usable
+    if args.limit and args.limit < len(records):
+        records = random.Random(args.seed).sample(records, args.limit)
+
+    # --- one conversation per record, written as made
+    skipped, lengths = Counter(), []
+
+    def conversations():
+        for record in records:
+            messages, reason = conversation(record, kg, functions, system)
+            if messages is None:
+                skipped[reason] += 1
+                continue
+            lengths.append(sum(len(m["content"] or "") for m in messages))
+            yield {"id": record["id"], "source": record.get("source", ""), "epoch": 0, "task": "agent",
+                   "messages": messages, "tools": tools}
+
+    out = Path(args.out).expanduser()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out, conversations())  # under a temporary name until complete
+    print(f"{len(lengths)} conversations of {len(records)} records in {out}; skipped: "
+          + (", ".join(f"{k} {v}" for k, v in skipped.most_common()) or "none"))
+    if lengths:
+        print(f"characters per conversation (without the tool definitions): median {statistics.median(lengths):.0f}, "
+              f"max {max(lengths)}")
+
+
+def conversation(record: dict, kg: KnowledgeGraph, functions, system: dict) -> tuple[list[dict] | None, str]:
+    """The messages of one record's conversation (module docstring), or (None, why it was skipped)."""
+    question, sparql = record["question"], skeletonize(record["sparql"], lambda _: None).skeleton
+    messages, known = [system, {"role": "user", "content": question}], set()
+    searched = []
+    for iri in query_iris(record["sparql"]):
+        item = canonical(iri)
+        if item in searched:
+            continue
+        searched.append(item)
+        is_property = kg.indices.stores["property"].get(item) is not None
+        name = "search_property" if is_property else "search_entity"
+        label = kg.indices.item(item).label
+        query = label if is_property else mention(question, [label, *kg.indices.item(item).aliases])
+        arguments = {"kg": kg.name, "query": query}
+        result = functions.call(name, arguments, known)
+        if item not in known:
+            return None, f"{name}_misses_gold"
+        messages += call_messages(len(searched), name, arguments, result)
+    try:
+        check_known(kg, sparql, known)
+    except FunctionError:
+        return None, "query_uses_unsearched_iri"
+    answer = call_messages(len(searched) + 1, "answer", {"kg": kg.name, "sparql": sparql, "answer": ANSWER_TEXT}, "")
+    return messages + answer[:1], ""  # the answer ends the conversation: no result follows
+
+
+def mention(question: str, names: list[str]) -> str:
+    """How the question writes the longest of `names` (label, aliases), ignoring case; else the label."""
+    for name in sorted(names, key=len, reverse=True):
+        found = re.search(rf"(?<!\w){re.escape(name)}(?!\w)", question, re.IGNORECASE)
+        if found:
+            return found.group(0)
+    return names[0]
+
+
+def call_messages(number: int, name: str, arguments: dict, result: str) -> list[dict]:
+    """An assistant turn with one call (no text) and the tool message with its result."""
+    call_id = f"call_{number}"
+    call = {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    return [{"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call_id, "content": result}]
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--data", default="wwq",
+                        help="training records: a mixture of sources with weights (mixture.py), e.g. wwq,qald10,sq")
+    parser.add_argument("--config", default=None,
+                        help="agent config (grasp.toml format) whose first knowledge graph, task and options the "
+                             "conversations use; default $GRASP_CONFIG or the built-in defaults (the demo KG)")
+    parser.add_argument("--index", default=str(WIKIDATA_INDEX_DIR),
+                        help="search index the searches run in (instead of the config's); built by build_index.py")
+    parser.add_argument("--limit", type=int, default=0, help="use a seeded random sample of this many records (0: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of that sample")
+    parser.add_argument("--out", default=str(defaults.GRISP_HOME / "data" / "agent-traces.jsonl"),
+                        help="output JSONL, one conversation per line")
+    return parser
+
+
+if __name__ == "__main__":
+    try:
+        main(make_parser().parse_args())
+    except (ConfigError, FileNotFoundError, ValueError, FunctionError) as error:
+        sys.exit(f"error: {error}")
