@@ -60,10 +60,10 @@ from tokenizer import Tokenizer
 # the last 8 blocks, micro-batches of 4), on a GPU the paper's (all blocks); 2 epochs on a CPU, 4 on a GPU.
 RECIPES = {"cpu": {"lora_layers": 8, "micro_batch_size": 4, "epochs": 2},
            "gpu": {"lora_layers": 0, "micro_batch_size": 1, "epochs": 4}}
-# CPU seconds per token of a training step, a + b x (blocks with LoRA), fitted to two measurements here
-# (0.5B model, 2 threads, machine otherwise idle): ~150 tokens/s with LoRA on the last 8 blocks (15 s per
-# step of ~2,300 tokens) and ~55 tokens/s on all 24 (2.8x slower, bench/bench_train.py)
-CPU_SECONDS_PER_TOKEN = (0.9e-3, 0.72e-3)
+# CPU seconds per token of a training step, a + b x (blocks with LoRA), fitted to the mixture's comparison
+# runs here (0.5B model, 2 threads; README, Training): all tokens over all seconds, 81 tokens/s with LoRA on
+# the last 8 blocks (cmp-l8-per-sample, 90 steps) and 46 tokens/s on all 24 (cmp-l24-reference, 33 steps)
+CPU_SECONDS_PER_TOKEN = (7.5e-3, 0.6e-3)
 
 # flags that may differ on --resume: they change neither the samples nor the math (a different
 # --micro-batch-size only changes float rounding and peak memory)
