@@ -51,12 +51,11 @@ ANSWER_TEXT = "The result of this query."  # the trace never ran it (module docs
 def main(args: argparse.Namespace) -> None:
     # --- the agent's conversation start, with the knowledge graph's index replaced by --index
     config = load_config(args.config)
-    kg_config = override(config.knowledge_graphs[0], index=args.index)
-    kg = KnowledgeGraph.from_config(kg_config)
+    if config.agent.task != "sparql-qa":
+        sys.exit(f"error: the conversations answer with a query; the config's task is {config.agent.task!r}")
+    kg = KnowledgeGraph.from_config(override(config.knowledge_graphs[0], index=args.index))
     agent = Agent({kg.name: kg}, backend=None, options=config.agent)
     functions, tools, system = agent.conversation(config.agent.task, [kg.name])
-    if config.agent.task != "sparql-qa":
-        sys.exit(f"error: traces answer with a query; the config's task is {config.agent.task!r}")
 
     # --- records: the mixture's usable ones, a seeded sample of --limit
     data = mixture.read(args.data).prepare(kg.indices)
@@ -98,10 +97,9 @@ def conversation(record: dict, kg: KnowledgeGraph, functions, system: dict) -> t
         if item in searched:
             continue
         searched.append(item)
-        is_property = kg.indices.stores["property"].get(item) is not None
+        indexed, is_property = kg.indices.item(item), kg.indices.stores["property"].get(item) is not None
         name = "search_property" if is_property else "search_entity"
-        label = kg.indices.item(item).label
-        query = label if is_property else mention(question, [label, *kg.indices.item(item).aliases])
+        query = indexed.label if is_property else mention(question, [indexed.label, *indexed.aliases])
         arguments = {"kg": kg.name, "query": query}
         result = functions.call(name, arguments, known)
         if item not in known:
