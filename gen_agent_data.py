@@ -40,6 +40,7 @@ import defaults
 import mixture
 from agent import Agent
 from agent_functions import FunctionError, KnowledgeGraph, canonical, check_known
+from chat_backends import ToolCall
 from config import ConfigError, load_config, override
 from jsonl import write_jsonl
 from samples import WIKIDATA_INDEX_DIR
@@ -109,8 +110,8 @@ def conversation(record: dict, kg: KnowledgeGraph, functions, system: dict) -> t
         check_known(kg, sparql, known)
     except FunctionError:
         return None, "query_uses_unsearched_iri"
-    answer = call_messages(len(searched) + 1, "answer", {"kg": kg.name, "sparql": sparql, "answer": ANSWER_TEXT}, "")
-    return messages + answer[:1], ""  # the answer ends the conversation: no result follows
+    answer = {"kg": kg.name, "sparql": sparql, "answer": ANSWER_TEXT}
+    return messages + call_messages(len(searched) + 1, "answer", answer), ""  # it ends the conversation: no result
 
 
 def mention(question: str, names: list[str]) -> str:
@@ -122,13 +123,11 @@ def mention(question: str, names: list[str]) -> str:
     return names[0]
 
 
-def call_messages(number: int, name: str, arguments: dict, result: str) -> list[dict]:
-    """An assistant turn with one call (no text) and the tool message with its result."""
-    call_id = f"call_{number}"
-    call = {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
-    return [{"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": call_id, "content": result}]
+def call_messages(number: int, name: str, arguments: dict, result: str | None = None) -> list[dict]:
+    """An assistant turn with one call (no text) and, unless `result` is None, the tool message with it."""
+    call = ToolCall(f"call_{number}", name, arguments, json.dumps(arguments, ensure_ascii=False))
+    turn = {"role": "assistant", "content": "", "tool_calls": [call.message()]}
+    return [turn] if result is None else [turn, {"role": "tool", "tool_call_id": call.id, "content": result}]
 
 
 def make_parser() -> argparse.ArgumentParser:
