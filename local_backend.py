@@ -102,7 +102,7 @@ class LocalBackend:
                          usage=self._usage(len(prompt)))
         # --- one call, decoded under the grammar of the functions
         notes, state = [], call_grammar(tools, self.max_string)
-        call = state.forced()
+        call = self._feedable("", state.forced())  # the call's text so far, all of it fed to the model
         state = state.consume(call)
         logits = self._feed(self.tokenizer.encode(("\n" if content else "") + "<tool_call>\n" + call), deadline)
         for _ in range(self.max_call_tokens):
@@ -110,7 +110,7 @@ class LocalBackend:
                 break
             token, piece = self._choose(logits, state)
             state = state.consume(piece)
-            forced = "" if state.exact else state.forced()
+            forced = "" if state.exact else self._feedable(call + piece, state.forced())
             state = state.consume(forced)
             call += piece + forced
             logits = self._feed([token, *(self.tokenizer.encode(forced) if forced else [])], deadline)
@@ -121,6 +121,13 @@ class LocalBackend:
         self._calls += 1
         tool_call = check_call(f"call_{self._calls}", body["name"], body["arguments"], tools)
         return Reply(content, [tool_call], time.monotonic() - start, notes, "tool_calls", self._usage(len(prompt)))
+
+    def _feedable(self, call: str, forced: str) -> str:
+        """The part of the grammar's `forced` text to feed after `call`: all but its last pre-token. The
+        model writes that word itself, cut as its tokenizer cuts it: after `search` the grammar forces
+        `_` (search_entity or search_property), and fed alone `_` is a token the model never saw there;
+        left to the model, its next token is `_property` or `_entity`, which the grammar still checks."""
+        return forced[:max(0, self.tokenizer.last_word_start(call + forced) - len(call))]
 
     def _usage(self, prompt_tokens: int) -> dict:
         """OpenAI's usage of the turn just decoded: its prompt, and the tokens generated after it."""

@@ -99,3 +99,9 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def last_word_start(self, text: str) -> int:
+        """Where the last pre-token of `text` starts (pre-tokens: the pieces the tokenizer's regex cuts a
+        text into before BPE; no token crosses their borders). len(text) for empty text."""
+        words = self.tokenizer.pre_tokenizer.pre_tokenize_str(text)
+        return words[-1][1][0] if words else len(text)

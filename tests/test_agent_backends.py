@@ -336,3 +336,54 @@ def test_sampling_is_seeded(tiny_models):
                             seed=seed).chat(messages, TOOLS)
     a, b = sampled(1), sampled(1)
     assert (a.content, a.tool_calls[0].raw) == (b.content, b.tool_calls[0].raw)
+
+
+class TokenLM(SpellingLM):
+    """A stand-in for the model that knows `target` only as its tokenizer cuts it: while the tokens fed
+    after the prompt are the start of that encoding its next token continues it; fed any other cut of
+    the same text (the model never saw one) it prefers a closing quote."""
+
+    def __call__(self, tokens, cache, logits_at):
+        cache.ids += tokens[0].tolist()
+        start = max(i for i, t in enumerate(cache.ids) if t == self.tokenizer.im_start_id) + 1
+        start += len(self.tokenizer.encode("assistant\n"))  # the reply starts here
+        fed, target = cache.ids[start:], self.tokenizer.encode(self.target)
+        logits = torch.zeros(1, self.tokenizer.tokenizer.get_vocab_size())
+        on_target = target[:len(fed)] == fed and len(fed) < len(target)
+        logits[0, target[len(fed)] if on_target else self.tokenizer.encode('"')[0]] = 10.0
+        return logits
+
+
+def qwen_cut_tokenizer(model_dir, corpus: list[str]):
+    """A tiny byte-level BPE with Qwen2.5's own pre-tokenizer (its regex keeps `_property` one word)."""
+    from tokenizer import Tokenizer
+    qwen_regex = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+    import tokenizers
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
+        tokenizers.pre_tokenizers.Split(tokenizers.Regex(qwen_regex), "isolated"),
+        tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    tok.train_from_iterator(corpus * 10, tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(model_dir / "tokenizer.json"))
+    return Tokenizer(model_dir)
+
+
+def test_forced_text_is_fed_as_the_tokenizer_cuts_it(tmp_path, tiny_models):
+    call = '{"name": "search_property", "arguments": {"kg": "wikidata", "query": "director"}}'
+    names = ["search_entity", "search_property"]
+    tools = [{"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {"kg": {"type": "string", "enum": ["wikidata"]}, "query": {"type": "string"}},
+        "required": ["kg", "query"]}}} for name in names]
+    tokenizer = qwen_cut_tokenizer(tmp_path, [call, call.replace("property", "entity")])
+    target = "<tool_call>\n" + call
+    assert [tokenizer.decode([t]) for t in tokenizer.encode("search_property")] == ["search", "_property"]
+    backend = LocalBackend(tiny_models[0], model=TokenLM(tokenizer, target), tokenizer=tokenizer,
+                           max_reasoning_tokens=0, max_call_tokens=60)
+    reply = backend.chat([{"role": "user", "content": "Who directed Pulp Fiction?"}], tools)
+    assert (reply.tool_calls[0].name, reply.tool_calls[0].arguments) == ("search_property", {"kg": "wikidata", "query": "director"})
+    fed = backend._ids[len(backend._ids) - len(tokenizer.encode(target)):]
+    assert fed == tokenizer.encode(target)[:len(fed)]  # the model saw its own cut of the call throughout
