@@ -27,7 +27,7 @@ from pathlib import Path
 from agent_functions import FunctionError, Functions, KnowledgeGraph, check_known, table
 from agent_prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
 from jsonl import read_jsonl
-from chat_backends import BackendCancelled, BackendError, BackendTimeout, make_backend
+from chat_backends import BackendCancelled, BackendError, BackendTimeout, ToolCall, make_backend
 from config import ConfigError, check, load_config, override
 from sparql import SparqlClient, SparqlError
 
@@ -98,9 +98,8 @@ class Agent:
         if forced in names and self.kgs[forced].examples is not None and not past_messages:
             name = "find_examples" if self.o.random_examples else "find_similar_examples"
             args = {"kg": forced} | ({} if self.o.random_examples else {"question": question})
-            forced_call = {"id": "call_examples", "type": "function",
-                           "function": {"name": name, "arguments": json.dumps(args)}}
-            messages.append({"role": "assistant", "content": "", "tool_calls": [forced_call]})
+            forced_call = ToolCall("call_examples", name, args, json.dumps(args))
+            messages.append({"role": "assistant", "content": "", "tool_calls": [forced_call.message()]})
             self._call(r, messages, functions, "call_examples", name, args, deadline, emit)
 
         # --- model turns until answer / cancel, a turn without calls, or a limit
