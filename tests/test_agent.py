@@ -55,6 +55,24 @@ def test_the_loop_searches_executes_and_answers(kg):
     assert last[-1]["tool_call_id"] == last[-2]["tool_calls"][0]["id"]
 
 
+def test_forced_examples_open_the_conversation_and_their_iris_become_known(kg, tmp_path):
+    from agent_examples import ExampleIndex
+    from agent_functions import KnowledgeGraph
+    from tests.test_agent_functions import bag_of_words
+    ExampleIndex.build([{"question": "where was tarantino born?", "sparql": "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x }"}],
+                       tmp_path / "ex", bag_of_words)
+    kg_ex = KnowledgeGraph(kg.name, kg.client, kg.indices, examples=ExampleIndex(tmp_path / "ex", bag_of_words))
+    born = "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x }"
+    backend = Scripted([reply(call("answer", kg="wikidata", sparql=born, answer="Knoxville"))])
+    agent = Agent({kg.name: kg_ex}, backend, AgentConfig(force_examples="wikidata", num_examples=1))
+    r = agent.run("Where was Quentin Tarantino born?")
+    assert (r.status, r.sparql, r.calls) == ("answer", born, {"find_similar_examples": 1, "answer": 1})
+    call_message, result = backend.asked[0]["messages"][-2:]  # before the model's first turn
+    assert call_message["tool_calls"] == [{"id": "call_examples", "type": "function", "function": {
+        "name": "find_similar_examples", "arguments": '{"kg": "wikidata", "question": "Where was Quentin Tarantino born?"}'}}]
+    assert result["tool_call_id"] == "call_examples" and "wd:Q3772 wdt:P19" in result["content"]
+
+
 def test_know_before_use_blocks_an_unseen_iri_in_execute_and_answer(kg):
     hallucinated = "SELECT ?d WHERE { wd:Q104123 wdt:P57000 ?d }"
     agent, backend = agent_with(kg, [
