@@ -49,7 +49,7 @@ class ModelConfig:
     temperature: float | None = None  # None: greedy (local), the server's default (openai)
     # local backend
     model_dir: str = str(defaults.MODEL_DIR)
-    adapter: str | None = None  # a LoRA adapter directory (PEFT layout); None: the base model
+    adapter: str | None = str(defaults.AGENT_ADAPTER_DIR)  # a LoRA adapter (PEFT layout) on model_dir; None: base model
     device: str = "auto"
     max_reasoning_tokens: int = 128  # free text before a call, per turn
     max_call_tokens: int = 768  # tokens of one constrained call

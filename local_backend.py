@@ -51,7 +51,11 @@ class LocalBackend:
             model = Transformer.from_pretrained(model_dir, torch.float32 if dev.type == "cpu" else torch.bfloat16, dev)
             if adapter:
                 import peft_format
-                peft_format.load_merged(model, adapter)
+                try:
+                    peft_format.load_merged(model, adapter)
+                except (OSError, ValueError, KeyError) as e:
+                    raise BackendError(f"cannot load the adapter {adapter} on the model {model_dir}: {e} "
+                                       f"(adapter = \"none\" in [model], or --adapter none, runs the base model)") from e
             prepare_for_inference(model)
         self.model, self.tokenizer = model, tokenizer or Tokenizer(model_dir)
         self.max_reasoning_tokens, self.max_call_tokens = max_reasoning_tokens, max_call_tokens

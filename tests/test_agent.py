@@ -307,3 +307,16 @@ def test_eval_setup_evaluates_the_given_endpoint_and_names_a_missing_model(demo_
     assert settings["kg"] == "wikidata" and settings["model"]["model_dir"] == str(tmp_path / "no-model")
     with pytest.raises(ValueError, match="no model at .*get_model.py"):
         make()
+
+
+@pytest.mark.slow  # the real 0.5B model with the shipped agent adapter: ~3 minutes on 2 threads
+def test_the_agent_answers_the_readme_question_with_its_adapter(demo_endpoint):
+    if not (defaults.MODEL_DIR / "config.json").exists() or not (defaults.DEMO_INDEX_DIR / "manifest.json").exists():
+        pytest.skip("needs the base model and the demo index (bash demo.sh makes both)")
+    out = subprocess.run([sys.executable, str(defaults.REPO_DIR / "agent.py"), "Who directed Pulp Fiction?"],
+                         capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "GRASP_KG_WIKIDATA_ENDPOINT": demo_endpoint,
+                              "GRASP_KG_WIKIDATA_INDEX": str(defaults.DEMO_INDEX_DIR)})
+    assert out.returncode == 0, out.stderr
+    assert "status: answer" in out.stdout and "+grasp-agent-0.5b]" in out.stdout  # the default adapter ran
+    assert "Quentin Tarantino (wd:Q3772)" in out.stdout.split("status: answer", 1)[1]  # the answer's result

@@ -274,6 +274,17 @@ def test_the_local_backend_stops_at_the_deadline(tiny_models):
         LocalBackend(defaults.GRISP_HOME / "no-such-model")
 
 
+def test_the_agent_adapter_is_the_default_and_a_mismatch_is_a_clear_error(tiny_models):
+    from config import load_config
+    assert load_config(None, env={}).model.adapter == str(defaults.AGENT_ADAPTER_DIR)
+    assert load_config(None, env={"GRASP_MODEL_ADAPTER": "none"}).model.adapter is None
+    assert (defaults.AGENT_ADAPTER_DIR / "adapter_model.safetensors").is_file()  # shipped with the code
+    with pytest.raises(BackendError, match="cannot load the adapter .* --adapter none"):  # made for the 0.5B model
+        LocalBackend(tiny_models[0], defaults.AGENT_ADAPTER_DIR)
+    with pytest.raises(BackendError, match="cannot load the adapter"):
+        LocalBackend(tiny_models[0], defaults.GRISP_HOME / "no-such-adapter")
+
+
 class SpellingLM:
     """A stand-in for the model whose next token spells out `target` after the prompt; once the text
     has left the target (the grammar overruled it) it prefers a closing quote."""

@@ -186,7 +186,7 @@ def test_serve_py_starts_from_the_config_file_with_the_agent_and_v1(tmp_path, de
     make_model_dir(tmp_path / "tiny")  # the config names it relative to its own directory
     path, port = tmp_path / "grasp.toml", free_port()
     path.write_text(f'[[knowledge_graphs]]\nname = "films"\nendpoint = "{demo_endpoint}"\n'
-                    f'index = "{demo_index(demo_endpoint)}"\n[model]\nmodel_dir = "tiny"\nmax_call_tokens = 40\n'
+                    f'index = "{demo_index(demo_endpoint)}"\n[model]\nmodel_dir = "tiny"\nadapter = "none"\nmax_call_tokens = 40\n'
                     f'[agent]\nmax_steps = 2\n[server]\nadapter = "none"\nexamples = "none"\n')
     process = subprocess.Popen([sys.executable, str(defaults.REPO_DIR / "serve.py"), "--config", str(path),
                                 "--port", str(port), "--log-level", "warning", "--threads", "1"],
