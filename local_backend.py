@@ -105,7 +105,9 @@ class LocalBackend:
             return Reply(content, [], time.monotonic() - start, finish_reason="length" if stop == "budget" else "stop",
                          usage=self._usage(len(prompt)))
         # --- one call, decoded under the grammar of the functions
-        notes, state = [], call_grammar(tools, self.max_string)
+        # the call ends with the newline before `</tool_call>`, as in the chat template: the model's own
+        # last token of a call is often `"}}\n` (one token), which a grammar ending at `}}` would refuse
+        notes, state = [], call_grammar(tools, self.max_string, end="\n")
         call = self._feedable("", state.forced())  # the call's text so far, all of it fed to the model
         state = state.consume(call)
         logits = self._feed(self.tokenizer.encode(("\n" if content else "") + "<tool_call>\n" + call), deadline)

@@ -389,12 +389,14 @@ def test_forced_text_is_fed_as_the_tokenizer_cuts_it(tmp_path, tiny_models):
     tools = [{"type": "function", "function": {"name": name, "parameters": {
         "type": "object", "properties": {"kg": {"type": "string", "enum": ["wikidata"]}, "query": {"type": "string"}},
         "required": ["kg", "query"]}}} for name in names]
-    tokenizer = qwen_cut_tokenizer(tmp_path, [call, call.replace("property", "entity")])
-    target = "<tool_call>\n" + call
+    target = "<tool_call>\n" + call + "\n</tool_call>"  # as the chat template writes a call
+    tokenizer = qwen_cut_tokenizer(tmp_path, [target, target.replace("property", "entity")])
     assert [tokenizer.decode([t]) for t in tokenizer.encode("search_property")] == ["search", "_property"]
+    assert '"}}\n' in [tokenizer.decode([t]) for t in tokenizer.encode(target)]  # the call's last token ends the line
     backend = LocalBackend(tiny_models[0], model=TokenLM(tokenizer, target), tokenizer=tokenizer,
                            max_reasoning_tokens=0, max_call_tokens=60)
     reply = backend.chat([{"role": "user", "content": "Who directed Pulp Fiction?"}], tools)
     assert (reply.tool_calls[0].name, reply.tool_calls[0].arguments) == ("search_property", {"kg": "wikidata", "query": "director"})
-    fed = backend._ids[len(backend._ids) - len(tokenizer.encode(target)):]
+    fed = backend._ids[reply.usage["prompt_tokens"]:]
+    assert tokenizer.decode(fed) == target[:target.index("</tool_call>")]  # the whole call, closed by '"}}\n'
     assert fed == tokenizer.encode(target)[:len(fed)]  # the model saw its own cut of the call throughout
