@@ -71,9 +71,12 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
 
 
 def agent_model(config: dict) -> str:
-    """The agent's model in a few words: the backend and the model's name or directory."""
+    """The agent's model in a few words: the backend, the model's name or directory, a local adapter."""
     model = config["agent"]["model"]
-    return f"{model['backend']}: {model.get('model') or Path(model['model_dir']).name}"
+    if model.get("model") or model["backend"] != "local":
+        return f"{model['backend']}: {model.get('model')}"
+    adapter = f" + {Path(model['adapter']).name}" if model.get("adapter") else ""
+    return f"local: {Path(model['model_dir']).name}{adapter}"
 
 
 def agent_table(run_dirs: list[Path]) -> list[str]:

@@ -86,9 +86,9 @@ def test_wrong_kind_of_run_is_a_clear_error(tmp_path):
         report.load_summary(tmp_path)
 
 
-def agent_config(model_dir="/models/qwen2.5-coder-0.5b-instruct"):
+def agent_config(model_dir="/models/qwen2.5-coder-0.5b-instruct", adapter=None):
     return {"system": "agent", "ablation": "none", "options": {}, "adapter": "none",
-            "agent": {"model": {"backend": "local", "model": "", "model_dir": model_dir}}}
+            "agent": {"model": {"backend": "local", "model": "", "model_dir": model_dir, "adapter": adapter}}}
 
 
 def test_agent_table_counts_steps_calls_and_endings(tmp_path):
@@ -101,6 +101,8 @@ def test_agent_table_counts_steps_calls_and_endings(tmp_path):
                         "search_entity 1.50, execute 0.50 | answered 1, loop 1 | 2 |")
     # in the systems table an agent run is named as the agent, not as GRISP
     assert report.systems_table([run])[2].startswith("| GRASP agent (local: qwen2.5-coder-0.5b-instruct) | 50.0 |")
+    tuned = write_run(tmp_path / "demo-agent-adapter", records, summary, agent_config(adapter="/x/grasp-agent-0.5b"))
+    assert report.agent_table([tuned])[2].startswith("| demo-agent-adapter | local: qwen2.5-coder-0.5b-instruct + grasp-agent-0.5b |")
     grisp = system_run(tmp_path, "grisp", "none", [None])
     with pytest.raises(SystemExit, match="not an evaluate.py --system agent run"):
         report.agent_table([grisp])
