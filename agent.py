@@ -367,7 +367,7 @@ if __name__ == "__main__":
     parser.add_argument("--model-dir", default=None, help="local backend: Qwen2.5 model directory")
     parser.add_argument("--adapter", default=None,
                         help="local backend: LoRA adapter directory, or 'none' for the base model "
-                             "(default: the shipped agent adapter, adapters/grasp-agent-0.5b)")
+                             "(unset: the config's, by default the shipped agent adapter adapters/grasp-agent-0.5b)")
     parser.add_argument("--base-url", default=None, help="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--model", default=None, help="openai backend: model name")
     # agent (override the config)
