@@ -1,5 +1,5 @@
 """Helpers of the agent tests (tests/test_agent*.py): the demo KG as agent_functions sees it, a scripted
-chat backend, and calls / replies written briefly.
+chat backend, calls / replies written briefly, and a tiny text encoder for example indices.
 
     kg = demo_kg(demo_endpoint)                       # demo endpoint + prefix-only index (built once per session)
     backend = Scripted([reply(call("search_entity", kg="wikidata", query="pulp fiction")), ...])
@@ -9,6 +9,8 @@ import functools
 import json
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 import index_build
 from agent_functions import KnowledgeGraph
@@ -28,6 +30,15 @@ def demo_index(endpoint_url: str) -> Path:
 def demo_kg(endpoint_url: str, name: str = "wikidata", with_index: bool = True) -> KnowledgeGraph:
     indices = load_indices(demo_index(endpoint_url)) if with_index else None
     return KnowledgeGraph(name, SparqlClient(endpoint_url, retries=0), indices, "the demo subset of Wikidata")
+
+
+def bag_of_words(texts):
+    """A tiny deterministic encoder (hashed words) standing in for MiniLM."""
+    out = np.zeros((len(texts), 64), np.float32)
+    for i, text in enumerate(texts):
+        for word in text.lower().replace("?", "").split():
+            out[i, hash(word) % 64] += 1.0
+    return out
 
 
 _ids = iter(range(10 ** 9))

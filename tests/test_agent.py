@@ -18,7 +18,7 @@ import agent_eval
 from agent_eval import EvalPipeline
 from chat_backends import BackendError, BackendTimeout, Reply, ToolCall
 from config import AgentConfig, ConfigError, load_config
-from tests.agent_helpers import Scripted, call, demo_index, demo_kg, reply
+from tests.agent_helpers import Scripted, bag_of_words, call, demo_index, demo_kg, reply
 
 QUERY = "SELECT ?d WHERE { wd:Q104123 wdt:P57 ?d }"
 
@@ -58,7 +58,6 @@ def test_the_loop_searches_executes_and_answers(kg):
 def test_forced_examples_open_the_conversation_and_their_iris_become_known(kg, tmp_path):
     from agent_examples import ExampleIndex
     from agent_functions import KnowledgeGraph
-    from tests.test_agent_functions import bag_of_words
     ExampleIndex.build([{"question": "where was tarantino born?", "sparql": "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x }"}],
                        tmp_path / "ex", bag_of_words)
     kg_ex = KnowledgeGraph(kg.name, kg.client, kg.indices, examples=ExampleIndex(tmp_path / "ex", bag_of_words))

@@ -25,8 +25,8 @@ from chat_backends import BackendError, BackendTimeout, OpenAIBackend, check_cal
 from local_backend import LocalBackend
 from config import AgentConfig, ModelConfig
 from tests.agent_helpers import demo_kg
-from tests.tiny import make_model_dir
-from tokenizer import chat_prompt, qwen_tool_prompt
+from tests.tiny import make_model_dir, tiny_tokenizer
+from tokenizer import Tokenizer, chat_prompt, qwen_tool_prompt
 from tool_grammar import call_grammar, schema_errors
 
 torch.set_num_threads(1)
@@ -311,7 +311,6 @@ class SpellingLM:
 
 
 def test_a_call_written_without_its_tag_is_decoded_under_the_grammar(tiny_models):
-    from tokenizer import Tokenizer
     tokenizer = Tokenizer(tiny_models[0])
     target = 'I will search. {"name": "search_entity", "arguments": {"kg": "wikidata", "entity": "wd:Q1"}}'
     tools = TOOLS + [{"type": "function", "function": {"name": "search_entity", "parameters": {
@@ -330,7 +329,6 @@ def test_a_call_written_without_its_tag_is_decoded_under_the_grammar(tiny_models
     ("Thinking.<|im_start|>user\nmore", "Thinking."),
 ])
 def test_the_free_text_of_a_turn_holds_no_call_fence_and_no_control_token(tiny_models, target, content):
-    from tokenizer import Tokenizer
     tokenizer = Tokenizer(tiny_models[0])
     backend = LocalBackend(tiny_models[0], model=SpellingLM(tokenizer, target), tokenizer=tokenizer,
                            max_reasoning_tokens=60, max_call_tokens=60)
@@ -365,24 +363,6 @@ class TokenLM(SpellingLM):
         return logits
 
 
-def qwen_cut_tokenizer(model_dir, corpus: list[str]):
-    """A tiny byte-level BPE with Qwen2.5's own pre-tokenizer (its regex keeps `_property` one word)."""
-    from tokenizer import Tokenizer
-    qwen_regex = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    import tokenizers
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
-        tokenizers.pre_tokenizers.Split(tokenizers.Regex(qwen_regex), "isolated"),
-        tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = tokenizers.decoders.ByteLevel()
-    tok.train_from_iterator(corpus * 10, tokenizers.trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"], show_progress=False,
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(model_dir / "tokenizer.json"))
-    return Tokenizer(model_dir)
-
-
 def test_forced_text_is_fed_as_the_tokenizer_cuts_it(tmp_path, tiny_models):
     call = '{"name": "search_property", "arguments": {"kg": "wikidata", "query": "director"}}'
     names = ["search_entity", "search_property"]
@@ -390,7 +370,8 @@ def test_forced_text_is_fed_as_the_tokenizer_cuts_it(tmp_path, tiny_models):
         "type": "object", "properties": {"kg": {"type": "string", "enum": ["wikidata"]}, "query": {"type": "string"}},
         "required": ["kg", "query"]}}} for name in names]
     target = "<tool_call>\n" + call + "\n</tool_call>"  # as the chat template writes a call
-    tokenizer = qwen_cut_tokenizer(tmp_path, [target, target.replace("property", "entity")])
+    tiny_tokenizer(400, [target, target.replace("property", "entity")], qwen_split=True).save(str(tmp_path / "tokenizer.json"))
+    tokenizer = Tokenizer(tmp_path)
     assert [tokenizer.decode([t]) for t in tokenizer.encode("search_property")] == ["search", "_property"]
     assert '"}}\n' in [tokenizer.decode([t]) for t in tokenizer.encode(target)]  # the call's last token ends the line
     backend = LocalBackend(tiny_models[0], model=TokenLM(tokenizer, target), tokenizer=tokenizer,

@@ -2,14 +2,13 @@
 real oxigraph server and a prefix index built from it), know_before_use, result tables, bad arguments."""
 import random
 
-import numpy as np
 import pytest
 
 from agent_examples import ExampleIndex, find_examples
 from agent_functions import FunctionError, Functions, KnowledgeGraph, table, unknown_iris
 from config import AgentConfig
 from sparql import SparqlClient
-from tests.agent_helpers import demo_kg
+from tests.agent_helpers import bag_of_words, demo_kg
 
 WD = "http://www.wikidata.org/entity/"
 
@@ -144,15 +143,6 @@ def test_table_shows_literals_as_sparql_terms(kg):
             {"x": {"type": "literal", "value": "42", "datatype": xsd + "integer"}}]
     text = table(kg, ["x"], rows, set(), 10, 10)
     assert text.splitlines()[2:] == ['| "1994-10-14T00:00:00Z"^^xsd:dateTime |', '| "Paris"@en |', "| 42 |"]
-
-
-def bag_of_words(texts):
-    """A tiny deterministic encoder (hashed words) standing in for MiniLM."""
-    out = np.zeros((len(texts), 64), np.float32)
-    for i, text in enumerate(texts):
-        for word in text.lower().replace("?", "").split():
-            out[i, hash(word) % 64] += 1.0
-    return out
 
 
 def test_examples_similar_and_random_and_their_iris_become_known(kg, tmp_path):

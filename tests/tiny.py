@@ -49,16 +49,26 @@ def random_state_dict(config: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     return state
 
 
-def tiny_tokenizer(vocab_size: int) -> tokenizers.Tokenizer:
-    """A byte-level BPE (like Qwen's) trained on a few sentences, with Qwen's special tokens."""
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")  # Qwen2.5's pre-tokenizer regex (keeps `_property` one word)
+CORPUS = ["What is the capital of France? Paris is the capital of France.",
+          "SELECT ?x WHERE { wd:Q42 wdt:P19 ?x . }", "You are a helpful assistant."]
+
+
+def tiny_tokenizer(vocab_size: int, corpus: list[str] = CORPUS, qwen_split: bool = False) -> tokenizers.Tokenizer:
+    """A byte-level BPE (like Qwen's) trained on a few sentences, with Qwen's special tokens; with
+    `qwen_split` its pre-tokenizer is Qwen2.5's own (GPT-2's otherwise, which cuts words differently)."""
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if qwen_split:
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence([
+            tokenizers.pre_tokenizers.Split(tokenizers.Regex(QWEN_SPLIT), "isolated"),
+            tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                              initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
-    corpus = ["What is the capital of France? Paris is the capital of France.",
-              "SELECT ?x WHERE { wd:Q42 wdt:P19 ?x . }", "You are a helpful assistant."] * 10
-    tok.train_from_iterator(corpus, trainer)
+    tok.train_from_iterator(corpus * 10, trainer)
     return tok
 
 
