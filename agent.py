@@ -35,6 +35,12 @@ FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "loop"
            "step_limit": "timeout", "time_limit": "timeout", "error": "error", "cancelled": "error"}  # counts failures
 
 
+def not_run(call_id: str, step: int) -> dict:
+    """The tool message for a call that repeats the call of `step` (so the chat stays valid for `past`)."""
+    return {"role": "tool", "tool_call_id": call_id, "content": f"Not run: the same call as in step {step}; its "
+                                                               f"result is above."}
+
+
 @dataclass
 class AgentResult:
     question: str
@@ -103,7 +109,7 @@ class Agent:
             self._call(r, messages, functions, "call_examples", name, args, deadline, emit)
 
         # --- model turns until answer / cancel, a turn without calls, or a limit
-        turn, loops = None, 0
+        made, loops = {}, 0  # the calls run so far (name and arguments -> step), times the model only repeated them
         while True:
             if cancel is not None and cancel.is_set():
                 r.status = "cancelled"
@@ -129,19 +135,21 @@ class Agent:
                  seconds=round(reply.seconds, 2), notes="; ".join(reply.notes))
             messages.append({"role": "assistant", "content": reply.content,
                              **({"tool_calls": [c.message() for c in reply.tool_calls]} if reply.tool_calls else {})})
-            turn, last = json.dumps([reply.content, [(c.name, c.raw) for c in reply.tool_calls]]), turn
-            if turn == last:  # the same turn again: not run again; the model is told (GRASP's loop check)
+            # a call made before is not run again: its result is in the conversation already (GRASP's loop
+            # check, widened from the turn before to the whole question: small models also cycle)
+            keys = [json.dumps([c.name, c.arguments], sort_keys=True) for c in reply.tool_calls]
+            repeats = {c.id: made[k] for c, k in zip(reply.tool_calls, keys) if not c.error and k in made}
+            if reply.tool_calls and len(repeats) == len(reply.tool_calls):  # nothing new: a loop
                 loops += 1
-                emit("loop", step=r.steps, loops=loops)
-                messages += [{"role": "tool", "tool_call_id": c.id, "content": "Not run: the same call as before."}
-                             for c in reply.tool_calls]  # every call gets an answer: `past` stays a valid chat
+                emit("loop", step=r.steps, loops=loops, repeats=", ".join(f"step {s}" for s in repeats.values()))
+                messages += [not_run(c.id, repeats[c.id]) for c in reply.tool_calls]  # every call is answered
                 if loops > self.o.max_loops:
-                    r.status, r.error = "loop", f"the model kept repeating its last turn ({loops} repeats)"
+                    r.status, r.error = "loop", f"the model kept repeating earlier calls ({loops} times)"
                     break
-                messages.append({"role": "user", "content": "You repeated your last turn exactly. Change your "
+                messages.append({"role": "user", "content": "You repeated an earlier call exactly. Change your "
                                                             "approach to make progress."})
-                turn = None
                 continue
+            made |= {k: r.steps for c, k in zip(reply.tool_calls, keys) if not c.error and k not in made}
             stop = not reply.tool_calls
             if stop:
                 emit("no_call", step=r.steps)
@@ -152,13 +160,16 @@ class Agent:
                     messages.append({"role": "tool", "tool_call_id": call.id,
                                      "content": f"Error: {call.error}. Call the function again, correctly."})
                     continue
+                if call.id in repeats:
+                    messages.append(not_run(call.id, repeats[call.id]))
+                    continue
                 stop |= self._call(r, messages, functions, call.id, call.name, call.arguments, deadline, emit)
             if not stop:
                 continue
             if not (self.o.feedback and r.feedbacks < self.o.max_feedbacks) or \
                     not self._feedback(r, messages, first, names, deadline, emit):
                 break
-            turn = None  # sent back: answering the same again is no loop
+            made = {}  # sent back: any call may be made again, answering the same included
         self._output(r, messages[first:])
         r.timings["total"] = time.monotonic() - start
         emit("output", status=r.status, kg=r.kg, sparql=r.sparql, answer=r.answer, explanation=r.explanation,

@@ -68,7 +68,7 @@ class AgentConfig:
     feedback: bool = False  # GRASP-F: a second pass judges the answer and may send the agent back
     max_feedbacks: int = 2
     max_steps: int = 30  # model turns per question
-    max_loops: int = 1  # times the model may repeat its last turn exactly (it is told); then the run stops
+    max_loops: int = 1  # turns that only repeat earlier calls the model may make (it is told); then the run stops
     time_limit_s: float = 300.0  # per question, model and functions together
     search_top_k: int = 10  # results of SEN, SPR, SPE, SOP
     list_k: int = 10  # triples shown by LST

@@ -70,7 +70,7 @@ const agentDrawers = {
   },
   no_call(e) { return agentStep("stop", `step ${e.step}: the model answered without calling a function`); },
   loop(e) {
-    return agentStep("backtrack", `↩ step ${e.step} repeated the turn before (${e.loops}×); not run again`);
+    return agentStep("backtrack", `↩ step ${e.step} repeated ${e.repeats} (${e.loops}×); not run again`);
   },
   feedback(e) {
     return agentStep(e.status === "done" ? "ok" : "backtrack", ["feedback: ", el("b", {}, e.status)],

@@ -177,14 +177,33 @@ def test_a_repeated_turn_is_not_run_again_and_a_second_repeat_stops_the_run(kg):
     same = reply(call("execute", kg="wikidata", sparql="ASK { ?s ?p ?o }"))
     agent, backend = agent_with(kg, [same], max_loops=1)
     r = agent.run("q?")
-    # turn 2 repeats turn 1: not run, the model is told; turn 3 counts afresh (as in GRASP); turn 4 repeats it
-    assert (r.status, r.steps, r.calls["execute"], r.failure) == ("loop", 4, 2, "dead_end")
+    # turn 2 repeats turn 1: not run, the model is told; turn 3 repeats it again: the run stops
+    assert (r.status, r.steps, r.calls["execute"], r.failure) == ("loop", 3, 1, "dead_end")
     told = backend.asked[2]["messages"]
-    assert told[-2]["content"] == "Not run: the same call as before."
-    assert "repeated your last turn" in told[-1]["content"]
-    assert [e["loops"] for e in r.trace if e["event"] == "loop"] == [1, 2]
+    assert told[-2]["content"] == "Not run: the same call as in step 1; its result is above."
+    assert "repeated an earlier call" in told[-1]["content"]
+    assert [(e["loops"], e["repeats"]) for e in r.trace if e["event"] == "loop"] == [(1, "step 1"), (2, "step 1")]
     assert r.messages[-1] == {"role": "tool", "tool_call_id": same.tool_calls[0].id,
-                              "content": "Not run: the same call as before."}  # `past` stays a valid chat
+                              "content": "Not run: the same call as in step 1; its result is above."}  # `past` stays a valid chat
+
+
+def test_a_cycle_of_calls_is_a_loop_and_a_turn_with_a_new_call_is_not(kg):
+    first = reply(call("search_property", kg="wikidata", query="instance of"))
+    second = reply(call("search_property", kg="wikidata", query="genre"))
+    both = Reply("", [call("search_property", kg="wikidata", query="genre"),
+                      call("search_property", kg="wikidata", query="director")])
+    # the cycle first, second, first, second: the third and fourth turns only repeat, so the run stops there
+    agent, _ = agent_with(kg, [first, second, both, first, second], max_loops=1)
+    r = agent.run("q?")
+    assert (r.status, r.steps, r.calls["search_property"]) == ("loop", 5, 3)
+    results = [m["content"] for m in r.messages if m["role"] == "tool"]
+    assert results[2] == "Not run: the same call as in step 2; its result is above."  # genre again, in turn 3
+    assert "director (wdt:P57)" in results[3]  # turn 3's new call ran: no loop
+    assert [e["step"] for e in r.trace if e["event"] == "loop"] == [4, 5]
+    # the same arguments in another key order are the same call
+    again = reply(call("search_property", query="genre", kg="wikidata"))
+    agent, _ = agent_with(kg, [second, again, again], max_loops=0)
+    assert agent.run("q?").steps == 2
 
 
 def test_time_limit_holds_and_the_deadline_reaches_the_backend(kg):

@@ -200,7 +200,7 @@ def test_the_agent_runs_its_loop_over_our_server(url, demo_endpoint):
         calls = [c for m in r.messages if m.get("tool_calls") for c in m["tool_calls"]]
         for c in calls:  # every call the server sent names a real function with arguments that fit it
             jsonschema.validate(json.loads(c["function"]["arguments"]), SCHEMAS[c["function"]["name"]])
-        run = [e["name"] for e in r.trace if e["event"] == "call"]  # run unless it repeated the turn before
+        run = [e["name"] for e in r.trace if e["event"] == "call"]  # run unless it repeated an earlier call
         assert len(run) + sum(e["event"] == "loop" for e in r.trace) == len(calls)
         if tool_choice == "required":
             assert len(calls) == r.steps  # one call every turn
