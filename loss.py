@@ -18,6 +18,9 @@ Both are sum(sample losses) / sum(units) over the batch: `sample_losses` gives e
 (reference) or averaged (per-sample) cross-entropy, `units` its share of the denominator (its loss
 positions, or 1). train.py counts the units of the whole batch before its micro-batches, so gradient
 accumulation and DDP give the loss of the whole batch exactly.
+Samples that share a long prompt start (agent conversations: the system instruction and the tool
+definitions, ~2,000 of ~3,000 tokens) run it once per batch (SharedPrefix): each sample's forward
+pass covers only its own rest, and the gradient stays exact.
 Logits are computed only at these loss positions (model.forward's `logits_at`), which saves the
 large lm_head matmul everywhere else. The identifier tokens and their logits come from rerank.py, the
 scoring rule inference uses. `backward_batch` accumulates a batch's gradient over micro-batches and
@@ -35,6 +38,7 @@ import torch.nn.functional as F
 from rerank import identifier_logits, identifier_token_ids
 from tokenizer import Tokenizer, chat_prompt, qwen_tool_prompt
 
+MIN_SHARED_PREFIX = 256  # shorter common starts are not worth a forward pass of their own
 WEIGHTINGS = ("reference", "per-sample")  # how skeleton tokens and re-ranking rows add up (module docstring)
 TASKS = ("skeleton", "rerank", "agent")  # what a sample trains (module docstring)
 
@@ -84,11 +88,12 @@ def units(sample: dict, weighting: str) -> int:
     return len(sample["answer_at"])
 
 
-def collate(batch: list[dict], pad_id: int, weighting: str = "reference") -> dict:
+def collate(batch: list[dict], pad_id: int, weighting: str = "reference", start: int = 0) -> dict:
     """Right-padded tokens [B, T] and, per loss position (row-major, as model.forward's bool
     logits_at returns them): the label id, the owning row, the weight (units / loss positions of its
     sample: 1 under "reference", 1/answer-length for a token task under "per-sample"), and for
-    re-ranking rows the identifier ids [N, K] (-1 = padding) and the target column."""
+    re-ranking rows the identifier ids [N, K] (-1 = padding) and the target column. `start`: the tokens
+    before it are left out (a SharedPrefix holds them; no loss position may lie there)."""
     T = max(len(s["ids"]) for s in batch)
     tokens = torch.full((len(batch), T), pad_id, dtype=torch.long)
     at = torch.zeros(len(batch), T, dtype=torch.bool)
@@ -107,7 +112,8 @@ def collate(batch: list[dict], pad_id: int, weighting: str = "reference") -> dic
         weights += [units(s, weighting) / len(positions)] * len(positions)
         choices += [s["choices"] + [-1] * (K - len(s["choices"]))] * len(positions)
         targets += [s["target"]] * len(positions)
-    return {"tokens": tokens, "at": at, "labels": torch.tensor(labels), "rows": torch.tensor(rows),
+    assert not at[:, :start].any(), "a loss position lies in the left-out start"
+    return {"tokens": tokens[:, start:], "at": at[:, start:], "labels": torch.tensor(labels), "rows": torch.tensor(rows),
             "weights": torch.tensor(weights), "choices": torch.tensor(choices), "targets": torch.tensor(targets)}
 
 
@@ -117,12 +123,13 @@ def restricted_cross_entropy(logits: torch.Tensor, choices: torch.Tensor, target
     return F.cross_entropy(identifier_logits(logits, choices).float(), targets, reduction="none")
 
 
-def sample_losses(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_losses(model: torch.nn.Module, batch: dict, prefix: "SharedPrefix | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss per sample [B]: the weighted sum of its cross-entropies (collate's weights: the sum over a
     skeleton's answer tokens, or their mean; one restricted CE per re-ranking sample), and whether each
-    re-ranking sample ranks its target first [B] (skeletons: False)."""
+    re-ranking sample ranks its target first [B] (skeletons: False). With `prefix`, the batch holds the
+    tokens after it (collate's `start`)."""
     device = batch["tokens"].device
-    logits = model(batch["tokens"], logits_at=batch["at"])  # [N, V], only the loss positions
+    logits = model(batch["tokens"], cache=prefix, logits_at=batch["at"])  # [N, V], only the loss positions
     rerank = batch["labels"] < 0  # [N]
     losses = torch.zeros(batch["tokens"].shape[0], device=device)
     correct = torch.zeros_like(losses, dtype=torch.bool)
@@ -137,23 +144,85 @@ def sample_losses(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, to
     return losses, correct
 
 
+# ---------------------------------------------------------------------------- a shared prompt start
+class SharedPrefix:
+    """The keys and values of a prompt start that every sample of a batch shares, computed once: it
+    stands in for model.KVCache in Transformer.forward. Made with the start's ids, it runs them (one
+    row) and keeps each layer's keys and values; every later forward pass (the samples' rests, B rows,
+    right-padded) attends to them from position len(ids) on. Nothing is written in place, so autograd
+    runs through both passes. The rests' losses put a gradient on the kept keys and values (leaves of
+    their graphs); `backward()` sends it through the start's own forward pass, once: the gradient of
+    the batch is the one of running every sample whole. (LoRA dropout draws one mask for the start,
+    shared by the samples, where whole samples draw one each.)"""
+
+    def __init__(self, model: torch.nn.Module, ids: list[int], device):
+        self.keys, self.values, self.mask, self.length, self.device = [], [], None, 0, device
+        model(torch.tensor([ids], device=device), cache=self, logits_at=-1)
+        self.length = len(ids)
+        self.start_keys, self.start_values = self.keys, self.values  # with the start's graph (training)
+        self.keys = [k.detach().requires_grad_(k.requires_grad) for k in self.keys]
+        self.values = [v.detach().requires_grad_(v.requires_grad) for v in self.values]
+
+    # --- what Transformer.forward asks of a cache
+    def seen(self) -> torch.Tensor:
+        """The position of every row's next token, [1] (the same for all rows)."""
+        return torch.tensor([self.length], device=self.device)
+
+    def append(self, mask: torch.Tensor) -> int:
+        """A forward pass of rows after the start (each pass starts again right after it)."""
+        self.mask = torch.cat([mask.new_ones(mask.shape[0], self.length), mask], 1)
+        return self.length
+
+    def store(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        if start == 0:  # the start itself
+            self.keys.append(k)
+            self.values.append(v)
+            return k, v
+        B = k.shape[0]
+        return (torch.cat([self.keys[layer].expand(B, -1, -1, -1), k], 2),
+                torch.cat([self.values[layer].expand(B, -1, -1, -1), v], 2))
+
+    def backward(self) -> None:
+        """The gradient the rests put on the start's keys and values, through the start's forward pass."""
+        pairs = [(out, leaf.grad) for out, leaf in zip(self.start_keys + self.start_values, self.keys + self.values)
+                 if leaf.grad is not None]
+        if pairs:
+            torch.autograd.backward(*zip(*pairs))
+
+
+def shared_start(samples: list[dict]) -> int:
+    """Tokens every sample starts with, up to the first position any of them reads a loss at; 0 if
+    fewer than MIN_SHARED_PREFIX."""
+    first = samples[0]["ids"]
+    n = min(s["answer_at"][0] - 1 if s["answer_at"] else s["n_prompt"] - 1 for s in samples)
+    for s in samples[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(first[:n], s["ids"][:n])) if a != b), min(n, len(s["ids"])))
+    return n if n >= MIN_SHARED_PREFIX else 0
+
+
 # ---------------------------------------------------------------------------- a batch, a validation set
 def backward_batch(model, mine: list[dict], total: int, micro_batch_size: int, weighting: str, pad_id: int,
                    device, autocast, world: int = 1) -> dict[str, tuple[float, int]]:
     """Accumulate the gradient of sum(sample losses of `mine`) / `total` over micro-batches, where
     `total` is the units of the whole batch (`units`: counted before any micro-batch, so the result
     is the whole batch's loss however it is split); DDP averages gradients over the `world` processes,
-    hence the factor. Returns per task (summed sample losses, units) of `mine`."""
+    hence the factor. A long start all of `mine` share runs once (SharedPrefix; one process only).
+    Returns per task (summed sample losses, units) of `mine`."""
     by_task = {}
     micro = [mine[i:i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+    start = shared_start(mine) if world == 1 else 0
+    with autocast:
+        prefix = SharedPrefix(model, mine[0]["ids"][:start], device) if start else None
     for j, batch in enumerate(micro):
         sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
         with sync, autocast:
-            losses, _ = sample_losses(model, to_device(collate(batch, pad_id, weighting), device))
+            losses, _ = sample_losses(model, to_device(collate(batch, pad_id, weighting, start), device), prefix)
             (losses.sum() * world / total).backward()
         for s, value in zip(batch, losses.tolist()):
             total_loss, total_units = by_task.get(s["task"], (0.0, 0))
             by_task[s["task"]] = (total_loss + value, total_units + units(s, weighting))
+    if prefix is not None:
+        prefix.backward()
     return by_task
 
 
@@ -168,8 +237,10 @@ def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, auto
     order = sorted(range(len(val)), key=lambda i: len(val[i]["ids"]))
     for start in range(0, len(order), micro_batch):
         batch = [val[i] for i in order[start:start + micro_batch]]
+        shared = shared_start(batch)
         with autocast:
-            losses, correct = sample_losses(model, to_device(collate(batch, pad_id, weighting), device))
+            prefix = SharedPrefix(model, batch[0]["ids"][:shared], device) if shared else None
+            losses, correct = sample_losses(model, to_device(collate(batch, pad_id, weighting, shared), device), prefix)
         for s, value, ok in zip(batch, losses.tolist(), correct.tolist()):
             totals.setdefault(s["task"], [0.0, 0])
             totals[s["task"]][0] += value

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import checkpoint
+import lora
 import loss
 import train
 from model import Transformer
@@ -112,7 +113,7 @@ class ConstantLogits(torch.nn.Module):
         super().__init__()
         self.vocab, self.bias = vocab, torch.nn.Parameter(torch.zeros(()))
 
-    def forward(self, tokens, logits_at):
+    def forward(self, tokens, cache=None, logits_at=None):
         return torch.zeros(int(logits_at.sum()), self.vocab) + self.bias
 
 
@@ -163,6 +164,54 @@ def test_accumulated_micro_batches_equal_one_big_batch(model_dir, weighting):
     loss.backward_batch(model, encoded, sum(loss.units(s, other) for s in encoded), 8, other, tokenizer.pad_id, "cpu",
                          torch.autocast("cpu", enabled=False))
     assert max(float((p.grad - whole[n]).abs().max()) for n, p in model.named_parameters()) > 1e-2
+
+
+def shared_start_batch(vocab: int) -> tuple[list[int], list[dict]]:
+    """Two agent-like samples and a re-ranking one that share a start of MIN_SHARED_PREFIX + 20 random
+    tokens, then differ (their rests of 30, 12 and 9 tokens start with different tokens)."""
+    g = torch.Generator().manual_seed(0)
+    start = torch.randint(3, vocab, (loss.MIN_SHARED_PREFIX + 20,), generator=g).tolist()
+    rest = lambda first, n: start + [first] + torch.randint(3, vocab, (n - 1,), generator=g).tolist()
+    token_task = lambda ids: {"task": "agent", "ids": ids, "n_prompt": len(start) + 2,
+                              "answer_at": list(range(len(start) + 2, len(ids))), "choices": [], "target": -1}
+    rerank = {"task": "rerank", "ids": rest(5, 9), "n_prompt": len(start) + 9, "answer_at": [],
+              "choices": [10, 11, 12, 13], "target": 2}
+    return start, [token_task(rest(3, 30)), token_task(rest(4, 12)), rerank]
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_a_shared_start_runs_once_and_the_gradient_stays_exact(model_dir, micro, monkeypatch):
+    """Samples that share a long start (agent conversations: the tool definitions) run it once per
+    batch (loss.SharedPrefix): losses and LoRA gradients, of every block, equal those of running each
+    sample whole; without sending the gradient back through the start they would not."""
+    torch.manual_seed(0)
+    model = Transformer.from_pretrained(model_dir)
+    lora.inject_lora(model, r=4, alpha=8)
+    lora.mark_only_lora_trainable(model)
+    for layer in lora.lora_layers(model).values():  # B = 0 at init would give A no gradient
+        torch.nn.init.normal_(layer.lora_B, std=0.05)
+    start, encoded = shared_start_batch(model.args.vocab_size)
+    assert loss.shared_start(encoded) == len(start) and loss.shared_start(encoded[:1]) == len(start) + 1
+    total = sum(loss.units(s, "reference") for s in encoded)
+    losses, _ = loss.sample_losses(model, loss.collate(encoded, 0, "reference"))
+    (losses.sum() / total).backward()
+    whole = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    no_grad = torch.autocast("cpu", enabled=False)
+
+    def shared_gradient():
+        model.zero_grad()
+        by_task = loss.backward_batch(model, encoded, total, micro, "reference", 0, "cpu", no_grad)
+        assert sum(v for v, _ in by_task.values()) == pytest.approx(float(losses.detach().sum()), rel=1e-5)
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    shared = shared_gradient()
+    assert all(torch.allclose(shared[n], whole[n], atol=1e-6, rtol=1e-4) for n in whole)
+    monkeypatch.setattr(loss.SharedPrefix, "backward", lambda self: None)  # the start's own gradient left out
+    assert max(float((g - whole[n]).abs().max()) for n, g in shared_gradient().items()) > 1e-4
+    # validation: the same losses with and without the shared start
+    with_start = loss.evaluate(model, encoded, 3, 0, "cpu", no_grad, "reference")
+    monkeypatch.setattr(loss, "MIN_SHARED_PREFIX", 10 ** 6)
+    assert with_start == pytest.approx(loss.evaluate(model, encoded, 3, 0, "cpu", no_grad, "reference"), rel=1e-5)
 
 
 def test_plan_steps_is_a_length_sorted_partition():
