@@ -8,13 +8,16 @@ the index cannot name are skipped), one conversation in the agent's own format (
 the system instruction and tool definitions of the config's first knowledge graph, as at inference):
 
     user       the question
-    assistant  search_entity(kg, query=<the entity as the question names it, else its label>)
+    assistant  its plan (text): I search "pulp fiction" (entity), "director" (property), then I answer.
+               search_entity(kg, query=<the entity as the question names it, else its label>)
     tool       the real result of that search in `--index`
     assistant  search_property(kg, query=<the property's label>)
     tool       ...                                 one search per KG item of the gold query, in query order
     assistant  answer(kg, sparql=<the gold query without PREFIX lines>, answer=ANSWER_TEXT)   the end
 
-One call per turn, no free text (what the local backend decodes). There is no execute step: no offline
+One call per turn (what the local backend decodes); the only text is the plan of the first turn, so
+the model says what it will search before it does, and knows it is done when it has (`--no-plan`:
+no text at all, the first agent adapter's conversations). There is no execute step: no offline
 knowledge graph here holds the facts of the training questions (only WWQ dev's gold answers are on this
 machine, and they are evaluation data), and a conversation whose query returns nothing would teach the
 model to answer after an empty result. So the answer's text does not claim what the query returns.
@@ -70,7 +73,7 @@ def main(args: argparse.Namespace) -> None:
 
     def conversations():
         for record in records:
-            messages, reason = conversation(record, kg, functions, system)
+            messages, reason = conversation(record, kg, functions, system, args.plan)
             if messages is None:
                 skipped[reason] += 1
                 continue
@@ -88,30 +91,38 @@ def main(args: argparse.Namespace) -> None:
               f"max {max(lengths)}")
 
 
-def conversation(record: dict, kg: KnowledgeGraph, functions, system: dict) -> tuple[list[dict] | None, str]:
+def conversation(record: dict, kg: KnowledgeGraph, functions, system: dict,
+                 plan: bool = True) -> tuple[list[dict] | None, str]:
     """The messages of one record's conversation (module docstring), or (None, why it was skipped)."""
     question, sparql = record["question"], skeletonize(record["sparql"], lambda _: None).skeleton
     messages, known = [system, {"role": "user", "content": question}], set()
-    searched = []
-    for iri in query_iris(record["sparql"]):
-        item = canonical(iri)
-        if item in searched:
-            continue
-        searched.append(item)
-        indexed, is_property = kg.indices.item(item), kg.indices.stores["property"].get(item) is not None
-        name = "search_property" if is_property else "search_entity"
-        query = indexed.label if is_property else mention(question, [indexed.label, *indexed.aliases])
+    searches = []  # (function, query, item), one per KG item of the query, in query order
+    for item in dict.fromkeys(canonical(iri) for iri in query_iris(record["sparql"])):
+        indexed = kg.indices.item(item)
+        if kg.indices.stores["property"].get(item) is not None:
+            searches.append(("search_property", indexed.label, item))
+        else:
+            searches.append(("search_entity", mention(question, [indexed.label, *indexed.aliases]), item))
+    for number, (name, query, item) in enumerate(searches, 1):
         arguments = {"kg": kg.name, "query": query}
         result = functions.call(name, arguments, known)
         if item not in known:
             return None, f"{name}_misses_gold"
-        messages += call_messages(len(searched), name, arguments, result)
+        text = plan_text(searches) if plan and number == 1 else ""
+        messages += call_messages(number, name, arguments, result, text)
     try:
         check_known(kg, sparql, known)
     except FunctionError:
         return None, "query_uses_unsearched_iri"
     answer = {"kg": kg.name, "sparql": sparql, "answer": ANSWER_TEXT}
-    return messages + call_messages(len(searched) + 1, "answer", answer), ""  # it ends the conversation: no result
+    return messages + call_messages(len(searches) + 1, "answer", answer), ""  # it ends the conversation: no result
+
+
+def plan_text(searches: list[tuple[str, str, str]]) -> str:
+    """The first turn's text: the searches to come, in order, then the answer."""
+    kinds = {"search_entity": "entity", "search_property": "property"}
+    steps = ", ".join(f"{json.dumps(query, ensure_ascii=False)} ({kinds[name]})" for name, query, _ in searches)
+    return f"I search {steps}, then I answer."
 
 
 def mention(question: str, names: list[str]) -> str:
@@ -123,10 +134,10 @@ def mention(question: str, names: list[str]) -> str:
     return names[0]
 
 
-def call_messages(number: int, name: str, arguments: dict, result: str | None = None) -> list[dict]:
-    """An assistant turn with one call (no text) and, unless `result` is None, the tool message with it."""
+def call_messages(number: int, name: str, arguments: dict, result: str | None = None, text: str = "") -> list[dict]:
+    """An assistant turn with `text` and one call and, unless `result` is None, the tool message with it."""
     call = ToolCall(f"call_{number}", name, arguments, json.dumps(arguments, ensure_ascii=False))
-    turn = {"role": "assistant", "content": "", "tool_calls": [call.message()]}
+    turn = {"role": "assistant", "content": text, "tool_calls": [call.message()]}
     return [turn] if result is None else [turn, {"role": "tool", "tool_call_id": call.id, "content": result}]
 
 
@@ -142,6 +153,9 @@ def make_parser() -> argparse.ArgumentParser:
                         help="search index the searches run in (instead of the config's); built by build_index.py")
     parser.add_argument("--limit", type=int, default=0, help="use a seeded random sample of this many records (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of that sample")
+    parser.add_argument("--plan", action=argparse.BooleanOptionalAction, default=True,
+                        help="the first turn says what will be searched (--no-plan: calls only, as the first "
+                             "agent adapter's conversations)")
     parser.add_argument("--out", default=str(defaults.GRISP_HOME / "data" / "agent-traces.jsonl"),
                         help="output JSONL, one conversation per line")
     return parser

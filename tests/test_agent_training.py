@@ -56,7 +56,10 @@ def test_a_record_becomes_searches_then_the_answer(demo):
     results = [m["content"] for m in messages if m["role"] == "tool"]
     assert "Pulp Fiction (wd:Q104123)" in results[0] and "director (wdt:P57)" in results[1]  # the real searches
     assert len(results) == 2 and messages[-1]["role"] == "assistant"  # the answer ends it
-    assert all(not m["content"] for m in messages if m["role"] == "assistant")  # one call per turn, no text
+    texts = [m["content"] for m in messages if m["role"] == "assistant"]  # one call per turn, text only first:
+    assert texts == ['I search "Pulp Fiction" (entity), "director" (property), then I answer.', "", ""]  # the plan
+    messages, _ = gen_agent_data.conversation(PULP_FICTION, kg, functions, system, plan=False)
+    assert [m["content"] for m in messages if m["role"] == "assistant"] == ["", "", ""]  # the first adapter's
 
 
 def test_a_record_whose_item_no_search_shows_is_skipped(demo, monkeypatch):
@@ -84,8 +87,9 @@ def test_agent_loss_reads_exactly_the_assistant_turns(demo, model_dir):
     encoded = loss.encode({"task": "agent", "messages": messages, "tools": tools}, tokenizer)
     assert encoded["ids"] == tokenizer.encode(qwen_tool_prompt(messages, tools, add_generation_prompt=False))
     read = tokenizer.decode([encoded["ids"][t] for t in encoded["answer_at"]], skip_special_tokens=False)
-    turns = ["<tool_call>\n" + json.dumps({"name": n, "arguments": a}, ensure_ascii=False) + "\n</tool_call><|im_end|>"
-             for n, a in calls(messages)]
+    texts = [m["content"] + "\n" if m["content"] else "" for m in messages if m["role"] == "assistant"]  # the plan
+    turns = [text + "<tool_call>\n" + json.dumps({"name": n, "arguments": a}, ensure_ascii=False)
+             + "\n</tool_call><|im_end|>" for text, (n, a) in zip(texts, calls(messages))]
     assert read == "".join(turns)
     assert loss.units(encoded, "reference") == len(encoded["answer_at"]) and loss.units(encoded, "per-sample") == 1
 
