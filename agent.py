@@ -104,7 +104,7 @@ class Agent:
         if forced in names and self.kgs[forced].examples is not None and not past_messages:
             name = "find_examples" if self.o.random_examples else "find_similar_examples"
             args = {"kg": forced} | ({} if self.o.random_examples else {"question": question})
-            forced_call = ToolCall("call_examples", name, args, json.dumps(args))
+            forced_call = ToolCall.made("call_examples", name, args)
             messages.append({"role": "assistant", "content": "", "tool_calls": [forced_call.message()]})
             self._call(r, messages, functions, "call_examples", name, args, deadline, emit)
 

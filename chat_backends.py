@@ -48,6 +48,12 @@ class ToolCall:
     raw: str = ""  # the arguments as the model wrote them (JSON text)
     error: str | None = None  # why the call is malformed (unknown function, invalid JSON, schema)
 
+    @classmethod
+    def made(cls, call_id: str, name: str, arguments: dict) -> "ToolCall":
+        """A call we write ourselves (a forced call, a training conversation, a test), its raw text
+        the arguments as JSON."""
+        return cls(call_id, name, arguments, json.dumps(arguments, ensure_ascii=False))
+
     def message(self) -> dict:
         """The call as it goes back to the model in an assistant message (OpenAI format)."""
         raw = self.raw if _is_json(self.raw) else "{}"

@@ -136,7 +136,7 @@ def mention(question: str, names: list[str]) -> str:
 
 def call_messages(number: int, name: str, arguments: dict, result: str | None = None, text: str = "") -> list[dict]:
     """An assistant turn with `text` and one call and, unless `result` is None, the tool message with it."""
-    call = ToolCall(f"call_{number}", name, arguments, json.dumps(arguments, ensure_ascii=False))
+    call = ToolCall.made(f"call_{number}", name, arguments)
     turn = {"role": "assistant", "content": text, "tool_calls": [call.message()]}
     return [turn] if result is None else [turn, {"role": "tool", "tool_call_id": call.id, "content": result}]
 

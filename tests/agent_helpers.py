@@ -6,7 +6,6 @@ chat backend, calls / replies written briefly, and a tiny text encoder for examp
 """
 import copy
 import functools
-import json
 import tempfile
 from pathlib import Path
 
@@ -45,7 +44,7 @@ _ids = iter(range(10 ** 9))
 
 
 def call(name: str, **args) -> ToolCall:
-    return ToolCall(f"call_{next(_ids)}", name, args, json.dumps(args))
+    return ToolCall.made(f"call_{next(_ids)}", name, args)
 
 
 def reply(*calls: ToolCall, content: str = "") -> Reply:
