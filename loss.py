@@ -230,16 +230,17 @@ def backward_batch(model, mine: list[dict], total: int, micro_batch_size: int, w
 def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, autocast, weighting: str) -> dict:
     """Validation loss as training weighs it (sum of losses / units), the same per task present
     (val_skeleton, val_rerank, val_agent), and the re-ranking accuracy if there are re-ranking samples (no
-    dropout, no RNG use)."""
+    dropout, no RNG use). A long start all of `val` share runs once (SharedPrefix)."""
     model.eval()
     totals = {}
     correct_reranks = []
     order = sorted(range(len(val)), key=lambda i: len(val[i]["ids"]))
+    shared = shared_start(val)  # a start all of them share runs once (agent conversations)
+    with autocast:
+        prefix = SharedPrefix(model, val[0]["ids"][:shared], device) if shared else None
     for start in range(0, len(order), micro_batch):
         batch = [val[i] for i in order[start:start + micro_batch]]
-        shared = shared_start(batch)
         with autocast:
-            prefix = SharedPrefix(model, batch[0]["ids"][:shared], device) if shared else None
             losses, correct = sample_losses(model, to_device(collate(batch, pad_id, weighting, shared), device), prefix)
         for s, value, ok in zip(batch, losses.tolist(), correct.tolist()):
             totals.setdefault(s["task"], [0.0, 0])
