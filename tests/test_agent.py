@@ -327,10 +327,10 @@ def test_eval_setup_evaluates_the_given_endpoint_and_names_a_missing_model(demo_
         make()
 
 
-@pytest.mark.slow  # the real 0.5B model with the shipped agent adapter: ~2 minutes on 2 threads
-def test_the_agent_adapter_makes_the_local_model_follow_the_protocol(demo_endpoint):
-    """Zero-shot the 0.5B model repeated calls; with its adapter it searches the question's entity and
-    property first. (It does not yet answer the README question: it searches on and the loop check stops it.)"""
+@pytest.mark.slow  # the real 0.5B model with the shipped agent adapter: ~1 minute on 2 threads
+def test_the_agent_adapter_answers_who_directed_pulp_fiction(demo_endpoint):
+    """Zero-shot the 0.5B model repeated calls; with its adapter it says its plan, searches the
+    question's entity and property and answers with the query whose result is the director."""
     if not (defaults.MODEL_DIR / "config.json").exists() or not (defaults.DEMO_INDEX_DIR / "manifest.json").exists():
         pytest.skip("needs the base model and the demo index (bash demo.sh makes both)")
     out = subprocess.run([sys.executable, str(defaults.REPO_DIR / "agent.py"), "Who directed Pulp Fiction?"],
@@ -342,3 +342,4 @@ def test_the_agent_adapter_makes_the_local_model_follow_the_protocol(demo_endpoi
     assert calls[0].lower().startswith('-> search_entity({"kg": "wikidata", "query": "pulp fiction')
     assert calls[1].lower().startswith('-> search_property({"kg": "wikidata", "query": "director')
     assert "Pulp Fiction (wd:Q104123)" in out.stdout and "director (wdt:P57)" in out.stdout
+    assert "status: answer" in out.stdout and "| Quentin Tarantino (wd:Q3772) |" in out.stdout
