@@ -155,6 +155,12 @@ class SharedPrefix:
     the batch is the one of running every sample whole. (LoRA dropout draws one mask for the start,
     shared by the samples, where whole samples draw one each.)"""
 
+    @classmethod
+    def of(cls, model: torch.nn.Module, samples: list[dict], device) -> tuple[int, "SharedPrefix | None"]:
+        """(tokens every sample starts with, their SharedPrefix), or (0, None) if that start is short."""
+        start = shared_start(samples)
+        return start, (cls(model, samples[0]["ids"][:start], device) if start else None)
+
     def __init__(self, model: torch.nn.Module, ids: list[int], device):
         self.keys, self.values, self.mask, self.length, self.device = [], [], None, 0, device
         model(torch.tensor([ids], device=device), cache=self, logits_at=-1)
@@ -210,17 +216,14 @@ def backward_batch(model, mine: list[dict], total: int, micro_batch_size: int, w
     Returns per task (summed sample losses, units) of `mine`."""
     by_task = {}
     micro = [mine[i:i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
-    start = shared_start(mine) if world == 1 else 0
     with autocast:
-        prefix = SharedPrefix(model, mine[0]["ids"][:start], device) if start else None
+        start, prefix = SharedPrefix.of(model, mine, device) if world == 1 else (0, None)
     for j, batch in enumerate(micro):
         sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
         with sync, autocast:
             losses, _ = sample_losses(model, to_device(collate(batch, pad_id, weighting, start), device), prefix)
             (losses.sum() * world / total).backward()
-        for s, value in zip(batch, losses.tolist()):
-            total_loss, total_units = by_task.get(s["task"], (0.0, 0))
-            by_task[s["task"]] = (total_loss + value, total_units + units(s, weighting))
+        add_up(by_task, batch, losses.tolist(), weighting)
     if prefix is not None:
         prefix.backward()
     return by_task
@@ -235,24 +238,26 @@ def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, auto
     totals = {}
     correct_reranks = []
     order = sorted(range(len(val)), key=lambda i: len(val[i]["ids"]))
-    shared = shared_start(val)  # a start all of them share runs once (agent conversations)
     with autocast:
-        prefix = SharedPrefix(model, val[0]["ids"][:shared], device) if shared else None
+        shared, prefix = SharedPrefix.of(model, val, device)  # agent conversations share their start
     for start in range(0, len(order), micro_batch):
         batch = [val[i] for i in order[start:start + micro_batch]]
         with autocast:
             losses, correct = sample_losses(model, to_device(collate(batch, pad_id, weighting, shared), device), prefix)
-        for s, value, ok in zip(batch, losses.tolist(), correct.tolist()):
-            totals.setdefault(s["task"], [0.0, 0])
-            totals[s["task"]][0] += value
-            totals[s["task"]][1] += units(s, weighting)
-            if s["choices"]:
-                correct_reranks.append(float(ok))
+        add_up(totals, batch, losses.tolist(), weighting)
+        correct_reranks += [float(ok) for s, ok in zip(batch, correct.tolist()) if s["choices"]]
     model.train()
     total_loss, total_units = (sum(values) for values in zip(*totals.values())) if totals else (0.0, 0)
     return {"val_loss": total_loss / max(1, total_units),
             **{f"val_{task}": totals[task][0] / totals[task][1] for task in TASKS if task in totals},
             **({"val_rerank_acc": sum(correct_reranks) / len(correct_reranks)} if correct_reranks else {})}
+
+
+def add_up(totals: dict[str, tuple[float, int]], batch: list[dict], losses: list[float], weighting: str) -> None:
+    """Add each sample's loss and units to its task's (summed losses, units) in `totals`."""
+    for s, value in zip(batch, losses):
+        total_loss, total_units = totals.get(s["task"], (0.0, 0))
+        totals[s["task"]] = (total_loss + value, total_units + units(s, weighting))
 
 
 def to_device(batch: dict, device) -> dict:
