@@ -138,11 +138,11 @@ class Agent:
             # a call made before is not run again: its result is in the conversation already (GRASP's loop
             # check, widened from the turn before to the whole question: small models also cycle)
             keys = [json.dumps([c.name, c.arguments], sort_keys=True) for c in reply.tool_calls]
-            repeats = {c.id: made[k] for c, k in zip(reply.tool_calls, keys) if not c.error and k in made}
+            repeats = {i: made[k] for i, (c, k) in enumerate(zip(reply.tool_calls, keys)) if not c.error and k in made}
             if reply.tool_calls and len(repeats) == len(reply.tool_calls):  # nothing new: a loop
                 loops += 1
                 emit("loop", step=r.steps, loops=loops, repeats=", ".join(f"step {s}" for s in repeats.values()))
-                messages += [not_run(c.id, repeats[c.id]) for c in reply.tool_calls]  # every call is answered
+                messages += [not_run(c.id, repeats[i]) for i, c in enumerate(reply.tool_calls)]  # every call is answered
                 if loops > self.o.max_loops:
                     r.status, r.error = "loop", f"the model kept repeating earlier calls ({loops} times)"
                     break
@@ -153,15 +153,15 @@ class Agent:
             stop = not reply.tool_calls
             if stop:
                 emit("no_call", step=r.steps)
-            for call in reply.tool_calls:
+            for i, call in enumerate(reply.tool_calls):  # by position: a remote model may reuse an id
                 if call.error:
                     r.calls["malformed"] += 1
                     emit("malformed_call", step=r.steps, name=call.name, raw=call.raw, error=call.error)
                     messages.append({"role": "tool", "tool_call_id": call.id,
                                      "content": f"Error: {call.error}. Call the function again, correctly."})
                     continue
-                if call.id in repeats:
-                    messages.append(not_run(call.id, repeats[call.id]))
+                if i in repeats:
+                    messages.append(not_run(call.id, repeats[i]))
                     continue
                 stop |= self._call(r, messages, functions, call.id, call.name, call.arguments, deadline, emit)
             if not stop:

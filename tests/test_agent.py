@@ -206,6 +206,16 @@ def test_a_cycle_of_calls_is_a_loop_and_a_turn_with_a_new_call_is_not(kg):
     assert agent.run("q?").steps == 2
 
 
+def test_a_new_call_runs_even_when_it_shares_its_id_with_a_repeated_one(kg):
+    genre = call("search_property", kg="wikidata", query="genre")
+    director = ToolCall.made(genre.id, "search_property", {"kg": "wikidata", "query": "director"})  # a reused id
+    agent, _ = agent_with(kg, [reply(genre), Reply("", [genre, director], seconds=0.01), reply(call("cancel", explanation="x"))])
+    r = agent.run("q?")
+    assert r.calls["search_property"] == 2  # genre once, then director: the repeat did not stop its neighbour
+    results = [m["content"] for m in r.messages if m["role"] == "tool"]
+    assert results[1] == "Not run: the same call as in step 1; its result is above." and "director (wdt:P57)" in results[2]
+
+
 def test_time_limit_holds_and_the_deadline_reaches_the_backend(kg):
     def slow(messages):
         time.sleep(0.3)
