@@ -29,6 +29,7 @@ expected duration are printed before the first step and re-measured after three.
     torchrun --nproc-per-node 4 train.py --data wwq              # several GPUs (DDP)
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -110,6 +111,14 @@ def plan_steps(lengths: list[int], batch_size: int, seed: int, epoch: int, pool:
         steps += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
     rng.shuffle(steps)
     return steps
+
+
+def data_sha256(encoded: list[dict]) -> str:
+    """A fingerprint of encoded samples (token ids and loss positions): a resumed run must see the same."""
+    digest = hashlib.sha256()
+    for s in encoded:
+        digest.update(json.dumps([s["ids"], s["answer_at"], s["choices"], s["target"]]).encode())
+    return digest.hexdigest()
 
 
 def lr_at(step: int, total: int, base_lr: float, warmup: float) -> float:
@@ -259,9 +268,12 @@ def resume(run: Run, config: dict, model, optimizer) -> TrainState:
     if not latest.exists():
         sys.exit(f"error: --resume but {run.run_dir} has no checkpoint; drop --resume to start the run")
     saved = json.loads((run.run_dir / latest.read_text() / "config.json").read_text())
-    changed = {k for k in config if k not in RESUMABLE_CHANGES and saved.get(k) != config[k]}
+    changed = {k for k in config if k not in RESUMABLE_CHANGES | {"data_sha256"} and saved.get(k) != config[k]}
     if changed:
         sys.exit(f"error: --resume with different settings: {', '.join(f'{k}={config[k]} (was {saved.get(k)})' for k in sorted(changed))}")
+    if saved.get("data_sha256", config["data_sha256"]) != config["data_sha256"]:  # (runs from before it: unchecked)
+        sys.exit("error: --resume with the same settings but other samples than the run's (epoch 0 and validation, "
+                 "data_sha256): the data files or the code that makes samples changed since the run started")
     return TrainState(**checkpoint.load(run.run_dir / latest.read_text(), model, optimizer, run.rank, run.device))
 
 
@@ -425,6 +437,7 @@ def main(args: argparse.Namespace) -> None:
     config = vars(args) | {"world_size": run.world, "device": str(run.device), "dtype": str(run.dtype).removeprefix("torch."),
                            "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
                            "train_samples_epoch0": len(first_epoch), "val_samples": len(val),
+                           "data_sha256": data_sha256(first_epoch + val),
                            "trainable_parameters": sum(p.numel() for p in params)}
     config = json.loads(json.dumps(config, default=str))
     state = resume(run, config, model, optimizer) if args.resume else TrainState()

@@ -283,6 +283,22 @@ def test_resume_refuses_changed_settings(model_dir, tmp_path, capsys):
     assert [r["step"] for r in log(tmp_path)] == list(range(1, 9))  # 4 epochs of 2 steps, none repeated
 
 
+def test_resume_refuses_other_samples_under_the_same_settings(model_dir, tmp_path):
+    rows = make_samples(2)
+    samples = write_jsonl(tmp_path / "s.jsonl", rows)
+    train.main(train_args(model_dir, tmp_path, samples, "--stop-after", "1"))
+    rows[0] = {**rows[0], "target": rows[0]["target"] + " ."}  # e.g. the code that writes skeletons changed
+    write_jsonl(samples, rows)
+    with pytest.raises(SystemExit, match="other samples than the run's"):
+        train.main(train_args(model_dir, tmp_path, samples, "--resume"))
+    # a checkpoint from before the fingerprint existed resumes unchecked
+    checkpoint_config = tmp_path / "runs" / "grisp" / "checkpoint-0000001" / "config.json"
+    config = json.loads(checkpoint_config.read_text())
+    checkpoint_config.write_text(json.dumps({k: v for k, v in config.items() if k != "data_sha256"}))
+    train.main(train_args(model_dir, tmp_path, samples, "--resume", "--stop-after", "2"))
+    assert [r["step"] for r in log(tmp_path)] == [1, 2]
+
+
 def test_init_adapter_starts_from_a_trained_adapter(model_dir, tmp_path):
     samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
     train.main(train_args(model_dir, tmp_path, samples, "--epochs", "2", "--lr", "1e-2", "--name", "first"))
