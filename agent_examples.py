@@ -8,7 +8,8 @@ encoder of encoder.py), one item per pair, its question and paraphrases as the i
 
     index = ExampleIndex.open("wwq-train", Path("~/.cache/grisp/examples/wwq-train"))   # built once
     index.similar("who directed pulp fiction?", 3)     # [{"question": ..., "sparql": ...}, ...]
-    text = find_examples(kg, "who directed pulp fiction?", 3, random.Random(0), known)
+
+The functions FSE and FEX themselves (definitions, the text of their results) are in agent_functions.py.
 """
 import json
 import random
@@ -59,36 +60,3 @@ class ExampleIndex:
 
     def random(self, k: int, rng: random.Random) -> list[dict]:
         return rng.sample(self.examples, min(k, len(self.examples)))
-
-
-def example_definitions(kgs: list[str], k: int, random_examples: bool) -> list[dict]:
-    """FEX or FSE over the knowledge graphs that have examples (OpenAI tools format)."""
-    from agent_functions import string_arg, tool_def
-    kg = {"kg": string_arg("the knowledge graph", kgs)}
-    if random_examples:
-        return [tool_def("find_examples", f"Get {k} random example questions with their SPARQL queries over the "
-                    "knowledge graph; they show how its queries are written. "
-                    "Example: find_examples(kg=\"wikidata\")", kg)]
-    return [tool_def("find_similar_examples", f"Get the {k} example questions most similar to a given question, with "
-                "their SPARQL queries over the knowledge graph. Example: find_similar_examples(kg=\"wikidata\", "
-                "question=\"Where was Angela Merkel born?\")", kg | {"question": string_arg("the question")})]
-
-
-def find_examples(kg, question: str | None, k: int, rng: random.Random, known: set[str]) -> str:
-    """FSE (a question given) or FEX (None): the examples as text; their IRIs become known."""
-    from agent_functions import FunctionError, canonical
-    from sparql_syntax import expand, tokenize
-    if kg.examples is None:
-        raise FunctionError(f"the knowledge graph {kg.name} has no examples")
-    examples = kg.examples.similar(question, k) if question is not None else kg.examples.random(k, rng)
-    if not examples:
-        return "No examples found"
-    for example in examples:
-        for token in tokenize(example["sparql"]):
-            if token.kind in ("iri", "pname") and not token.text.endswith(":"):
-                try:
-                    known.add(canonical(expand(token.text, kg.prefixes)))
-                except ValueError:
-                    pass
-    return "\n\n".join(f"Example {i}:\nQuestion: {e['question']}\nSPARQL:\n{e['sparql']}"
-                       for i, e in enumerate(examples, start=1))

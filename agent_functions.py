@@ -8,7 +8,7 @@ our SPARQL client (sparql.py) and search indices (search.py):
     SPR search_property(kg, query)                 the property index (embeddings if built)
     SPE search_property_of_entity(kg, entity, query)   properties the entity has (constraint query + subset search)
     SOP search_object_of_property(kg, property, query)  entities the property points to (same)
-    FSE find_similar_examples(kg, question) / FEX find_examples(kg)   question-SPARQL pairs (agent_examples.py)
+    FSE find_similar_examples(kg, question) / FEX find_examples(kg)   question-SPARQL pairs (kept by agent_examples.py)
     ANS answer(...) / CAN cancel(...)              stop (their definitions depend on the task, agent.py)
 
 `known` is the set of IRIs (canonical: Wikidata property variants folded to wd:P..) that earlier
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import defaults
-from agent_examples import example_definitions, find_examples
 from constraints import CONSTRAINT_LIMIT, allowed_items
 from skeleton import split_variant
 from sparql import Result, SparqlClient, SparqlError
@@ -216,6 +215,18 @@ def kg_definitions(kgs: list[str], k: int, list_k: int, indexed: bool) -> list[d
     return fns
 
 
+def example_definitions(kgs: list[str], k: int, random_examples: bool) -> list[dict]:
+    """FEX or FSE over the knowledge graphs that have examples (OpenAI tools format)."""
+    kg = {"kg": string_arg("the knowledge graph", kgs)}
+    if random_examples:
+        return [tool_def("find_examples", f"Get {k} random example questions with their SPARQL queries over the "
+                    "knowledge graph; they show how its queries are written. "
+                    "Example: find_examples(kg=\"wikidata\")", kg)]
+    return [tool_def("find_similar_examples", f"Get the {k} example questions most similar to a given question, with "
+                "their SPARQL queries over the knowledge graph. Example: find_similar_examples(kg=\"wikidata\", "
+                "question=\"Where was Angela Merkel born?\")", kg | {"question": string_arg("the question")})]
+
+
 # ---------------------------------------------------------------------------- implementations
 
 class Functions:
@@ -333,6 +344,24 @@ class Functions:
             note = "Searching without the constraint (too many candidates).\n"
             return self.search(kg, kind, query, None, known, note)
         return self.search(kg, kind, query, allowed, known)
+
+
+def find_examples(kg: KnowledgeGraph, question: str | None, k: int, rng: random.Random, known: set[str]) -> str:
+    """FSE (a question given) or FEX (None): the examples as text; their IRIs become known."""
+    if kg.examples is None:
+        raise FunctionError(f"the knowledge graph {kg.name} has no examples")
+    examples = kg.examples.similar(question, k) if question is not None else kg.examples.random(k, rng)
+    if not examples:
+        return "No examples found"
+    for example in examples:
+        for token in tokenize(example["sparql"]):
+            if token.kind in ("iri", "pname") and not token.text.endswith(":"):
+                try:
+                    known.add(canonical(expand(token.text, kg.prefixes)))
+                except ValueError:
+                    pass
+    return "\n\n".join(f"Example {i}:\nQuestion: {e['question']}\nSPARQL:\n{e['sparql']}"
+                       for i, e in enumerate(examples, start=1))
 
 
 def check_known(kg: KnowledgeGraph, sparql: str, known: set[str]) -> None:

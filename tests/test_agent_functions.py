@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from agent_examples import ExampleIndex, find_examples
-from agent_functions import FunctionError, Functions, KnowledgeGraph, table, unknown_iris
+from agent_examples import ExampleIndex
+from agent_functions import FunctionError, Functions, KnowledgeGraph, find_examples, table, unknown_iris
 from config import AgentConfig
 from sparql import SparqlClient
 from tests.agent_helpers import bag_of_words, demo_kg
