@@ -18,6 +18,8 @@ back (`read_prompt_format`); an adapter without it was trained on "v1". PEFT ign
 A trained adapter is shipped as a smaller copy (bf16 weights, a Hub id as its base model):
     python peft_format.py convert ~/.cache/grisp/runs/NAME/best adapters/NAME --dtype bfloat16 \
         --base-model Qwen/Qwen2.5-Coder-0.5B-Instruct
+and a run's checkpoint (e.g. of a run still going) becomes an adapter the same way:
+    python peft_format.py convert ~/.cache/grisp/runs/NAME/checkpoint-0000250 /tmp/step-250
 Tests: python -m pytest tests/test_peft_format.py
 """
 import argparse
@@ -29,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+import checkpoint
 from lora import (candidate_names, inject_lora, is_target, layer_index, load_lora_state_dict, lora_layers,
                   lora_state_dict, merge_lora, unload_lora)
 from prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
@@ -80,6 +83,12 @@ def _adapter_config(model: nn.Module, base_model_name_or_path: str | None) -> di
     else:
         raise ValueError(f"the LoRA layers {list(layers)[:3]}... cannot be described by target_modules="
                          f"{targets} plus layers_to_transform; inject with one target list and layer list")
+    return _peft_config(r, alpha, dropout, targets, selected, base_model_name_or_path)
+
+
+def _peft_config(r: int, alpha: float, dropout: float, targets: list[str], layers_to_transform: list[int] | None,
+                 base_model_name_or_path: str | None) -> dict:
+    """PEFT's LoraConfig for plain LoRA with these settings (layers_to_transform None: every block)."""
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -90,7 +99,7 @@ def _adapter_config(model: nn.Module, base_model_name_or_path: str | None) -> di
         "lora_alpha": alpha,
         "lora_dropout": dropout,
         "target_modules": targets,
-        "layers_to_transform": selected,
+        "layers_to_transform": layers_to_transform,
         "layers_pattern": None,
         "bias": "none",
         "fan_in_fan_out": False,
@@ -112,8 +121,12 @@ def save_adapter(model: nn.Module, out_dir: str | Path, base_model_name_or_path:
     tensors = {_peft_key(n): p.detach().cpu() for n, p in lora_state_dict(model).items()}
     out_dir = _write_adapter(out_dir, tensors, config, dtype)
     if prompt_format is not None:
-        (out_dir / GRISP_CONFIG_NAME).write_text(json.dumps({"prompt_format": prompt_format}, indent=2) + "\n")
+        _write_prompt_format(out_dir, prompt_format)
     return out_dir
+
+
+def _write_prompt_format(out_dir: Path, prompt_format: str) -> None:
+    (out_dir / GRISP_CONFIG_NAME).write_text(json.dumps({"prompt_format": prompt_format}, indent=2) + "\n")
 
 
 def read_prompt_format(adapter_dir: str | Path | None) -> str:
@@ -215,16 +228,37 @@ def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
 
 def convert_adapter(src_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None,
                     base_model_name_or_path: str | None = None) -> Path:
-    """Copy an adapter directory with its weights cast to `dtype` and, if given, another base model name
-    in its config (a Hub id instead of the local path training saw). Returns the directory."""
+    """Copy an adapter directory, or make one from a training run's checkpoint-* directory, with its
+    weights cast to `dtype` and, if given, another base model name in its config (a Hub id instead of
+    the local path training saw). Returns the directory."""
     _check_float(dtype)
-    config = read_adapter_config(src_dir)
+    src_dir = Path(src_dir)
+    if (src_dir / checkpoint.LORA_FILE).is_file():
+        config, tensors, prompt_format = _checkpoint_adapter(src_dir)
+    else:
+        config, tensors, prompt_format = read_adapter_config(src_dir), load_file(src_dir / WEIGHTS_NAME), None
     if base_model_name_or_path is not None:
         config["base_model_name_or_path"] = base_model_name_or_path
-    out_dir = _write_adapter(out_dir, load_file(Path(src_dir) / WEIGHTS_NAME), config, dtype)
-    if (Path(src_dir) / GRISP_CONFIG_NAME).is_file():  # the prompt format travels with the weights
-        shutil.copyfile(Path(src_dir) / GRISP_CONFIG_NAME, out_dir / GRISP_CONFIG_NAME)
+    out_dir = _write_adapter(out_dir, tensors, config, dtype)
+    if prompt_format is not None:
+        _write_prompt_format(out_dir, prompt_format)
+    elif (src_dir / GRISP_CONFIG_NAME).is_file():  # the prompt format travels with the weights
+        shutil.copyfile(src_dir / GRISP_CONFIG_NAME, out_dir / GRISP_CONFIG_NAME)
     return out_dir
+
+
+def _checkpoint_adapter(path: Path) -> tuple[dict, dict[str, torch.Tensor], str]:
+    """A checkpoint's LoRA weights as an adapter: the config from the run's settings and the weights'
+    names (which blocks, which layers), as save_adapter writes it for the same model."""
+    run = json.loads((path / "config.json").read_text())
+    weights = load_file(path / checkpoint.LORA_FILE)
+    names = {n.rpartition(".")[0] for n in weights}  # model.layers.3.self_attn.q_proj
+    targets, blocks = sorted({n.rpartition(".")[2] for n in names}), sorted({layer_index(n, None) for n in names})
+    model_config = Path(run["model_dir"]) / "config.json"
+    every_block = model_config.is_file() and blocks == list(range(json.loads(model_config.read_text())["num_hidden_layers"]))
+    config = _peft_config(run["lora_r"], run["lora_alpha"], run["lora_dropout"], targets, None if every_block else blocks,
+                          run["model_dir"])
+    return config, {_peft_key(n): t for n, t in weights.items()}, run["prompt_format"]
 
 
 def main(args: argparse.Namespace) -> None:
@@ -238,9 +272,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Adapter files (PEFT layout).",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    convert = commands.add_parser("convert", help="copy an adapter with another weight dtype or base model name",
+    convert = commands.add_parser("convert", help="copy an adapter (or make one from a training checkpoint) with "
+                                  "another weight dtype or base model name",
                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    convert.add_argument("src", type=Path, help="adapter directory to read (e.g. a run's best/)")
+    convert.add_argument("src", type=Path, help="adapter directory to read (e.g. a run's best/), or a run's checkpoint-* directory")
     convert.add_argument("out", type=Path, help="adapter directory to write")
     convert.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                          help="weight dtype of the copy (None: keep the source's)")

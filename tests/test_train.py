@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 import checkpoint
 import lora
 import loss
+import peft_format
 import train
 from model import Transformer
 from tokenizer import Tokenizer
@@ -297,6 +298,18 @@ def test_resume_refuses_other_samples_under_the_same_settings(model_dir, tmp_pat
     checkpoint_config.write_text(json.dumps({k: v for k, v in config.items() if k != "data_sha256"}))
     train.main(train_args(model_dir, tmp_path, samples, "--resume", "--stop-after", "2"))
     assert [r["step"] for r in log(tmp_path)] == [1, 2]
+
+
+@pytest.mark.parametrize("lora_layers", ["0", "1"])  # every block (layers_to_transform None), the last one
+def test_a_checkpoint_converts_to_the_adapter_the_run_saves(model_dir, tmp_path, lora_layers):
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
+    train.main(train_args(model_dir, tmp_path, samples, "--epochs", "1", "--lora-layers", lora_layers))
+    run = tmp_path / "runs" / "grisp"  # no validation data: adapter/ holds the last step's weights
+    out = peft_format.convert_adapter(run / "checkpoint-0000002", tmp_path / "converted")
+    for name in (peft_format.CONFIG_NAME, peft_format.GRISP_CONFIG_NAME):
+        assert (out / name).read_text() == (run / "adapter" / name).read_text()
+    converted, saved = load_file(out / peft_format.WEIGHTS_NAME), load_file(run / "adapter" / peft_format.WEIGHTS_NAME)
+    assert converted.keys() == saved.keys() and all(torch.equal(converted[k], saved[k]) for k in saved)
 
 
 def test_init_adapter_starts_from_a_trained_adapter(model_dir, tmp_path):
