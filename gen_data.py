@@ -4,7 +4,8 @@ augmentations (samples.py holds the method; train.py makes the same samples onli
 
 Reads the benchmark records of the mixture `--data` (mixture.py: one or several sources with weights,
 e.g. `wwq,qald10,lcquad2:0.3`) and the search index of their KG (`--index`; the Wikidata index is built
-in-process if missing), prints a per-source table of what is used and what is skipped and why, writes
+in-process if missing), prints a per-source table of what is used and what is skipped and why and one of
+the usable records' question shapes (one triple, two-hop, qualifier, ASK, ...), writes
 one sample per line to `--out` (under a temporary name until complete) and prints the statistics:
 samples per source and epoch, augmentation counts, and token lengths per task and source if the base
 model's tokenizer is present. A sample (see samples.py):
@@ -30,6 +31,7 @@ import mixture
 from jsonl import write_jsonl
 from prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from samples import WIKIDATA_INDEX_DIR, Augment, SampleGenerator, add_generation_args, length_stats, open_index
+from skeleton_score import SHAPES, shape
 from sparql import SparqlClient
 
 
@@ -48,6 +50,8 @@ def main(args: argparse.Namespace) -> None:
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
     print(data.table())
+    print("question shapes of the usable records (skeleton_score.shape, docs/method.md 7.6):")
+    print(shape_table(data))
     if args.constrain and client is None:
         print("no --endpoint: no re-ranking sample is constrained (--constrain needs the constraint queries' answers)")
 
@@ -87,6 +91,18 @@ def main(args: argparse.Namespace) -> None:
             for source in data.sources:
                 mine = [s for s in first_epoch if s.get("source") == source.name]
                 print(f"  {source.name}: {json.dumps(length_stats(mine, model_dir))}")
+
+
+def shape_table(data: mixture.Mixture) -> str:
+    """How many usable records of each source have each question shape: what the mixture teaches
+    beyond one triple pattern."""
+    counts = {source.name: Counter() for source in data.sources}
+    for record in data.usable:
+        counts[record["source"]][shape(record["sparql"])] += 1
+    rows = [[name, *(str(c[s]) for s in SHAPES), str(c.total())]
+            for name, c in [*counts.items(), ("total", sum(counts.values(), Counter()))]]
+    head = ["source", *SHAPES, "all"]
+    return "\n".join("| " + " | ".join(row) + " |" for row in [head, ["---"] * len(head), *rows])
 
 
 if __name__ == "__main__":
