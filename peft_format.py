@@ -20,7 +20,7 @@ A trained adapter is shipped as a smaller copy (bf16 weights, a Hub id as its ba
         --base-model Qwen/Qwen2.5-Coder-0.5B-Instruct
 and a run's checkpoint (e.g. of a run still going) becomes an adapter the same way:
     python peft_format.py convert ~/.cache/grisp/runs/NAME/checkpoint-0000250 /tmp/step-250
-Tests: python -m pytest tests/test_peft_format.py
+Tests: python -m pytest tests/test_peft_format.py (a checkpoint's conversion: tests/test_train.py)
 """
 import argparse
 import json
@@ -253,12 +253,15 @@ def _checkpoint_adapter(path: Path) -> tuple[dict, dict[str, torch.Tensor], str]
     run = json.loads((path / "config.json").read_text())
     weights = load_file(path / checkpoint.LORA_FILE)
     names = {n.rpartition(".")[0] for n in weights}  # model.layers.3.self_attn.q_proj
-    targets, blocks = sorted({n.rpartition(".")[2] for n in names}), sorted({layer_index(n, None) for n in names})
-    model_config = Path(run["model_dir"]) / "config.json"
-    every_block = model_config.is_file() and blocks == list(range(json.loads(model_config.read_text())["num_hidden_layers"]))
+    targets, indices = sorted({n.rpartition(".")[2] for n in names}), {layer_index(n, None) for n in names}
+    blocks = sorted(i for i in indices if i is not None)
+    every_block = not blocks or blocks[0] == 0  # training puts LoRA on the last N blocks: block 0 means all
+    if not every_block and None in indices:
+        raise ValueError(f"{path}: LoRA on the last blocks and on {sorted(n for n in names if layer_index(n, None) is None)} "
+                         f"cannot be described by target_modules plus layers_to_transform")
     config = _peft_config(run["lora_r"], run["lora_alpha"], run["lora_dropout"], targets, None if every_block else blocks,
                           run["model_dir"])
-    return config, {_peft_key(n): t for n, t in weights.items()}, run["prompt_format"]
+    return config, {_peft_key(n): t for n, t in weights.items()}, run.get("prompt_format", UNRECORDED_PROMPT_FORMAT)
 
 
 def main(args: argparse.Namespace) -> None:

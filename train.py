@@ -263,7 +263,7 @@ def load_init_adapter(model, args) -> None:
 # ---------------------------------------------------------------------------- resume, run directory
 def resume(run: Run, config: dict, model, optimizer) -> TrainState:
     """The latest checkpoint's state, with LoRA weights, optimiser and RNG states restored; exits if a
-    setting outside RESUMABLE_CHANGES differs from the checkpoint's."""
+    setting outside RESUMABLE_CHANGES differs from the checkpoint's, or the samples do (data_sha256)."""
     latest = run.run_dir / "latest"
     if not latest.exists():
         sys.exit(f"error: --resume but {run.run_dir} has no checkpoint; drop --resume to start the run")
@@ -273,7 +273,8 @@ def resume(run: Run, config: dict, model, optimizer) -> TrainState:
         sys.exit(f"error: --resume with different settings: {', '.join(f'{k}={config[k]} (was {saved.get(k)})' for k in sorted(changed))}")
     if saved.get("data_sha256", config["data_sha256"]) != config["data_sha256"]:  # (runs from before it: unchecked)
         sys.exit("error: --resume with the same settings but other samples than the run's (epoch 0 and validation, "
-                 "data_sha256): the data files or the code that makes samples changed since the run started")
+                 "data_sha256): the data files, the code that makes samples or, with --endpoint, the endpoint's "
+                 "answers changed since the run started")
     return TrainState(**checkpoint.load(run.run_dir / latest.read_text(), model, optimizer, run.rank, run.device))
 
 

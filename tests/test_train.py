@@ -22,6 +22,7 @@ from model import Transformer
 from tokenizer import Tokenizer
 from prompts import Alternative, rerank_messages, skeleton_messages
 from tests.conftest import free_port
+from tests.test_samples import tiny  # noqa: F401 (the tiny index and records, a fixture)
 from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -310,6 +311,32 @@ def test_a_checkpoint_converts_to_the_adapter_the_run_saves(model_dir, tmp_path,
         assert (out / name).read_text() == (run / "adapter" / name).read_text()
     converted, saved = load_file(out / peft_format.WEIGHTS_NAME), load_file(run / "adapter" / peft_format.WEIGHTS_NAME)
     assert converted.keys() == saved.keys() and all(torch.equal(converted[k], saved[k]) for k in saved)
+    # the base model gone from where the run saw it, a run from before prompt formats: the same blocks, v1
+    config_path = run / "checkpoint-0000002" / "config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({k: v for k, v in config.items() if k != "prompt_format"} | {"model_dir": "/gone"}))
+    out = peft_format.convert_adapter(run / "checkpoint-0000002", tmp_path / "old-run")
+    expected = json.loads((run / "adapter" / peft_format.CONFIG_NAME).read_text()) | {"base_model_name_or_path": "/gone"}
+    assert json.loads((out / peft_format.CONFIG_NAME).read_text()) == expected
+    assert peft_format.read_prompt_format(out) == "v1"
+
+
+HASH_SCRIPT = """import sys, train
+from tokenizer import Tokenizer
+args = train.make_parser().parse_args(sys.argv[1:])
+train_epoch, val = train.load_data(args, Tokenizer(args.model_dir))
+print(len(train_epoch(0)), len(val), train.data_sha256(train_epoch(0) + val))"""
+
+
+def test_the_data_fingerprint_is_the_same_in_every_process(model_dir, tiny):
+    """A resumed run regenerates its samples in a new process: nothing may depend on str hashing."""
+    indices, records_file, _ = tiny
+    flags = ["--data", str(records_file), "--index", str(indices.directory), "--model-dir", str(model_dir),
+             "--val-fraction", "0.1", "--max-length", "4096"]
+    outputs = {subprocess.run([sys.executable, "-c", HASH_SCRIPT, *flags], cwd=REPO, capture_output=True, text=True,
+                              check=True, env=os.environ | {"PYTHONHASHSEED": seed}).stdout.splitlines()[-1]
+               for seed in ("1", "2")}
+    assert len(outputs) == 1 and int(outputs.pop().split()[0]) > 100
 
 
 def test_init_adapter_starts_from_a_trained_adapter(model_dir, tmp_path):
