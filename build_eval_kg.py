@@ -302,7 +302,8 @@ if __name__ == "__main__":
                              f"{benchmarks.EVAL_KG_FULL_DIR} (full)")
     # verification on a real endpoint
     parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="skip running every covered gold query on an oxigraph server")
+                        help="skip the check that runs every covered gold query on an oxigraph server "
+                             "(verify=%(default)s: the check runs unless this flag is given)")
     parser.add_argument("--store", default=None,
                         help="oxigraph store directory for the check (reused by endpoint.py start); "
                              "default: ~/.cache/grisp/stores/wwq-dev (closed), .../wwq-dev-full (full)")
