@@ -86,14 +86,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 # ---------------------------------------------------------------------------- attention mask
-def attention_mask(key_mask: torch.Tensor, start: int, T: int) -> torch.Tensor:
-    """[B, 1, T, S] bool, True = may attend: query t (at position start + t) sees the real keys up to
-    itself. Every query also sees itself, so padding queries get finite (ignored) outputs, not NaN."""
+def attention_mask(key_mask: torch.Tensor, start: int, T: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, T, S] additive mask (0 = may attend, -inf = may not) in the attention's dtype: query t (at
+    position start + t) sees the real keys up to itself. Every query also sees itself, so padding
+    queries get finite (ignored) outputs, not NaN. One float tensor serves every block: a bool mask
+    would be turned into this float form, and kept for the backward pass, once per block."""
     S = key_mask.shape[1]
     q_idx = torch.arange(start, start + T, device=key_mask.device)[:, None]  # [T, 1]
     k_idx = torch.arange(S, device=key_mask.device)[None, :]  # [1, S]
     allowed = ((k_idx <= q_idx) & key_mask[:, None, :]) | (k_idx == q_idx)  # [B, T, S]
-    return allowed[:, None]  # [B, 1, T, S]
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))[:, None]
 
 
 # ---------------------------------------------------------------------------- KV cache
@@ -278,8 +280,10 @@ class Transformer(nn.Module):
         start = 0 if cache is None else cache.append(mask)
         key_mask = mask if cache is None else cache.mask[:, :start + T]  # [B, S]
         positions = (past[:, None] + mask.cumsum(-1) - 1).clamp(min=0)  # [B, T], pads get a dummy
-        attn_mask = None if bool(key_mask.all()) and (start == 0 or T == 1) else attention_mask(key_mask, start, T)
         x = self.model.embed_tokens(tokens)  # [B, T, C]
+        device = x.device.type  # the attention runs in autocast's dtype if autocast is on
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        attn_mask = None if bool(key_mask.all()) and (start == 0 or T == 1) else attention_mask(key_mask, start, T, dtype)
         cos, sin = rotary_cos_sin(positions, self.args.head_dim, self.args.rope_theta, x.dtype)
         for layer, block in enumerate(self.model.layers):
             x = block(x, cos, sin, attn_mask, cache, layer, start)

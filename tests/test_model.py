@@ -59,6 +59,24 @@ def test_logits_equal_transformers(model_dir, ours):
     torch.testing.assert_close(ours(ids, mask)[real], theirs(ids, attention_mask=mask).logits[real], atol=1e-5, rtol=0)
 
 
+def test_a_padded_batch_keeps_one_attention_mask_for_every_block(ours):
+    """Training (right padding) saves activations for the backward pass: the [B, 1, T, T] mask must be
+    one tensor shared by the blocks, not a float copy per block (SDPA converts a bool mask per call)."""
+    ids, mask = tokens(2, 40), torch.ones(2, 40, dtype=torch.long)
+    mask[1, 25:] = 0  # right padding
+    storages = {}
+
+    def keep(t):
+        if t.dim() == 4 and t.shape[-2:] == (40, 40) and t.shape[1] == 1:  # a mask, not the [B, H, T, D] activations
+            storages[t.untyped_storage().data_ptr()] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        ours(ids, mask).sum().backward()
+    assert len(ours.model.layers) > 1 and len(storages) == 1, f"{len(storages)} masks kept"
+    ours.zero_grad()
+
+
 def test_gradients_equal_transformers(model_dir, ours):
     """Training path: loss on a few positions, backpropagated, gives transformers' gradients."""
     theirs = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
