@@ -95,7 +95,8 @@ def attention_mask(key_mask: torch.Tensor, start: int, T: int, dtype: torch.dtyp
     q_idx = torch.arange(start, start + T, device=key_mask.device)[:, None]  # [T, 1]
     k_idx = torch.arange(S, device=key_mask.device)[None, :]  # [1, S]
     allowed = ((k_idx <= q_idx) & key_mask[:, None, :]) | (k_idx == q_idx)  # [B, T, S]
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))[:, None]
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+    return bias[:, None]  # [B, 1, T, S]
 
 
 # ---------------------------------------------------------------------------- KV cache
