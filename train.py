@@ -67,8 +67,9 @@ RECIPES = {"cpu": {"lora_layers": 8, "micro_batch_size": 4, "epochs": 2},
 CPU_SECONDS_PER_TOKEN = (7.5e-3, 0.6e-3)
 
 # flags that may differ on --resume: they change neither the samples nor the math (a different
-# --micro-batch-size only changes float rounding and peak memory)
-RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "keep_checkpoints", "device", "micro_batch_size"}
+# --micro-batch-size only changes float rounding and peak memory; --runs-dir: a run moved elsewhere)
+RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "keep_checkpoints", "device", "micro_batch_size",
+                     "runs_dir"}
 
 
 @dataclass

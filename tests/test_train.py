@@ -281,8 +281,11 @@ def test_resume_refuses_changed_settings(model_dir, tmp_path, capsys):
         train.main(train_args(model_dir, tmp_path, samples, "--resume", "--lr", "3e-4"))
     with pytest.raises(SystemExit, match="exists; continue it with --resume"):
         train.main(train_args(model_dir, tmp_path, samples))
-    train.main(train_args(model_dir, tmp_path, samples, "--resume", "--micro-batch-size", "2"))  # same math: allowed
-    assert [r["step"] for r in log(tmp_path)] == list(range(1, 9))  # 4 epochs of 2 steps, none repeated
+    train.main(train_args(model_dir, tmp_path, samples, "--resume", "--micro-batch-size", "2", "--stop-after", "3"))  # same math: allowed
+    (tmp_path / "runs").rename(tmp_path / "moved")  # a run moved elsewhere continues there
+    train.main(train_args(model_dir, tmp_path, samples, "--resume", "--runs-dir", str(tmp_path / "moved")))
+    steps = [json.loads(line)["step"] for line in (tmp_path / "moved" / "grisp" / "log.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))  # 4 epochs of 2 steps, none repeated
 
 
 def test_resume_refuses_other_samples_under_the_same_settings(model_dir, tmp_path):
