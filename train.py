@@ -269,7 +269,8 @@ def resume(run: Run, config: dict, model, optimizer) -> TrainState:
     if not latest.exists():
         sys.exit(f"error: --resume but {run.run_dir} has no checkpoint; drop --resume to start the run")
     saved = json.loads((run.run_dir / latest.read_text() / "config.json").read_text())
-    changed = {k for k in config if k not in RESUMABLE_CHANGES | {"data_sha256"} and saved.get(k) != config[k]}
+    checked = config.keys() - RESUMABLE_CHANGES - {"data_sha256"}  # the fingerprint is checked below
+    changed = {k for k in checked if saved.get(k) != config[k]}
     if changed:
         sys.exit(f"error: --resume with different settings: {', '.join(f'{k}={config[k]} (was {saved.get(k)})' for k in sorted(changed))}")
     if saved.get("data_sha256", config["data_sha256"]) != config["data_sha256"]:  # (runs from before it: unchecked)

@@ -328,7 +328,8 @@ HASH_SCRIPT = """import sys, train
 from tokenizer import Tokenizer
 args = train.make_parser().parse_args(sys.argv[1:])
 train_epoch, val = train.load_data(args, Tokenizer(args.model_dir))
-print(len(train_epoch(0)), len(val), train.data_sha256(train_epoch(0) + val))"""
+first = train_epoch(0)
+print(len(first), len(val), train.data_sha256(first + val))"""
 
 
 def test_the_data_fingerprint_is_the_same_in_every_process(model_dir, tiny):
