@@ -63,13 +63,13 @@ ABLATIONS = {
     "no-backtracking": preset(backtracking=False),
     "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
-KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed", "beam_ranking", "precision")  # options.Options fields, passed if set
+KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # options.Options fields, passed if set
 # grisp.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
             "endpoint", "skeletons_from", "system", "agent")  # a resumed run must agree with the saved config on these
-GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking", "precision")  # what decides stage 1's output
+GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # what decides stage 1's output
 SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index")  # the same for --skeleton-only
 
 

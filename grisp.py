@@ -30,7 +30,7 @@ from prompts import skeleton_messages
 from rerank import ModelReranker
 from resolve import Resolver
 from search import load_indices
-from skeleton import find_placeholders, parses
+from skeleton import find_placeholders, merge_wordings, parses, wording_key
 from sparql import Result, SparqlClient, Tally
 from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
@@ -118,11 +118,14 @@ class Grisp:
     def skeleton_stream(self, question: str, trace: list[dict], listener: Listener | None = None) -> Iterator[tuple[str, float]]:
         """Stage 1, lazily: the distinct, parsing skeletons best first (at most num_skeletons), each as soon
         as the beam search has settled it (generate.beam_search_stream), so the search goes only as far
-        as the skeletons taken need. Each beam's verdict is appended to `trace` (and told to `listener`)."""
+        as the skeletons taken need. Each beam's verdict is appended to `trace` (and told to `listener`).
+        With skeleton_dedupe "merge" the skeletons come out at the end of the search, each with the
+        wordings of the later beams that differ from it only in their placeholders' labels."""
         o = self.options
         prompt = self.tokenizer.encode(chat_prompt(skeleton_messages(question)))
         generator = torch.Generator(device=self.device).manual_seed(o.seed)
-        needed, kept, seen = o.num_skeletons if o.beam_search else 1, 0, set()
+        needed, seen, merging = o.num_skeletons if o.beam_search else 1, set(), o.skeleton_dedupe == "merge"
+        kept: dict[str, tuple[str, float]] = {}  # wording_key (merging) or text -> the skeleton and its score
         for h in beam_search_stream(self.model, prompt, self.tokenizer.eos_ids,
                                     num_beams=o.num_beams if o.beam_search else 1, max_new_tokens=o.max_new_tokens,
                                     sample=o.sample and o.beam_search, temperature=o.temperature, top_p=o.top_p,
@@ -131,14 +134,26 @@ class Grisp:
             verdict = ("unfinished" if not h.finished else "duplicate" if text in seen
                        else "does not parse" if not parses(text) else "kept")
             seen.add(text)
+            key = text
+            if verdict == "kept" and merging:
+                key = wording_key(text)
+                if key in kept:  # a kept skeleton in other words
+                    merged = merge_wordings(kept[key][0], text)
+                    verdict = "merged" if merged != kept[key][0] else "duplicate"
+                    kept[key] = merged, kept[key][1]
+                elif len(kept) == needed:  # read only for wordings to merge
+                    verdict = "surplus"
             trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
             if listener is not None:
                 listener(trace[-1])
             if verdict == "kept":
-                kept += 1
-                yield text, h.score
-                if kept == needed:
-                    return
+                kept[key] = text, h.score
+                if not merging:
+                    yield text, h.score
+                    if len(kept) == needed:
+                        return
+        if merging:
+            yield from kept.values()
 
     def answer(self, question: str, listener: Listener | None = None) -> Answer:
         """`listener` sees every trace event as it happens (tracing.py); if it raises, answering stops.

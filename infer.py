@@ -46,13 +46,11 @@ def describe(event: dict) -> str:
             lines.append(f"    constrained to {event['constraint_size']} IRIs by: {event['constraint']}")
         elif "constraint_error" in event:
             lines.append(f"    constraint failed ({event['constraint_error']}); searching unconstrained")
-        if "hits" not in event:  # the endpoint was lost in the constraint step, before the search
-            return "\n".join(lines)
-        ranked = event.get("reranked") or [(iri, score) for iri, _, score in event["hits"]]
-        labels = {iri: label for iri, label, _ in event["hits"]}
-        shown = [f"{compact(iri) if iri else 'None'} {labels.get(iri, '')!r} {score}" for iri, score in ranked]
-        lines.append(f"    {'re-ranked' if 'reranked' in event else 'hits'}: " + ("; ".join(shown) or "none"))
+        if "hits" in event:  # else the endpoint was lost in the constraint step, before the search
+            lines.append(candidates(event))
         return "\n".join(lines)
+    if kind == "wording":
+        return f"  {event['placeholder']}: used up; next wording {event['wording']!r}\n" + candidates(event)
     if kind == "choose":
         return f"    -> {compact(event['iri'])} ({event['label']})"
     if kind == "backtrack":
@@ -68,6 +66,14 @@ def describe(event: dict) -> str:
     if kind == "endpoint_lost":
         return f"  endpoint lost: {event['error']}"
     return f"  {kind}"
+
+
+def candidates(event: dict) -> str:
+    """A search's hits, or their re-ranking with None's place, as one line."""
+    ranked = event.get("reranked") or [(iri, score) for iri, _, score in event["hits"]]
+    labels = {iri: label for iri, label, _ in event["hits"]}
+    shown = [f"{compact(iri) if iri else 'None'} {labels.get(iri, '')!r} {score}" for iri, score in ranked]
+    return f"    {'re-ranked' if 'reranked' in event else 'hits'}: " + ("; ".join(shown) or "none")
 
 
 def answer_table(grisp: Grisp, answer: Answer, limit: int = 20) -> str:
@@ -126,7 +132,7 @@ def print_skeletons(args: argparse.Namespace, adapter: str | None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
-    if not args.quiet:  # every beam with its verdict (kept, duplicate, does not parse, unfinished)
+    if not args.quiet:  # every beam with its verdict (kept, duplicate, does not parse, unfinished, merged, surplus)
         print("\n".join(describe(e) for e in trace) + f"\ntimings: generate {seconds:.2f}s\n")
     if args.json:
         with open(args.json, "w") as f:

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 from generate import RANKINGS
 from prompts import IDENTIFIERS
 
+DEDUPES = ("exact", "merge")
 MAX_TOP_K = (len(IDENTIFIERS) - 1) // 2  # 12: the union of two top-k lists fits one re-ranking prompt
 
 
@@ -47,6 +48,11 @@ class Options:
                                "demo structure match, 27 -> 21 of 53); length-normalised = Hugging Face's beam "
                                "sampling as the reference decodes (processed log-probabilities / length), for "
                                "retrained adapters once measured", choices=RANKINGS)
+    skeleton_dedupe: str = option("exact", "beams that are the same skeleton: exact = only identical texts are one "
+                                  "(the paper); merge = also texts that differ only in placeholder wording, whose "
+                                  "wordings the resolver then searches one after the other (the reference "
+                                  "implementation's default; waits for the whole beam search)",
+                                  choices=DEDUPES)
     precision: str = option("float32", "matmul precision of the model on CPU: float32, or int8 = torch's dynamic "
                             "int8 for every linear layer except down_proj (faster, lossy: docs/cpu_speed.md 1.4)",
                             choices=("float32", "int8"))
@@ -74,6 +80,7 @@ class Options:
             ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"in [1, {MAX_TOP_K}]"),
             ("time_budget", self.time_budget, self.time_budget > 0, "> 0"),
             ("beam_ranking", self.beam_ranking, self.beam_ranking in RANKINGS, f"one of {', '.join(RANKINGS)}"),
+            ("skeleton_dedupe", self.skeleton_dedupe, self.skeleton_dedupe in DEDUPES, f"one of {', '.join(DEDUPES)}"),
             ("precision", self.precision, self.precision in ("float32", "int8"), "float32 or int8")] if not ok]
         if problems:
             raise GrispError("bad settings: " + "; ".join(problems))

@@ -11,6 +11,7 @@ Placeholders are resolved left to right. For the next one the resolver
 and takes the best one. A dead end (no candidates, or None ranked first) backtracks to the previous
 placeholder, drops the alternative that led there and re-ranks what remains. A fully resolved query
 must execute and return a non-empty result (final validation), else the search backtracks one step.
+A merged placeholder (skeleton.py: several wordings) searches its next wording before it is a dead end.
 The search is an explicit stack of frames (no recursion); every step is recorded in the trace
 (tracing.py), which infer.py prints.
 
@@ -26,7 +27,7 @@ from prompts import Alternative, mark_current, to_alternative
 from search import Hit, Indices
 from constraints import allowed_items, constraint_query
 from positions import infer_position
-from skeleton import Placeholder, find_placeholders, substitute
+from skeleton import Placeholder, find_placeholders, first_wordings, substitute, wordings
 from sparql import EndpointUnreachable, QueryTimeout, Result, ServerError, SparqlClient, SparqlError
 from tracing import Listener, Trace
 
@@ -44,6 +45,9 @@ class Frame:
     kind: str  # "entity", "property" or "both"
     alternatives: list[Hit]  # still to try, best first
     resolved: list[Alternative] = field(default_factory=list)  # the items chosen before it, as the re-ranker shows them
+    allowed: set[str] | None = None  # the constraint's IRIs (None = any), shared by all wordings
+    wording: int = 0  # which of the placeholder's wordings the alternatives came from
+    tried: set[str] = field(default_factory=set)  # IRIs chosen here already: a next wording offers them no more
 
 
 @dataclass
@@ -100,6 +104,7 @@ class Resolver:
             frame = stack[-1]
             if frame.alternatives:  # take the best alternative left
                 choice = frame.alternatives.pop(0)
+                frame.tried.add(choice.id)
                 text = substitute(frame.text, frame.placeholder, choice.id)
                 trace.event("choose", placeholder=frame.placeholder.text, iri=choice.id, label=choice.label)
                 if find_placeholders(text):  # go deeper: the next placeholder
@@ -112,6 +117,8 @@ class Resolver:
                 if ok:
                     return finish(text, result)
                 # an invalid query: back to this placeholder's next alternative
+            elif self.next_wording(question, frame, trace):  # used up, but the placeholder has other words
+                continue
             else:  # dead end: no candidates, None on top, or all tried
                 stack.pop()
             # backtrack: re-rank the alternatives left at the top of the stack (not their old order)
@@ -133,9 +140,24 @@ class Resolver:
         position, kind = self.position(text, placeholder)
         trace.event("placeholder", placeholder=placeholder.text, position=position, kind=kind)
         allowed = self.constraint(text, placeholder, trace, deadline)
-        frame = Frame(text, placeholder, kind, self.search(placeholder, kind, allowed, trace), list(resolved))
+        hits = self.search(wordings(placeholder)[0], kind, allowed, trace)
+        frame = Frame(text, placeholder, kind, hits, list(resolved), allowed)
         self.rerank(question, frame, trace)
         return frame
+
+    def next_wording(self, question: str, frame: Frame, trace: Trace) -> bool:
+        """Steps 3 and 4 again for a merged placeholder whose alternatives are used up: search its next
+        wording (within the same constraint) and re-rank the hits not chosen here before. False if it
+        has no wording left."""
+        labels = wordings(frame.placeholder)
+        if frame.wording + 1 >= len(labels):
+            return False
+        frame.wording += 1
+        trace.event("wording", placeholder=frame.placeholder.text, wording=labels[frame.wording])
+        hits = self.search(labels[frame.wording], frame.kind, frame.allowed, trace)
+        frame.alternatives = [hit for hit in hits if hit.id not in frame.tried]
+        self.rerank(question, frame, trace)
+        return True
 
     def position(self, text: str, placeholder: Placeholder) -> tuple[str, str]:
         """Step 1: the placeholder's position and the index to search ("entity", "property", "both")."""
@@ -164,17 +186,17 @@ class Resolver:
         trace.note(constraint=query, constraint_size=len(rows.rows))
         return allowed_items(rows)  # None if too many to be a constraint
 
-    def search(self, placeholder: Placeholder, kind: str, allowed: set[str] | None, trace: Trace) -> list[Hit]:
-        """Step 3: the top-k index hits for the placeholder's label, within `allowed` if given."""
+    def search(self, label: str, kind: str, allowed: set[str] | None, trace: Trace) -> list[Hit]:
+        """Step 3: the top-k index hits for a placeholder's label, within `allowed` if given."""
         k = self.options.top_k
         with trace.timed("search"):
             if allowed is not None and not allowed:
                 hits = []  # the prefix admits nothing here: a dead end without searching
             elif kind == "both":
-                hits = (self.indices.search("entity", placeholder.label, k, allowed)
-                        + self.indices.search("property", placeholder.label, k, allowed))
+                hits = (self.indices.search("entity", label, k, allowed)
+                        + self.indices.search("property", label, k, allowed))
             else:
-                hits = self.indices.search(kind, placeholder.label, k, allowed)
+                hits = self.indices.search(kind, label, k, allowed)
         trace.note(hits=[(h.id, h.label, round(h.score, 3)) for h in hits])
         return hits
 
@@ -186,7 +208,7 @@ class Resolver:
             return
         with trace.timed("rerank"):
             shown = [self.shown(h, frame) for h in frame.alternatives]
-            scores = self.reranker(question, mark_current(frame.text, frame.placeholder), shown, frame.resolved)
+            scores = self.reranker(question, self.marked(frame.text), shown, frame.resolved)
             assert len(scores) == len(shown) + 1, f"re-ranker gave {len(scores)} scores for {len(shown)} + None"
             none_score = scores[-1]
             order = sorted(range(len(shown)), key=lambda i: -scores[i])
@@ -194,6 +216,13 @@ class Resolver:
             frame.alternatives = [frame.alternatives[i] for i in order if scores[i] > none_score]
         trace.note(reranked=[(iri, round(score, 3)) for iri, score in sorted(ranking, key=lambda r: -r[1])],
                    kept=[h.id for h in frame.alternatives])
+
+    @staticmethod
+    def marked(text: str) -> str:
+        """The query as the re-ranking prompt shows it: the placeholder to fill (the first) marked, each
+        merged placeholder in its first wording (the best beam's, as the model was trained on)."""
+        text = first_wordings(text)
+        return mark_current(text, find_placeholders(text)[0])
 
     def shown(self, hit: Hit, frame: Frame) -> Alternative:
         """A hit of the frame's search as the re-ranker shows it: in the placeholder's variant, with its kind."""

@@ -105,3 +105,47 @@ def parses(query: str) -> bool:
         pass
     return True
 
+
+
+# ---------------------------------------------------------------------------- merged wordings
+# Beams that differ only in how they word their placeholders are one skeleton: merged, a placeholder
+# holds up to MAX_WORDINGS labels, `<iri>birthplace<sep>place of birth (wdt)</iri>` (all with the same
+# variant hint), the first the best beam's. The resolver searches the next wording only once the
+# previous one's alternatives are used up (docs/method.md section 2.6). An idea of the reference
+# implementation, not the paper.
+SEP = "<sep>"
+MAX_WORDINGS = 3  # as the reference: merging a wide beam stays cheap
+
+
+def wordings(ph: Placeholder) -> list[str]:
+    """The labels a placeholder holds, best first: one, unless merged."""
+    return [label.strip() for label in ph.label.split(SEP) if label.strip()] or [ph.label]
+
+
+def wording_key(text: str) -> str:
+    """The skeleton with each placeholder's labels left out (its variant hint kept): equal keys, one
+    skeleton in different wordings."""
+    return rewrite(text, [(ph.start, ph.end, placeholder_text("", ph.variant)) for ph in find_placeholders(text)])
+
+
+def merge_wordings(text: str, other: str) -> str:
+    """`text` with the labels of `other` (same wording_key) added to its placeholders, each at most
+    MAX_WORDINGS distinct labels (ignoring case); `text` itself if nothing is new."""
+    if wording_key(text) != wording_key(other):
+        raise ValueError(f"{other!r} is not {text!r} in other words: their structures differ")
+    edits = []
+    for ph, other_ph in zip(find_placeholders(text), find_placeholders(other)):
+        labels = wordings(ph)
+        for label in wordings(other_ph):
+            if len(labels) < MAX_WORDINGS and label.lower() not in {known.lower() for known in labels}:
+                labels.append(label)
+        if labels != wordings(ph):
+            edits.append((ph.start, ph.end, placeholder_text(SEP.join(labels), ph.variant)))
+    return rewrite(text, edits)
+
+
+def first_wordings(text: str) -> str:
+    """The skeleton as its best beam wrote it: merged placeholders cut to their first label (others
+    unchanged), what a prompt shows."""
+    return rewrite(text, [(ph.start, ph.end, placeholder_text(wordings(ph)[0], ph.variant))
+                          for ph in find_placeholders(text) if SEP in ph.label])

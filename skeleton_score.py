@@ -8,7 +8,8 @@ The gold skeleton is the training target (skeletonize.py with the index's labels
   prefixed names and IRIs expanded to full IRIs (PREFIX/BASE lines dropped); string quotes unified,
   language tags lower-cased; optional syntax dropped (the word WHERE, a `.` before `}`, `{` or a keyword).
 - label match: structure match, and every generated placeholder names its gold item by the item's
-  label or one of its aliases (case-insensitive, whitespace collapsed).
+  label or one of its aliases (case-insensitive, whitespace collapsed; a merged placeholder by any of
+  its wordings).
 Each question gets one shape from its gold query (`shape`, first rule that applies, in `SHAPES` order
 of precedence). evaluate.py --skeleton-only runs it over a benchmark:
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from search import Item
-from skeleton import find_placeholders, split_variant
+from skeleton import SEP, find_placeholders, split_variant
 from skeletonize import skeletonize
 from sparql_syntax import (PREFIXES, Unsupported, declared_prefixes, expand, is_keyword, skip_group, tokenize,
                            top_level_triples, where_start)
@@ -97,12 +98,14 @@ def structure_match(gold: str, generated: str | None) -> bool:
 
 def label_match(gold: str, gold_names: list[list[str]], generated: str | None) -> bool:
     """Structure match, and placeholder i of the generated skeleton is one of `gold_names[i]` (the
-    label and aliases of gold placeholder i's item), case-insensitive."""
+    label and aliases of gold placeholder i's item), case-insensitive; a merged placeholder (several
+    wordings) matches if one of its wordings does, as the resolver searches them all."""
     if not structure_match(gold, generated):
         return False
     labels = structure(generated).labels
     assert len(labels) == len(gold_names), f"{len(labels)} placeholders, {len(gold_names)} gold items"
-    return all(_name(label) in {_name(n) for n in names} for label, names in zip(labels, gold_names))
+    return all(any(_name(wording) in {_name(n) for n in names} for wording in label.split(SEP))
+               for label, names in zip(labels, gold_names))
 
 
 # ---------------------------------------------------------------------------- gold skeleton

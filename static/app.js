@@ -43,7 +43,7 @@ function iriLink(iri, text) {
   return page ? el("a", {href: page, target: "_blank", rel: "noopener"}, text) : el("span", {}, text);
 }
 
-const placeholderLabel = (text) => text.replace(/<\/?iri>/g, "");
+const placeholderLabel = (text) => text.replace(/<\/?iri>/g, "").replaceAll("<sep>", " | ");  // merged wordings
 
 function skeletonCode(text) {  // a skeleton with its placeholders marked
   return el("code", {}, text.split(/(<iri>.*?<\/iri>)/).map((part) =>
@@ -282,6 +282,14 @@ const drawers = {
     card.node = el("div", {class: "step backtrack"},
                    el("div", {class: "head"}, "↩ backtrack to ", el("b", {}, placeholderLabel(e.to)),
                       ` · ${e.left} alternative(s) left`), e.reranked ? candidates(e, null) : null);
+    run.cards.set(seq, card);  // a redraw (after a note) replaces the card in place
+    return card.node;
+  },
+  wording(e, seq) {  // a merged placeholder used up one wording: the next one's candidates
+    const card = {placeholder: e.placeholder};
+    card.node = el("div", {class: "step"},
+                   el("div", {class: "head"}, "next wording of ", el("b", {}, placeholderLabel(e.placeholder)),
+                      ` · searching “${e.wording}”`), candidates(e, null));
     run.cards.set(seq, card);  // a redraw (after a note) replaces the card in place
     return card.node;
   },

@@ -10,6 +10,7 @@ import torch
 import defaults
 import lora
 import peft_format
+from generate import Hypothesis
 from grisp import Answer, Grisp, GrispError, answer_to_json
 from model import Transformer
 from options import Options
@@ -187,6 +188,48 @@ def test_generator_needs_no_index_or_endpoint(tiny_model):
         Grisp.generator(tiny_model.parent / "nothing", None, Options())
 
 
+BEAMS = [  # (skeleton, score, finished) as a beam search might settle them, best first
+    ("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x }", -1.0, True),
+    ("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x }", -1.5, True),
+    ("ASK { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x }", -2.0, True),
+    ("SELECT ?x WHERE { <iri>pulp fiction</iri> <iri>directed by (wdt)</iri> ?x }", -2.5, True),
+    ("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (p)</iri> ?x }", -3.0, True),
+    ("SELECT ?x WHERE { <iri>Pulp Fiction (film)</iri> <iri>film director (wdt)</iri> ?x }", -3.5, True),
+    ("SELECT ?x WHERE { <iri>Pulp</iri> <iri>cast member (wdt)</iri> ?y", -4.0, True),
+    ("SELECT ?x WHERE { <iri>Pulp</iri>", -9.0, False),
+]
+
+
+@pytest.mark.parametrize("dedupe", ["exact", "merge"])
+def test_skeleton_stream_keeps_distinct_skeletons_and_merges_rewordings(tiny_model, monkeypatch, dedupe):
+    class Texts:  # a tokenizer whose "token ids" index BEAMS
+        eos_ids = [0]
+        encode = staticmethod(lambda text: [1, 2, 3])
+        decode = staticmethod(lambda tokens: BEAMS[tokens[0]][0])
+
+    def scripted_beams(model, prompt, eos_ids, **settings):
+        for i, (_, score, finished) in enumerate(BEAMS):
+            yield Hypothesis([i], score, finished)
+
+    monkeypatch.setattr("grisp.beam_search_stream", scripted_beams)
+    generator = Grisp.generator(tiny_model, None, Options(num_skeletons=2, skeleton_dedupe=dedupe))
+    generator.tokenizer = Texts()
+    trace = []
+    stream = generator.skeleton_stream("who directed pulp fiction?", trace)
+    if dedupe == "exact":  # each skeleton as soon as the search settles it; the search stops at the second
+        assert next(stream) == (BEAMS[0][0], -1.0) and len(trace) == 1
+        assert next(stream) == (BEAMS[2][0], -2.0) and list(stream) == []
+        assert [e["verdict"] for e in trace] == ["kept", "duplicate", "kept"]
+        return
+    # merge: all at the end, each with the wordings of the later beams of its structure (at most three)
+    assert list(stream) == [
+        ("SELECT ?x WHERE { <iri>Pulp Fiction<sep>Pulp Fiction (film)</iri> "  # "pulp fiction": not twice
+         "<iri>director<sep>directed by<sep>film director (wdt)</iri> ?x }", -1.0),
+        (BEAMS[2][0], -2.0)]
+    assert [e["verdict"] for e in trace] == ["kept", "duplicate", "kept", "merged", "surplus", "merged",
+                                             "does not parse", "unfinished"]
+
+
 def test_skeleton_only_runs_without_index_or_endpoint(tiny_model, tmp_path):
     out = run_infer("who directed pulp fiction?", "--skeleton-only", "--model-dir", str(tiny_model), "--adapter", "none",
                     "--index", str(tmp_path / "no-index"), "--endpoint", "http://127.0.0.1:9/query",
@@ -224,3 +267,12 @@ def test_skeleton_only_prints_the_ranked_skeletons(tiny_model, tmp_path, monkeyp
         "2.   -3.500  SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }"]
     saved = json.loads((tmp_path / "s.json").read_text())
     assert saved["skeletons"][0] == ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25]
+
+
+def test_the_trace_printout_shows_a_next_wording_with_its_candidates():
+    from infer import describe
+    event = {"event": "wording", "placeholder": "<iri>zzqx<sep>Pulp Fiction</iri>", "wording": "Pulp Fiction",
+             "hits": [("http://www.wikidata.org/entity/Q104123", "Pulp Fiction", 3.0)],
+             "reranked": [("http://www.wikidata.org/entity/Q104123", 2.5), (None, 0.1)]}
+    assert describe(event) == ("  <iri>zzqx<sep>Pulp Fiction</iri>: used up; next wording 'Pulp Fiction'\n"
+                               "    re-ranked: wd:Q104123 'Pulp Fiction' 2.5; None '' 0.1")

@@ -116,6 +116,40 @@ def test_backtracks_when_none_ranks_first(indices, client):
     assert GENRE not in backtrack_call[1] and FILM in backtrack_call[1]
 
 
+def test_a_merged_placeholder_searches_its_next_wording_when_the_first_finds_nothing(indices, client):
+    skeleton = "SELECT ?x WHERE { <iri>zzqx<sep>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
+    reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, client, reranker, Options()).resolve("q", skeleton)
+    assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }" and resolution.backtracks == 0
+    assert events(resolution, "placeholder")[0]["hits"] == []
+    [wording] = events(resolution, "wording")
+    assert wording["wording"] == "Quentin Tarantino" and wording["kept"][0] == TARANTINO
+    # the re-ranking prompt shows the first wording, as the best beam wrote it
+    assert reranker.calls[0][0] == "SELECT ?x WHERE { <rep>zzqx</rep> <iri>place of birth (wdt)</iri> ?x . }"
+
+
+def test_a_next_wording_offers_only_items_not_tried_and_comes_before_a_dead_end(indices, client):
+    # "place of death" resolves, but Tarantino is alive: empty. "death place" finds P20 again, which was
+    # tried; "place of birth" finds P19.
+    skeleton = ("SELECT ?x WHERE { <iri>Quentin Tarantino</iri> "
+                "<iri>place of death<sep>death place<sep>place of birth (wdt)</iri> ?x . }")
+    reranker = ScriptedReranker({TARANTINO: 9.0, DEATHPLACE: 9.0, BIRTHPLACE: 8.0})
+    resolution = Resolver(indices, client, reranker, Options(constrained=False, top_k=1)).resolve("q", skeleton)
+    assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }"
+    assert [e["iri"] for e in events(resolution, "choose")] == [TARANTINO, DEATHPLACE, BIRTHPLACE]
+    again, birth = events(resolution, "wording")
+    assert again["wording"] == "death place" and again["hits"][0][0] == DEATHPLACE and again["kept"] == []
+    assert birth["wording"] == "place of birth" and birth["kept"] == [BIRTHPLACE]
+    assert resolution.backtracks == 1  # only the rejected final query; a next wording is no backtrack
+
+
+def test_a_placeholder_whose_wordings_all_fail_is_a_dead_end(indices, client):
+    skeleton = "SELECT ?x WHERE { <iri>zzqx<sep>qqzz</iri> <iri>place of birth (wdt)</iri> ?x . }"
+    resolution = Resolver(indices, client, ScriptedReranker({}), Options()).resolve("q", skeleton)
+    assert resolution.sparql is None and resolution.failure == "dead_end"
+    assert [e["wording"] for e in events(resolution, "wording")] == ["qqzz"]
+
+
 def test_final_validation_rejects_an_empty_result(indices, client):
     # Tarantino is alive: "place of death" resolves but returns nothing; validation backtracks to P19
     skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"

@@ -66,7 +66,9 @@ def wait_for(condition, what: str, seconds: float = 30.0, every: float = 0.05):
 def test_page_asks_and_shows_the_live_search_and_the_answer(browser, tmp_path_factory, demo_endpoint, tmp_path):
     from selenium.webdriver.common.by import By
 
-    grisp = scripted_grisp(tmp_path_factory, demo_endpoint, {QUESTION: [GOLD], "hold " + QUESTION: [GOLD]})
+    # the second question's skeleton has a merged placeholder whose first wording finds nothing
+    merged = GOLD.replace("<iri>Pulp Fiction</iri>", "<iri>zzqx<sep>Pulp Fiction</iri>")
+    grisp = scripted_grisp(tmp_path_factory, demo_endpoint, {QUESTION: [GOLD], "hold " + QUESTION: [merged]})
     with running(make_app(grisp, {"model": "tiny", "adapter": None, "index": "demo", "endpoint": demo_endpoint},
                           Options(), [QUESTION])) as url:
         browser.get(url + "/")
@@ -97,6 +99,9 @@ def test_page_asks_and_shows_the_live_search_and_the_answer(browser, tmp_path_fa
         assert link.text == "Knoxville" and link.get_attribute("href") == "https://www.wikidata.org/wiki/Q185582"
         assert "wd:Q104123 wdt:P57 ?y" in find("#query")[0].text and "PREFIX wd:" in find("#query")[0].text
         assert len(find(".cands li.chosen")) == 3 and find(".step.ok"), "each choice highlighted, the validation shown"
+        heads = [head.text for head in find(".step .head")]
+        assert any(head.startswith("zzqx | Pulp Fiction") for head in heads), heads  # the wordings, the first empty
+        assert "next wording of zzqx | Pulp Fiction · searching “Pulp Fiction”" in heads, heads
         assert "total" in find("#timings")[0].text and find("#status")[0].text.startswith("Answered in")
         browser.save_screenshot(str(tmp_path / "answer.png"))
         assert (tmp_path / "answer.png").stat().st_size > 10_000

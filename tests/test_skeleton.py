@@ -67,6 +67,48 @@ def test_substitute_writes_variant_and_prefixed_name():
 # ---------------------------------------------------------------------------- parsing
 
 
+# ---------------------------------------------------------------------------- merged wordings
+
+BORN = "SELECT ?p WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?d . ?d <iri>place of birth (wdt)</iri> ?p . }"
+REWORDED = "SELECT ?p WHERE { <iri>pulp fiction</iri> <iri>directed by (wdt)</iri> ?d . ?d <iri>birthplace (wdt)</iri> ?p . }"
+
+
+def test_merging_adds_the_new_wordings_of_each_placeholder():
+    merged = skeleton.merge_wordings(BORN, REWORDED)
+    assert merged == ("SELECT ?p WHERE { <iri>Pulp Fiction</iri> <iri>director<sep>directed by (wdt)</iri> ?d . "
+                      "?d <iri>place of birth<sep>birthplace (wdt)</iri> ?p . }")
+    assert [skeleton.wordings(ph) for ph in find_placeholders(merged)] == [
+        ["Pulp Fiction"], ["director", "directed by"], ["place of birth", "birthplace"]]
+    assert [ph.variant for ph in find_placeholders(merged)] == [None, "wdt", "wdt"]
+    assert parses(merged) and skeleton.first_wordings(merged) == BORN
+    assert skeleton.merge_wordings(BORN, BORN) == BORN  # nothing new: the text itself
+
+
+def test_merging_keeps_at_most_three_wordings():
+    texts = [BORN.replace("place of birth", label) for label in ("born in", "birthplace", "hometown", "origin")]
+    merged = BORN
+    for text in texts:
+        merged = skeleton.merge_wordings(merged, text)
+    assert skeleton.wordings(find_placeholders(merged)[2]) == ["place of birth", "born in", "birthplace"]
+    assert skeleton.MAX_WORDINGS == 3
+
+
+def test_wording_key_tells_structures_and_variants_apart():
+    assert skeleton.wording_key(BORN) == skeleton.wording_key(REWORDED)
+    other_variant = BORN.replace("place of birth (wdt)", "place of birth (p)")
+    other_structure = BORN.replace("?d . ?d", "?d . ?p")
+    for text in (other_variant, other_structure):
+        assert skeleton.wording_key(text) != skeleton.wording_key(BORN)
+        with pytest.raises(ValueError, match="structures differ"):
+            skeleton.merge_wordings(BORN, text)
+
+
+def test_first_wordings_leaves_unmerged_placeholders_as_written():
+    odd = "SELECT ?x WHERE { <iri>  Pulp   Fiction </iri> <iri>director<sep>directed by (wdt)</iri> ?x }"
+    assert skeleton.first_wordings(odd) == "SELECT ?x WHERE { <iri>  Pulp   Fiction </iri> <iri>director (wdt)</iri> ?x }"
+    assert skeleton.wordings(first(odd)) == ["Pulp   Fiction"]
+
+
 def test_parses_uses_a_real_parser():
     assert parses("SELECT ?x WHERE { <iri>film</iri> <iri>director (wdt)</iri> ?x }")
     assert parses("SELECT ?x WHERE { ?x wdt:P31/wdt:P279* wd:Q5 } ORDER BY DESC(?x) LIMIT 3")

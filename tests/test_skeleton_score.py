@@ -68,6 +68,11 @@ def test_label_match_needs_a_label_or_alias_of_each_gold_item():
     assert ss.structure_match(GOLD, other) and not ss.label_match(GOLD, GOLD_NAMES, other)
     other_entity = GOLD.replace("Pulp Fiction", "Pulp Fiction 2")
     assert ss.structure_match(GOLD, other_entity) and not ss.label_match(GOLD, GOLD_NAMES, other_entity)
+    # a merged placeholder (several wordings) names its item if one of its wordings does
+    merged = other.replace("place of death (wdt)", "place of death<sep>born in (wdt)")
+    assert ss.structure_match(GOLD, merged) and ss.label_match(GOLD, GOLD_NAMES, merged)
+    wrong = other.replace("place of death (wdt)", "place of death<sep>date of birth (wdt)")
+    assert not ss.label_match(GOLD, GOLD_NAMES, wrong)
 
 
 @pytest.mark.parametrize("query, expected", [
