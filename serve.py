@@ -157,6 +157,7 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], ma
     workers, models = [worker], [grisp.model]
     config = info | {
         "options": asdict(options), "option_help": {f.name: f.metadata["help"] for f in fields(Options)},
+        "option_choices": {f.name: list(f.metadata["choices"]) for f in fields(Options) if f.metadata["choices"]},
         "caps": CAPS, "modes": list(MODES), "max_question_chars": MAX_QUESTION_CHARS,
         "max_waiting": max_waiting, "time_limit": time_limit, "examples": examples, "prefixes": PREFIXES,
         "agent": agent_info(agent) if agent is not None else None}

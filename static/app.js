@@ -71,10 +71,12 @@ async function loadConfig() {
                   el("option", {value: "generate"}, "skeletons only"));
   options.append(el("label", {title: "answer: the full pipeline; skeletons only: generation without resolution"}, "mode", mode));
   for (const [name, value] of Object.entries(config.options)) {
-    const input = typeof value === "boolean"
-      ? el("input", {type: "checkbox", id: `opt-${name}`})
+    const choices = config.option_choices[name];
+    const input = choices ? el("select", {id: `opt-${name}`}, ...choices.map((c) => el("option", {value: c}, c)))
+      : typeof value === "boolean" ? el("input", {type: "checkbox", id: `opt-${name}`})
       : el("input", {type: "number", id: `opt-${name}`, value, step: Number.isInteger(value) ? 1 : "any",
                      max: config.caps[name]});
+    if (choices) input.value = value;
     if (typeof value === "boolean") input.checked = value;
     options.append(el("label", {title: config.option_help[name]}, input, name.replaceAll("_", " ")));
   }
@@ -95,7 +97,7 @@ function chosenOptions() {  // the options that differ from the server's default
   const chosen = {};
   for (const [name, value] of Object.entries(config.options)) {
     const input = $(`opt-${name}`);
-    const now = typeof value === "boolean" ? input.checked : Number(input.value);
+    const now = typeof value === "boolean" ? input.checked : typeof value === "string" ? input.value : Number(input.value);
     if (now !== value && !(typeof value !== "boolean" && input.value === "")) chosen[name] = now;
   }
   return chosen;

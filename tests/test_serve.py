@@ -57,6 +57,8 @@ def test_config_names_the_setup_the_options_and_the_limits(server):
     assert config["model"] == "tiny" and config["examples"] == [QUESTION]
     assert config["options"] == asdict(Options(rerank=False))  # the server's defaults
     assert set(config["option_help"]) == {f.name for f in fields(Options)}
+    assert config["option_choices"] == {"beam_ranking": ["sum", "length-normalised"],  # a menu on the page
+                                        "skeleton_dedupe": ["exact", "merge"], "precision": ["float32", "int8"]}
     assert config["max_waiting"] == 8 and config["time_limit"] == 60 and config["modes"] == ["answer", "generate"]
     assert config["prefixes"]["wd"] == "http://www.wikidata.org/entity/"
 

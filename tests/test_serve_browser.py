@@ -87,6 +87,10 @@ def test_page_asks_and_shows_the_live_search_and_the_answer(browser, tmp_path_fa
         find("#settings summary")[0].click()
         rerank = find("#opt-rerank")[0]
         assert rerank.is_selected()
+        dedupe = find("#opt-skeleton_dedupe")[0]  # a knob with named values is a menu showing the default
+        assert dedupe.tag_name == "select" and dedupe.get_attribute("value") == "exact"
+        assert [o.text for o in dedupe.find_elements(By.TAG_NAME, "option")] == ["exact", "merge"]
+        dedupe.find_elements(By.TAG_NAME, "option")[1].click()  # sent as the string "merge" (else a 400)
         rerank.click()
         box = find("#question")[0]
         box.clear()
