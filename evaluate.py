@@ -115,19 +115,22 @@ def load_generated_skeletons(run_dir: Path, config: dict) -> dict[str, dict]:
     return {record["id"]: record for record in read_predictions(run_dir / "predictions.jsonl")}
 
 
-def answer_with_generated(pipeline, question: str, source: dict):
+def answer_with_generated(pipeline, question: str, source: dict, options: Options):
     """A grisp.Answer resolving the skeletons an earlier run generated, timed as if generated here
     (the recorded generation seconds are added to the timings); skeletons past the recorded ones are
-    generated here if needed."""
+    generated here if needed and if there can be any."""
     recorded = [tuple(s) for s in source["skeletons"]]
     trace = [step for step in source["trace"] if step.get("event") == "skeleton"]
     more = Stopwatch()
+    # that run took skeletons only until one resolved. If its search gave every beam, its kept ones
+    # are all there are; else there may be more, up to the number wanted
+    ended = len(trace) >= options.beam_width
+    available = sum(step["verdict"] == "kept" for step in trace) if ended else options.skeletons_wanted
 
     def skeletons():
         yield from recorded
-        # that run generated skeletons only until one resolved; if this one needs more, the same
-        # settings and seed give the same skeletons first, so skip those
-        yield from more.timed(itertools.islice(pipeline.skeleton_stream(question, []), len(recorded), None))
+        if len(recorded) < available:  # the same settings and seed give the recorded ones first: skipped
+            yield from more.timed(itertools.islice(pipeline.skeleton_stream(question, []), len(recorded), None))
 
     start = time.perf_counter()
     answer = pipeline.answer_from_skeletons(question, skeletons(), trace=trace)
@@ -380,7 +383,8 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
                 if skeletonize is not None:
                     answer = pipeline.answer_from_skeletons(sample["question"], [skeletonize(sample["sparql"])])
                 elif sample["id"] in generated:
-                    answer = answer_with_generated(pipeline, sample["question"], generated[sample["id"]])
+                    answer = answer_with_generated(pipeline, sample["question"], generated[sample["id"]],
+                                                   Options(**options))
                 else:  # (with --skeletons-from: a question that run has not reached yet)
                     answer = pipeline.answer(sample["question"])
                 record = answer_record(sample, answer, answer.timings.get("total", time.perf_counter() - start))

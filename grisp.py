@@ -30,7 +30,7 @@ from prompts import skeleton_messages
 from rerank import ModelReranker
 from resolve import Resolver
 from search import load_indices
-from skeleton import find_placeholders, merge_wordings, parses, wording_key
+from skeleton import SEP, find_placeholders, merge_wordings, parses, wording_key
 from sparql import Result, SparqlClient, Tally
 from sparql_syntax import with_prefixes
 from tokenizer import Tokenizer, chat_prompt
@@ -99,14 +99,18 @@ class Grisp:
         except ValueError as error:
             raise GrispError(str(error)) from None
 
-    def use_options(self, options: Options) -> None:
-        """Answer the next questions with `options` (serve.py: options per request). The re-ranker is made
-        at load time, so re-ranking needs a Grisp loaded with rerank on; the precision is the loaded one."""
+    def check_options(self, options: Options) -> None:
+        """GrispError if this Grisp cannot answer with `options`: the re-ranker is made at load time, so
+        re-ranking needs a Grisp loaded with rerank on; the precision is the loaded one."""
         if options.precision != self.options.precision:
             raise GrispError(f"this Grisp was loaded in {self.options.precision}; it cannot answer in {options.precision}")
+        if self.resolver is not None and options.rerank and self.resolver.reranker is None:
+            raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
+
+    def use_options(self, options: Options) -> None:
+        """Answer the next questions with `options` (serve.py: options per request), if check_options allows."""
+        self.check_options(options)
         if self.resolver is not None:
-            if options.rerank and self.resolver.reranker is None:
-                raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
             self.resolver.options = options
         self.options = options
 
@@ -124,15 +128,15 @@ class Grisp:
         o = self.options
         prompt = self.tokenizer.encode(chat_prompt(skeleton_messages(question)))
         generator = torch.Generator(device=self.device).manual_seed(o.seed)
-        needed, seen, merging = o.num_skeletons if o.beam_search else 1, set(), o.skeleton_dedupe == "merge"
+        needed, seen, merging = o.skeletons_wanted, set(), o.skeleton_dedupe == "merge"
         kept: dict[str, tuple[str, float]] = {}  # wording_key (merging) or text -> the skeleton and its score
         for h in beam_search_stream(self.model, prompt, self.tokenizer.eos_ids,
-                                    num_beams=o.num_beams if o.beam_search else 1, max_new_tokens=o.max_new_tokens,
+                                    num_beams=o.beam_width, max_new_tokens=o.max_new_tokens,
                                     sample=o.sample and o.beam_search, temperature=o.temperature, top_p=o.top_p,
                                     generator=generator, ranking=o.beam_ranking, prompt_cache=self.skeleton_prompts):
             text = self.tokenizer.decode(h.tokens).strip()
-            verdict = ("unfinished" if not h.finished else "duplicate" if text in seen
-                       else "does not parse" if not parses(text) else "kept")
+            verdict = ("unfinished" if not h.finished else "duplicate" if text in seen  # SEP: merging's own mark
+                       else "does not parse" if SEP in text or not parses(text) else "kept")
             seen.add(text)
             key = text
             if verdict == "kept" and merging:
@@ -141,7 +145,7 @@ class Grisp:
                     merged = merge_wordings(kept[key][0], text)
                     verdict = "merged" if merged != kept[key][0] else "duplicate"
                     kept[key] = merged, kept[key][1]
-                elif len(kept) == needed:  # read only for wordings to merge
+                elif len(kept) == needed:  # the search went on only for wordings of the kept ones
                     verdict = "surplus"
             trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
             if listener is not None:
@@ -157,7 +161,8 @@ class Grisp:
 
     def answer(self, question: str, listener: Listener | None = None) -> Answer:
         """`listener` sees every trace event as it happens (tracing.py); if it raises, answering stops.
-        Skeletons are generated as resolution asks for them: the next one only when one fails."""
+        Skeletons are generated as resolution asks for them: the next one only when one fails (with
+        skeleton_dedupe "merge" all of them before the first is resolved)."""
         if not question.strip():
             raise GrispError("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
         start = time.perf_counter()

@@ -50,7 +50,8 @@ def describe(event: dict) -> str:
             lines.append(candidates(event))
         return "\n".join(lines)
     if kind == "wording":
-        return f"  {event['placeholder']}: used up; next wording {event['wording']!r}\n" + candidates(event)
+        line = f"  {event['placeholder']}: used up; next wording {event['wording']!r}"
+        return line + ("\n" + candidates(event) if "hits" in event else "")
     if kind == "choose":
         return f"    -> {compact(event['iri'])} ({event['label']})"
     if kind == "backtrack":

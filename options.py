@@ -85,6 +85,16 @@ class Options:
         if problems:
             raise GrispError("bad settings: " + "; ".join(problems))
 
+    @property
+    def beam_width(self) -> int:
+        """Beams of stage 1: num_beams, or 1 (greedy) without beam search."""
+        return self.num_beams if self.beam_search else 1
+
+    @property
+    def skeletons_wanted(self) -> int:
+        """Skeletons stage 1 keeps at most: num_skeletons, or 1 without beam search."""
+        return self.num_skeletons if self.beam_search else 1
+
 
 def preset(**overrides: Any) -> dict[str, Any]:
     """`overrides` checked against Options (known field names, valid values) and returned as given."""

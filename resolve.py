@@ -45,8 +45,8 @@ class Frame:
     kind: str  # "entity", "property" or "both"
     alternatives: list[Hit]  # still to try, best first
     resolved: list[Alternative] = field(default_factory=list)  # the items chosen before it, as the re-ranker shows them
-    allowed: set[str] | None = None  # the constraint's IRIs (None = any), shared by all wordings
-    wording: int = 0  # which of the placeholder's wordings the alternatives came from
+    allowed: set[str] | None = None  # a merged placeholder's constraint (None = any), for its next wordings
+    wording_index: int = 0  # which of the placeholder's wordings the alternatives came from
     tried: set[str] = field(default_factory=set)  # IRIs chosen here already: a next wording offers them no more
 
 
@@ -140,21 +140,22 @@ class Resolver:
         position, kind = self.position(text, placeholder)
         trace.event("placeholder", placeholder=placeholder.text, position=position, kind=kind)
         allowed = self.constraint(text, placeholder, trace, deadline)
-        hits = self.search(wordings(placeholder)[0], kind, allowed, trace)
-        frame = Frame(text, placeholder, kind, hits, list(resolved), allowed)
+        labels = wordings(placeholder)
+        hits = self.search(labels[0], kind, allowed, trace)
+        frame = Frame(text, placeholder, kind, hits, list(resolved), allowed if len(labels) > 1 else None)
         self.rerank(question, frame, trace)
         return frame
 
     def next_wording(self, question: str, frame: Frame, trace: Trace) -> bool:
         """Steps 3 and 4 again for a merged placeholder whose alternatives are used up: search its next
         wording (within the same constraint) and re-rank the hits not chosen here before. False if it
-        has no wording left."""
+        has no wording left, or the constraint admits nothing."""
         labels = wordings(frame.placeholder)
-        if frame.wording + 1 >= len(labels):
+        if frame.wording_index + 1 >= len(labels) or frame.allowed == set():
             return False
-        frame.wording += 1
-        trace.event("wording", placeholder=frame.placeholder.text, wording=labels[frame.wording])
-        hits = self.search(labels[frame.wording], frame.kind, frame.allowed, trace)
+        frame.wording_index += 1
+        trace.event("wording", placeholder=frame.placeholder.text, wording=labels[frame.wording_index])
+        hits = self.search(labels[frame.wording_index], frame.kind, frame.allowed, trace)
         frame.alternatives = [hit for hit in hits if hit.id not in frame.tried]
         self.rerank(question, frame, trace)
         return True

@@ -106,7 +106,6 @@ def parses(query: str) -> bool:
     return True
 
 
-
 # ---------------------------------------------------------------------------- merged wordings
 # Beams that differ only in how they word their placeholders are one skeleton: merged, a placeholder
 # holds up to MAX_WORDINGS labels, `<iri>birthplace<sep>place of birth (wdt)</iri>` (all with the same
@@ -118,8 +117,17 @@ MAX_WORDINGS = 3  # as the reference: merging a wide beam stays cheap
 
 
 def wordings(ph: Placeholder) -> list[str]:
-    """The labels a placeholder holds, best first: one, unless merged."""
-    return [label.strip() for label in ph.label.split(SEP) if label.strip()] or [ph.label]
+    """The labels a placeholder holds, best first: one, unless merged (at most MAX_WORDINGS, distinct)."""
+    labels = []
+    for label in ph.label.split(SEP):
+        if label.strip() and _same(label) not in map(_same, labels):
+            labels.append(label.strip())
+    return labels[:MAX_WORDINGS] or [ph.label]
+
+
+def _same(label: str) -> str:
+    """What two labels share if they are the same wording: case and spacing do not count."""
+    return " ".join(label.split()).casefold()
 
 
 def wording_key(text: str) -> str:
@@ -130,14 +138,14 @@ def wording_key(text: str) -> str:
 
 def merge_wordings(text: str, other: str) -> str:
     """`text` with the labels of `other` (same wording_key) added to its placeholders, each at most
-    MAX_WORDINGS distinct labels (ignoring case); `text` itself if nothing is new."""
+    MAX_WORDINGS distinct labels (ignoring case and spacing); `text` itself if nothing is new."""
     if wording_key(text) != wording_key(other):
         raise ValueError(f"{other!r} is not {text!r} in other words: their structures differ")
     edits = []
     for ph, other_ph in zip(find_placeholders(text), find_placeholders(other)):
         labels = wordings(ph)
         for label in wordings(other_ph):
-            if len(labels) < MAX_WORDINGS and label.lower() not in {known.lower() for known in labels}:
+            if len(labels) < MAX_WORDINGS and _same(label) not in map(_same, labels):
                 labels.append(label)
         if labels != wordings(ph):
             edits.append((ph.start, ph.end, placeholder_text(SEP.join(labels), ph.variant)))

@@ -77,6 +77,7 @@ async function loadConfig() {
       : el("input", {type: "number", id: `opt-${name}`, value, step: Number.isInteger(value) ? 1 : "any",
                      max: config.caps[name]});
     if (choices) input.value = value;
+    if (config.load_time_options.includes(name)) input.disabled = true;  // set when the server starts
     if (typeof value === "boolean") input.checked = value;
     options.append(el("label", {title: config.option_help[name]}, input, name.replaceAll("_", " ")));
   }
@@ -243,8 +244,8 @@ function constraintLine(event) {
 
 const drawers = {
   skeleton(e) {
-    const kept = e.verdict === "kept";
-    return el("li", {class: kept ? "kept" : "dropped"},
+    const kept = e.verdict === "kept";  // a merged beam is not dropped: its wordings joined a kept one
+    return el("li", {class: kept ? "kept" : e.verdict === "merged" ? "merged" : "dropped"},
               el("span", {class: "score"}, e.score.toFixed(3)), skeletonCode(e.skeleton),
               el("span", {class: `badge ${kept ? "kept" : ""}`}, e.verdict));
   },
@@ -254,7 +255,8 @@ const drawers = {
     running.phase = `Resolving skeleton ${e.number + 1}`;
     $("searchnote").textContent = `skeleton ${e.number + 1}, ${e.placeholders} placeholder(s)`;
     run.group = el("div", {class: "resolve"},
-                   el("div", {class: "title"}, `Resolving skeleton ${e.number + 1}: ${e.placeholders} placeholder(s), left to right`));
+                   el("div", {class: "title"}, `Resolving skeleton ${e.number + 1}: ${e.placeholders} placeholder(s), left to right`),
+                   e.skeleton.includes("<sep>") ? el("div", {class: "sub"}, "with merged wordings: ", skeletonCode(e.skeleton)) : null);
     $("steps").append(run.group);
     return null;
   },

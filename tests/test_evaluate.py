@@ -212,6 +212,21 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5), ("second", -2.0),
                                                    ("third", -2.5)])]
 
+    # an earlier run whose search gave every beam (8) but kept one: there is no other to generate here
+    class Exhausted(Generating):
+        def answer(self, question):
+            beams = [{"event": "skeleton", "skeleton": f"S{i}", "verdict": "duplicate" if i else "kept"} for i in range(8)]
+            return Answer(BORN, skeletons=[(f"skeleton of {question}", -1.5)], timings={"generate": 5.0}, trace=beams)
+
+    class NothingMore(NeedingMore):
+        def skeleton_stream(self, question, trace):
+            raise AssertionError("the earlier search gave every beam: generating again is wasted")
+    evaluate.main(make_args(bench, tmp_path / "full-8", endpoint_url, limit=1), pipeline=Exhausted())
+    pipeline = NothingMore()
+    evaluate.main(make_args(bench, tmp_path / "no-backtracking-8", endpoint_url, ablation="no-backtracking", limit=1,
+                            skeletons_from=str(tmp_path / "full-8")), pipeline=pipeline)
+    assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]
+
 
 def test_score_only_rescores_without_a_pipeline(bench, tmp_path, endpoint_url):
     evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=FakePipeline())

@@ -196,6 +196,7 @@ BEAMS = [  # (skeleton, score, finished) as a beam search might settle them, bes
     ("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (p)</iri> ?x }", -3.0, True),
     ("SELECT ?x WHERE { <iri>Pulp Fiction (film)</iri> <iri>film director (wdt)</iri> ?x }", -3.5, True),
     ("SELECT ?x WHERE { <iri>Pulp</iri> <iri>cast member (wdt)</iri> ?y", -4.0, True),
+    ("SELECT ?x WHERE { <iri>Pulp<sep>Fiction</iri> <iri>director (wdt)</iri> ?x }", -5.0, True),  # merging's mark
     ("SELECT ?x WHERE { <iri>Pulp</iri>", -9.0, False),
 ]
 
@@ -227,7 +228,7 @@ def test_skeleton_stream_keeps_distinct_skeletons_and_merges_rewordings(tiny_mod
          "<iri>director<sep>directed by<sep>film director (wdt)</iri> ?x }", -1.0),
         (BEAMS[2][0], -2.0)]
     assert [e["verdict"] for e in trace] == ["kept", "duplicate", "kept", "merged", "surplus", "merged",
-                                             "does not parse", "unfinished"]
+                                             "does not parse", "does not parse", "unfinished"]
 
 
 def test_skeleton_only_runs_without_index_or_endpoint(tiny_model, tmp_path):

@@ -143,6 +143,33 @@ def test_a_next_wording_offers_only_items_not_tried_and_comes_before_a_dead_end(
     assert resolution.backtracks == 1  # only the rejected final query; a next wording is no backtrack
 
 
+def test_a_next_wording_is_searched_within_the_same_constraint(indices, client):
+    # the constraint admits only directors: "Pulp Fiction" finds no director, "Quentin Tarantino" does
+    skeleton = "SELECT ?film WHERE { ?film <iri>director (wdt)</iri> <iri>zzqx<sep>Pulp Fiction<sep>Quentin Tarantino</iri> . }"
+    reranker = ScriptedReranker({FILM: 9.0, TARANTINO: 9.0, DIRECTOR: 9.0})
+    resolution = Resolver(indices, client, reranker, Options()).resolve("q", skeleton)
+    assert resolution.sparql == "SELECT ?film WHERE { ?film wdt:P57 wd:Q3772 . }"
+    assert [e["iri"] for e in events(resolution, "choose")] == [DIRECTOR, TARANTINO]
+    film, director = events(resolution, "wording")
+    assert film["wording"] == "Pulp Fiction" and FILM not in [iri for iri, _, _ in film["hits"]]
+    assert director["wording"] == "Quentin Tarantino" and director["kept"][0] == TARANTINO
+    assert "wdt:P57" in events(resolution, "placeholder")[1]["constraint"]
+
+
+def test_backtracking_into_a_merged_placeholder_moves_on_to_its_next_wording(indices, client):
+    # the genre has no director (constraint empty: a dead end); back at the first placeholder its first
+    # wording is used up, so its second is searched
+    skeleton = ("SELECT ?place WHERE { <iri>science fiction film<sep>Pulp Fiction</iri> <iri>director (wdt)</iri> ?d . "
+                "?d <iri>place of birth (wdt)</iri> ?place . }")
+    scifi = WD + "Q471839"
+    reranker = ScriptedReranker({scifi: 9.0, FILM: 9.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, client, reranker, Options(top_k=1)).resolve("q", skeleton)
+    assert resolution.sparql == RESOLVED and resolution.backtracks == 1
+    assert [e["iri"] for e in events(resolution, "choose")] == [scifi, FILM, DIRECTOR, BIRTHPLACE]
+    [wording] = events(resolution, "wording")
+    assert wording["wording"] == "Pulp Fiction" and wording["kept"] == [FILM]
+
+
 def test_a_placeholder_whose_wordings_all_fail_is_a_dead_end(indices, client):
     skeleton = "SELECT ?x WHERE { <iri>zzqx<sep>qqzz</iri> <iri>place of birth (wdt)</iri> ?x . }"
     resolution = Resolver(indices, client, ScriptedReranker({}), Options()).resolve("q", skeleton)

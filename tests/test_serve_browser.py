@@ -91,6 +91,7 @@ def test_page_asks_and_shows_the_live_search_and_the_answer(browser, tmp_path_fa
         assert dedupe.tag_name == "select" and dedupe.get_attribute("value") == "exact"
         assert [o.text for o in dedupe.find_elements(By.TAG_NAME, "option")] == ["exact", "merge"]
         dedupe.find_elements(By.TAG_NAME, "option")[1].click()  # sent as the string "merge" (else a 400)
+        assert not find("#opt-precision")[0].is_enabled()  # set when the server loads the model
         rerank.click()
         box = find("#question")[0]
         box.clear()
@@ -106,6 +107,9 @@ def test_page_asks_and_shows_the_live_search_and_the_answer(browser, tmp_path_fa
         heads = [head.text for head in find(".step .head")]
         assert any(head.startswith("zzqx | Pulp Fiction") for head in heads), heads  # the wordings, the first empty
         assert "next wording of zzqx | Pulp Fiction · searching “Pulp Fiction”" in heads, heads
+        assert [sub.text for sub in find(".resolve .sub")] == [  # the text resolved, with all its wordings
+            "with merged wordings: SELECT DISTINCT ?x WHERE { zzqx | Pulp Fiction director (wdt) ?y . "
+            "?y place of birth (wdt) ?x . }"]
         assert "total" in find("#timings")[0].text and find("#status")[0].text.startswith("Answered in")
         browser.save_screenshot(str(tmp_path / "answer.png"))
         assert (tmp_path / "answer.png").stat().st_size > 10_000

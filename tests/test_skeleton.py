@@ -64,10 +64,8 @@ def test_substitute_writes_variant_and_prefixed_name():
         substitute("SELECT * { ?s ?p ?o }", Placeholder(PH, "X", None, 0, len(PH)), WD + "Q1")
 
 
-# ---------------------------------------------------------------------------- parsing
-
-
 # ---------------------------------------------------------------------------- merged wordings
+
 
 BORN = "SELECT ?p WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?d . ?d <iri>place of birth (wdt)</iri> ?p . }"
 REWORDED = "SELECT ?p WHERE { <iri>pulp fiction</iri> <iri>directed by (wdt)</iri> ?d . ?d <iri>birthplace (wdt)</iri> ?p . }"
@@ -93,6 +91,13 @@ def test_merging_keeps_at_most_three_wordings():
     assert skeleton.MAX_WORDINGS == 3
 
 
+def test_wordings_are_distinct_and_at_most_three_whatever_the_text_says():
+    ph = first("SELECT ?x { <iri>a<sep> A <sep>b<sep><sep>c<sep>d</iri> ?p ?x }")
+    assert skeleton.wordings(ph) == ["a", "b", "c"]
+    spaced = BORN.replace("place of birth", "Place  of   Birth")
+    assert skeleton.merge_wordings(BORN, spaced) == BORN  # case and spacing make no new wording
+
+
 def test_wording_key_tells_structures_and_variants_apart():
     assert skeleton.wording_key(BORN) == skeleton.wording_key(REWORDED)
     other_variant = BORN.replace("place of birth (wdt)", "place of birth (p)")
@@ -107,6 +112,9 @@ def test_first_wordings_leaves_unmerged_placeholders_as_written():
     odd = "SELECT ?x WHERE { <iri>  Pulp   Fiction </iri> <iri>director<sep>directed by (wdt)</iri> ?x }"
     assert skeleton.first_wordings(odd) == "SELECT ?x WHERE { <iri>  Pulp   Fiction </iri> <iri>director (wdt)</iri> ?x }"
     assert skeleton.wordings(first(odd)) == ["Pulp   Fiction"]
+
+
+# ---------------------------------------------------------------------------- parsing
 
 
 def test_parses_uses_a_real_parser():
