@@ -375,6 +375,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     predictions_path, todo = start_run(out, config, RUN_KEYS, samples)
     if todo:
         generated = load_generated_skeletons(Path(config["skeletons_from"]), config) if args.skeletons_from else {}
+        run_options = Options(**options)
         pipeline = pipeline or (make_agent() if system == "agent" else load_pipeline(args, options))
         skeletonize = load_skeletonizer(args.index) if args.oracle_skeleton else None
         with open(predictions_path, "a", encoding="utf-8") as file:
@@ -383,8 +384,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
                 if skeletonize is not None:
                     answer = pipeline.answer_from_skeletons(sample["question"], [skeletonize(sample["sparql"])])
                 elif sample["id"] in generated:
-                    answer = answer_with_generated(pipeline, sample["question"], generated[sample["id"]],
-                                                   Options(**options))
+                    answer = answer_with_generated(pipeline, sample["question"], generated[sample["id"]], run_options)
                 else:  # (with --skeletons-from: a question that run has not reached yet)
                     answer = pipeline.answer(sample["question"])
                 record = answer_record(sample, answer, answer.timings.get("total", time.perf_counter() - start))

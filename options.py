@@ -78,10 +78,9 @@ class Options:
             # a placeholder of unknown position re-ranks the union of two top-k lists, and the
             # re-ranking prompt names at most len(IDENTIFIERS) - 1 alternatives
             ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"in [1, {MAX_TOP_K}]"),
-            ("time_budget", self.time_budget, self.time_budget > 0, "> 0"),
-            ("beam_ranking", self.beam_ranking, self.beam_ranking in RANKINGS, f"one of {', '.join(RANKINGS)}"),
-            ("skeleton_dedupe", self.skeleton_dedupe, self.skeleton_dedupe in DEDUPES, f"one of {', '.join(DEDUPES)}"),
-            ("precision", self.precision, self.precision in ("float32", "int8"), "float32 or int8")] if not ok]
+            ("time_budget", self.time_budget, self.time_budget > 0, "> 0")] if not ok]
+        problems += [f"{f.name} = {getattr(self, f.name)} must be one of {', '.join(f.metadata['choices'])}"
+                     for f in fields(self) if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]]
         if problems:
             raise GrispError("bad settings: " + "; ".join(problems))
 

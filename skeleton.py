@@ -118,15 +118,20 @@ MAX_WORDINGS = 3  # as the reference: merging a wide beam stays cheap
 
 def wordings(ph: Placeholder) -> list[str]:
     """The labels a placeholder holds, best first: one, unless merged (at most MAX_WORDINGS, distinct)."""
+    return split_wordings(ph.label)
+
+
+def split_wordings(label: str) -> list[str]:
+    """A placeholder's label text (hint split off) as its wordings, best first (see `wordings`)."""
     labels = []
-    for label in ph.label.split(SEP):
-        if label.strip() and _same(label) not in map(_same, labels):
-            labels.append(label.strip())
-    return labels[:MAX_WORDINGS] or [ph.label]
+    for part in label.split(SEP):
+        if part.strip() and label_key(part) not in map(label_key, labels):
+            labels.append(part.strip())
+    return labels[:MAX_WORDINGS] or [label]
 
 
-def _same(label: str) -> str:
-    """What two labels share if they are the same wording: case and spacing do not count."""
+def label_key(label: str) -> str:
+    """What two labels share if they name the same thing: case and spacing do not count."""
     return " ".join(label.split()).casefold()
 
 
@@ -145,7 +150,7 @@ def merge_wordings(text: str, other: str) -> str:
     for ph, other_ph in zip(find_placeholders(text), find_placeholders(other)):
         labels = wordings(ph)
         for label in wordings(other_ph):
-            if len(labels) < MAX_WORDINGS and _same(label) not in map(_same, labels):
+            if len(labels) < MAX_WORDINGS and label_key(label) not in map(label_key, labels):
                 labels.append(label)
         if labels != wordings(ph):
             edits.append((ph.start, ph.end, placeholder_text(SEP.join(labels), ph.variant)))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from search import Item
-from skeleton import SEP, find_placeholders, split_variant
+from skeleton import find_placeholders, label_key, split_variant, split_wordings
 from skeletonize import skeletonize
 from sparql_syntax import (PREFIXES, Unsupported, declared_prefixes, expand, is_keyword, skip_group, tokenize,
                            top_level_triples, where_start)
@@ -87,10 +87,6 @@ def structure(text: str) -> Structure:
     return Structure(tuple(out), tuple(labels))
 
 
-def _name(text: str) -> str:
-    return " ".join(text.split()).casefold()
-
-
 def structure_match(gold: str, generated: str | None) -> bool:
     """True if the generated skeleton has the gold skeleton's structure (no skeleton: False)."""
     return generated is not None and structure(gold).tokens == structure(generated).tokens
@@ -104,7 +100,7 @@ def label_match(gold: str, gold_names: list[list[str]], generated: str | None) -
         return False
     labels = structure(generated).labels
     assert len(labels) == len(gold_names), f"{len(labels)} placeholders, {len(gold_names)} gold items"
-    return all(any(_name(wording) in {_name(n) for n in names} for wording in label.split(SEP))
+    return all(any(label_key(wording) in {label_key(n) for n in names} for wording in split_wordings(label))
                for label, names in zip(labels, gold_names))
 
 
