@@ -99,12 +99,16 @@ class Grisp:
         except ValueError as error:
             raise GrispError(str(error)) from None
 
+    def fixed_options(self) -> list[str]:
+        """The options set when this Grisp was loaded, which a question cannot change (check_options): the
+        precision of the weights, and rerank if it was loaded without the re-ranker (made at load time)."""
+        return ["precision"] + (["rerank"] if self.resolver is not None and self.resolver.reranker is None else [])
+
     def check_options(self, options: Options) -> None:
-        """GrispError if this Grisp cannot answer with `options`: the re-ranker is made at load time, so
-        re-ranking needs a Grisp loaded with rerank on; the precision is the loaded one."""
+        """GrispError if this Grisp cannot answer with `options` (see fixed_options)."""
         if options.precision != self.options.precision:
             raise GrispError(f"this Grisp was loaded in {self.options.precision}; it cannot answer in {options.precision}")
-        if self.resolver is not None and options.rerank and self.resolver.reranker is None:
+        if "rerank" in self.fixed_options() and options.rerank:
             raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
 
     def use_options(self, options: Options) -> None:

@@ -66,7 +66,6 @@ from sparql_syntax import PREFIXES
 
 STATIC_DIR = defaults.REPO_DIR / "static"
 MODES = ("answer", "generate")  # generate: the skeletons only, no resolution
-LOAD_TIME_OPTIONS = ("precision",)  # fixed when the model is loaded (Grisp.check_options): shown, not changeable
 CAPS = {"num_beams": 16, "num_skeletons": 16, "max_new_tokens": 512}  # cost knobs a client cannot raise past these
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:"}  # nothing from elsewhere
 
@@ -159,7 +158,7 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], ma
     config = info | {
         "options": asdict(options), "option_help": {f.name: f.metadata["help"] for f in fields(Options)},
         "option_choices": {f.name: list(f.metadata["choices"]) for f in fields(Options) if f.metadata["choices"]},
-        "load_time_options": list(LOAD_TIME_OPTIONS),
+        "load_time_options": grisp.fixed_options(),  # shown on the page, not changeable
         "caps": CAPS, "modes": list(MODES), "max_question_chars": MAX_QUESTION_CHARS,
         "max_waiting": max_waiting, "time_limit": time_limit, "examples": examples, "prefixes": PREFIXES,
         "agent": agent_info(agent) if agent is not None else None}

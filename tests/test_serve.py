@@ -64,6 +64,15 @@ def test_config_names_the_setup_the_options_and_the_limits(server):
     assert config["prefixes"]["wd"] == "http://www.wikidata.org/entity/"
 
 
+def test_a_grisp_loaded_without_the_reranker_fixes_rerank_off(server, grisp, monkeypatch):
+    monkeypatch.setattr(grisp.resolver, "reranker", None)  # as Grisp(..., Options(rerank=False)) loads it
+    url = server()
+    assert requests.get(url + "/api/config", timeout=10).json()["load_time_options"] == ["precision", "rerank"]
+    response = requests.post(url + "/api/answer", json={"question": QUESTION, "options": {"rerank": True}}, timeout=10)
+    assert response.status_code == 400 and "loaded with rerank off; it cannot re-rank" in response.json()["error"]
+    assert requests.post(url + "/api/answer", json={"question": QUESTION}, timeout=60).status_code == 200
+
+
 def test_page_is_served_and_needs_nothing_from_the_network(server):
     url = server()
     page = requests.get(url + "/", timeout=10)
