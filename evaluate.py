@@ -17,11 +17,11 @@ on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Wri
 Runs resume: ids already in predictions.jsonl are skipped; each record is appended and flushed as
 soon as it is scored. `--oracle-skeleton` feeds the gold query's skeleton to the resolver (the
 paper's skeleton-vs-resolution error split); `--skeletons-from` resolves the skeletons an earlier
-run generated (ablations of the resolution only, without decoding again); `--score-only` re-scores a
-predictions file without loading the model (the endpoint is still needed: gold and predicted queries
-are executed again). `--skeleton-only` needs no endpoint: it scores the top-1 generated skeleton
-against the gold query's skeleton (skeleton_score.py: structure and label match by question shape),
-writing predictions.jsonl and summary.json the same way.
+run generated (ablations of the resolution only, or the same questions on another KG, without
+decoding again); `--score-only` re-scores a predictions file without loading the model (the endpoint
+is still needed: gold and predicted queries are executed again). `--skeleton-only` needs no endpoint:
+it scores the top-1 generated skeleton against the gold query's skeleton (skeleton_score.py: structure
+and label match by question shape), writing predictions.jsonl and summary.json the same way.
 
     python evaluate.py                                  # demo questions on the demo KG
     python evaluate.py --ablation no-rerank --skeletons-from ~/.cache/grisp/eval/demo-none
@@ -100,19 +100,27 @@ def load_skeletonizer(index_dir: Path) -> Callable[[str], str]:
     return lambda query: gold_skeleton(query, lookup).skeleton
 
 
-def load_generated_skeletons(run_dir: Path, config: dict) -> dict[str, dict]:
-    """Stage 1's output per question id from an earlier run of the same benchmark, model, adapter and
-    generation settings (--skeletons-from). Skeleton generation is deterministic for a seed and is most
-    of a question's time on a CPU, so ablations that change only the resolution reuse it."""
+def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict]) -> dict[str, dict]:
+    """Stage 1's output per question id from an earlier run of the same model, adapter and generation
+    settings (--skeletons-from). Skeleton generation is deterministic for a seed and is most of a
+    question's time on a CPU, so ablations that change only the resolution reuse it. The earlier run may
+    be of another benchmark that asks the same questions under the same ids (wwq-dev-kg and
+    wwq-dev-full: generation does not see the KG); an id whose question differs is refused."""
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"--skeletons-from {run_dir}: no evaluation run there (config.json missing)")
     saved = json.loads((run_dir / "config.json").read_text())
-    differs = [key for key in ("benchmark", "model_dir", "adapter", "oracle_skeleton") if saved.get(key) != config[key]]
+    differs = [key for key in ("model_dir", "adapter", "oracle_skeleton") if saved.get(key) != config[key]]
     differs += [key for key in GENERATION_OPTIONS if saved["options"].get(key) != config["options"].get(key)]
     if differs or saved.get("skeletons_from"):
         raise ValueError(f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
                          f"({', '.join(differs) or 'it reused skeletons itself'}); generate them here instead")
-    return {record["id"]: record for record in read_predictions(run_dir / "predictions.jsonl")}
+    generated = {record["id"]: record for record in read_predictions(run_dir / "predictions.jsonl")}
+    for sample in samples:
+        if sample["id"] in generated and generated[sample["id"]]["question"] != sample["question"]:
+            raise ValueError(f"--skeletons-from {run_dir}: its question {sample['id']} is "
+                             f"{generated[sample['id']]['question']!r}, here it is {sample['question']!r}; "
+                             f"that run is of another benchmark")
+    return generated
 
 
 def answer_with_generated(pipeline, question: str, source: dict, options: Options):
@@ -374,7 +382,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     # --- answer the questions not answered yet
     predictions_path, todo = start_run(out, config, RUN_KEYS, samples)
     if todo:
-        generated = load_generated_skeletons(Path(config["skeletons_from"]), config) if args.skeletons_from else {}
+        generated = load_generated_skeletons(Path(config["skeletons_from"]), config, todo) if args.skeletons_from else {}
         run_options = Options(**options)
         pipeline = pipeline or (make_agent() if system == "agent" else load_pipeline(args, options))
         skeletonize = load_skeletonizer(args.index) if args.oracle_skeleton else None
@@ -443,7 +451,8 @@ if __name__ == "__main__":
     parser.add_argument("--skeletons-from", default=None, metavar="RUN_DIR",
                         help="reuse the skeletons (and their recorded generation time) of an earlier run "
                              "with the same model and generation settings; for ablations that change "
-                             "only resolution (no-rerank, no-constrained, no-kg-guidance, no-backtracking)")
+                             "only resolution (no-rerank, no-constrained, no-kg-guidance, no-backtracking), "
+                             "or the same questions on another KG (wwq-dev-kg from a wwq-dev-full run)")
     parser.add_argument("--skeleton-only", action="store_true",
                         help="no endpoint: score the top-1 generated skeleton against the gold query's "
                              "skeleton (structure and label match by question shape; labels from --index)")

@@ -197,6 +197,20 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
         evaluate.main(make_args(bench, tmp_path / "x", endpoint_url, skeletons_from=str(tmp_path / "nothing")),
                       pipeline=Resolving())
 
+    # another benchmark with the same questions under the same ids (another KG) reuses them too;
+    # one whose question under a shared id differs is refused
+    same_questions = tmp_path / "other-kg.jsonl"
+    same_questions.write_text(bench.read_text())
+    pipeline = Resolving()
+    evaluate.main(make_args(same_questions, tmp_path / "other-kg", endpoint_url, limit=1,
+                            skeletons_from=str(tmp_path / "full")), pipeline=pipeline)
+    assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]
+    other_questions = tmp_path / "other-questions.jsonl"
+    other_questions.write_text(bench.read_text().replace("question exact?", "who wrote it?"))
+    with pytest.raises(ValueError, match="question exact is 'question exact\\?', here it is 'who wrote it\\?'"):
+        evaluate.main(make_args(other_questions, tmp_path / "other-questions", endpoint_url, limit=1,
+                                skeletons_from=str(tmp_path / "full")), pipeline=Resolving())
+
     # the earlier run stopped generating once its first skeleton resolved; an ablation whose first one
     # fails gets the next from a fresh generation, which repeats the recorded ones first (skipped)
     class NeedingMore(Resolving):
