@@ -6,6 +6,12 @@ states (dropout), the training state (step, epoch, position in the epoch, early-
 and the resolved config. It is written under a temporary name and renamed, and the file `latest`
 is replaced atomically, so an interrupted save never leaves a half checkpoint behind. StopFlag
 turns SIGINT/SIGTERM into "checkpoint after this step and exit".
+
+A portable copy (`save_portable`, train.py --portable-dir) is what a run needs to continue on another
+machine, small enough to commit to git: the LoRA weights in bfloat16 (half the size), the RNG states, the
+training state, the config, the run's logs and best/ (bf16), but not AdamW's moments (twice the weights).
+A run continued from it (`load_portable`) is at the same step, schedule position and data order with the
+same RNG states; its weights are the bf16-rounded ones and its moments start again from zero.
 """
 import json
 import shutil
@@ -20,6 +26,7 @@ import lora
 from jsonl import write_atomic
 
 LORA_FILE = "lora.safetensors"  # the LoRA weights: our parameter names, float32 (resuming is exact)
+RUN_LOGS = ("log.jsonl", "stretches.jsonl")  # a run directory's logs, copied into a portable copy
 
 
 def save(run_dir: Path, model, optimizer, state: dict, config: dict, rank: int, world: int) -> Path:
@@ -65,7 +72,7 @@ def read_lora(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def load(path: Path, model, optimizer, rank: int, device: torch.device) -> dict:
     """Restore LoRA weights, optimiser and this rank's RNG states; returns the saved training state."""
-    lora.load_lora_state_dict(unwrap(model), load_file(path / LORA_FILE))
+    state = load_portable(path, model, rank)
     groups = json.loads((path / "optimizer.json").read_text())
     for group in groups:
         group["betas"] = tuple(group["betas"])
@@ -75,6 +82,45 @@ def load(path: Path, model, optimizer, rank: int, device: torch.device) -> dict:
         index, name = key.split(".", 1)
         per_param.setdefault(int(index), {})[name] = value.cpu() if name == "step" else value
     optimizer.load_state_dict({"state": per_param, "param_groups": groups})
+    return state
+
+
+def save_portable(checkpoint_dir: Path, run_dir: Path, out_dir: Path) -> Path:
+    """Write the portable copy of `checkpoint_dir` (of the run in `run_dir`) to `out_dir`, under a
+    temporary name swapped in at the end. Unchanged files are byte-identical to the last copy's (bf16
+    conversion is deterministic), so git stores only what changed. Returns out_dir."""
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    copy_in_bf16(checkpoint_dir / LORA_FILE, tmp / LORA_FILE)
+    for path in [*checkpoint_dir.glob("rng-rank*.safetensors"), checkpoint_dir / "state.json", checkpoint_dir / "config.json",
+                 *(run_dir / name for name in RUN_LOGS)]:
+        if path.is_file():
+            shutil.copyfile(path, tmp / path.name)
+    if (run_dir / "best").is_dir():  # an adapter directory: its weights in bf16, the rest as it is
+        (tmp / "best").mkdir()
+        for path in (run_dir / "best").iterdir():
+            copy = copy_in_bf16 if path.suffix == ".safetensors" else shutil.copyfile
+            copy(path, tmp / "best" / path.name)
+    old = out_dir.with_name(out_dir.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out_dir.exists():
+        out_dir.rename(old)
+    tmp.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return out_dir
+
+
+def copy_in_bf16(src: Path, dst: Path) -> None:
+    """Copy a safetensors file with its float tensors cast to bfloat16."""
+    tensors = load_file(src)
+    save_file({name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in tensors.items()}, dst)
+
+
+def load_portable(path: Path, model, rank: int) -> dict:
+    """Restore the LoRA weights (cast to the model's float32) and this rank's RNG states from a checkpoint
+    or a portable copy; returns the saved training state. The optimiser is left as it is."""
+    lora.load_lora_state_dict(unwrap(model), load_file(path / LORA_FILE))
     rng = load_file(path / f"rng-rank{rank}.safetensors")
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng:

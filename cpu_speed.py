@@ -10,6 +10,10 @@ inference and applies the levers measured on 2-core CPUs (docs/cpu_speed.md, sec
   slices are views of the same weight, so the conversion costs no time and no memory.
 - dynamic int8 (lossy, opt-in, `int8=True`): torch's dynamically quantised int8 matmul for every
   linear layer of the blocks except `down_proj` (the fragile one), and for the lm_head.
+- precision (`native_bf16`, `pick_dtype`): bfloat16 where the CPU computes it natively (AMD Zen 4 and
+  newer, Intel Cooper Lake and newer: the `avx512_bf16` or `amx_bf16` flag; Arm's `bf16`), float32
+  elsewhere, where bf16 is emulated and several times slower (docs/cpu_speed.md). Training and
+  inference decide with the same function.
 It is kept apart from model.py the way gpt-fast keeps quantize.py beside its model: model.py stays the
 plain forward pass, this file holds the optional levers.
 
@@ -19,7 +23,9 @@ Measure the levers (they are CPU- and load-dependent) with
     python bench/bench_model.py --impls ours ours-plain ours-int8 transformers
 Tests: python -m pytest tests/test_cpu_speed.py
 """
+import platform
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +40,48 @@ INT8_SKIP = ("mlp.down_proj",)  # int8 here changes greedy output on 19 of 20 pr
 # inputs of at most this many rows take the split bmm, more rows F.linear: bench/bench_matmul.py measures
 # both forms per shape (split wins clearly up to 64-128 rows, they tie from ~256 rows on)
 SPLIT_MAX_ROWS = 128
+# /proc/cpuinfo flags of native bf16 arithmetic: x86 AVX512-BF16 and AMX-BF16, Arm's BF16 extension
+NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+
+
+def cpuinfo_field(keys: tuple[str, ...], cpuinfo: str | None = None) -> str | None:
+    """The first value of one of `keys` in /proc/cpuinfo (or the text `cpuinfo`); None where absent."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.is_file() else ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in keys:
+            return value.strip()
+    return None
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (x86 "flags", Arm "Features"); empty where unreadable."""
+    return set((cpuinfo_field(("flags", "Features"), cpuinfo) or "").split())
+
+
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """The CPU's model name, to say which machine ran a measurement."""
+    return cpuinfo_field(("model name",), cpuinfo) or platform.processor() or platform.machine()
+
+
+def native_bf16(flags: set[str] | None = None) -> bool:
+    """Does this CPU compute bfloat16 natively? Read from the CPU's flags, not timed: a calibration matmul
+    on a shared, noisy 2-core machine can flip, the flags cannot (no flags readable: False)."""
+    return bool((cpu_flags() if flags is None else flags) & NATIVE_BF16_FLAGS)
+
+
+def pick_dtype(choice: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """(dtype, why) for `choice` "auto", "float32" or "bfloat16": auto is bfloat16 on a GPU and on a CPU
+    with native bf16, float32 on other CPUs (and on mps)."""
+    if choice != "auto":
+        return getattr(torch, choice), f"{choice} as asked"
+    if device.type == "cuda":
+        return torch.bfloat16, "auto: bfloat16 on a GPU"
+    if device.type == "cpu" and native_bf16():
+        return torch.bfloat16, f"auto: bfloat16, the CPU has native bf16 ({cpu_name()})"
+    return torch.float32, f"auto: float32, no native bf16 on {cpu_name() if device.type == 'cpu' else device.type}"
 
 
 class SplitLinear(nn.Module):

@@ -52,6 +52,7 @@ import mixture
 import peft_format
 import samples
 from jsonl import append_jsonl, read_jsonl, write_jsonl
+import cpu_speed
 from model import Transformer, pick_device
 from prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from sparql import SparqlClient
@@ -67,9 +68,10 @@ RECIPES = {"cpu": {"lora_layers": 8, "micro_batch_size": 4, "epochs": 2},
 CPU_SECONDS_PER_TOKEN = (7.5e-3, 0.6e-3)
 
 # flags that may differ on --resume: they change neither the samples nor the math (a different
-# --micro-batch-size only changes float rounding and peak memory; --runs-dir: a run moved elsewhere)
+# --micro-batch-size or precision only changes float rounding and peak memory: a run may move to a machine of
+# the other kind; --runs-dir: a run moved elsewhere)
 RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "keep_checkpoints", "device", "micro_batch_size",
-                     "runs_dir"}
+                     "runs_dir", "dtype", "portable_dir", "rewarm_steps"}
 
 
 @dataclass
@@ -84,6 +86,8 @@ class TrainState:
     done: bool = False  # early-stopped: a resumed run only saves
     evaluated_step: int | None = None  # step of the last validation
     checkpointed_step: int | None = None  # step of the last checkpoint
+    best_step: int | None = None  # step of the best validation loss (best/)
+    rewarm_from: int | None = None  # continued from a portable copy at this step: fresh AdamW moments, lr re-warmed
 
 
 @dataclass
@@ -94,7 +98,8 @@ class Run:
     world: int  # processes (torchrun)
     rank: int
     device: torch.device
-    dtype: torch.dtype  # of the base weights
+    dtype: torch.dtype  # of the base weights and of autocast (float32: no autocast)
+    why_dtype: str  # how --dtype was decided (e.g. the CPU has native bf16)
     autocast: torch.autocast
     run_dir: Path
 
@@ -131,6 +136,14 @@ def lr_at(step: int, total: int, base_lr: float, warmup: float) -> float:
     return base_lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def rewarm(step: int, rewarm_from: int | None, rewarm_steps: int) -> float:
+    """The factor on the schedule's lr after a run continued from a portable copy at `rewarm_from`: AdamW's
+    moments start again from zero, so the lr rises linearly over `rewarm_steps` steps while they fill."""
+    if rewarm_from is None or not rewarm_from <= step < rewarm_from + rewarm_steps:
+        return 1.0
+    return (step - rewarm_from + 1) / (rewarm_steps + 1)
+
+
 # ---------------------------------------------------------------------------- setup, data, model
 def setup(args: argparse.Namespace) -> Run:
     """Processes (torchrun sets WORLD_SIZE/RANK/LOCAL_RANK), threads, flag checks, seed, device, run directory."""
@@ -143,12 +156,12 @@ def setup(args: argparse.Namespace) -> Run:
     apply_recipe(args, device)
     check_args(args, world)
     torch.manual_seed(args.seed + rank)
-    dtype = torch.float32 if device.type == "cpu" or args.dtype == "float32" else torch.bfloat16
+    dtype, why_dtype = cpu_speed.pick_dtype(args.dtype, device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     run_dir = Path(args.runs_dir).expanduser() / args.name
     if (run_dir / "latest").exists() and not args.resume:
         sys.exit(f"error: run {run_dir} exists; continue it with --resume or pick another --name")
-    return Run(args, world, rank, device, dtype, autocast, run_dir)
+    return Run(args, world, rank, device, dtype, why_dtype, autocast, run_dir)
 
 
 def apply_recipe(args: argparse.Namespace, device: torch.device) -> None:
@@ -262,13 +275,28 @@ def load_init_adapter(model, args) -> None:
 
 
 # ---------------------------------------------------------------------------- resume, run directory
-def resume(run: Run, config: dict, model, optimizer) -> TrainState:
-    """The latest checkpoint's state, with LoRA weights, optimiser and RNG states restored; exits if a
-    setting outside RESUMABLE_CHANGES differs from the checkpoint's, or the samples do (data_sha256)."""
+def resume(run: Run, config: dict, model, optimizer) -> tuple[TrainState, str]:
+    """The latest checkpoint's state, with LoRA weights, optimiser and RNG states restored, or, where the
+    portable copy (--portable-dir) is further on or the only one, that copy's (see continue_portable); exits
+    if a setting outside RESUMABLE_CHANGES differs from the saved one, or the samples do (data_sha256)."""
     latest = run.run_dir / "latest"
-    if not latest.exists():
-        sys.exit(f"error: --resume but {run.run_dir} has no checkpoint; drop --resume to start the run")
-    saved = json.loads((run.run_dir / latest.read_text() / "config.json").read_text())
+    local = run.run_dir / latest.read_text() if latest.exists() else None
+    portable = Path(run.args.portable_dir).expanduser() / run.args.name if run.args.portable_dir else None
+    portable = portable if portable and (portable / "state.json").is_file() else None
+    if local is None and portable is None:
+        sys.exit(f"error: --resume but {run.run_dir} has no checkpoint"
+                 f"{' and ' + str(Path(run.args.portable_dir) / run.args.name) + ' no portable copy' if run.args.portable_dir else ''}"
+                 f"; drop --resume to start the run")
+    step_of = lambda path: json.loads((path / "state.json").read_text())["step"] if path else -1
+    if step_of(portable) > step_of(local):
+        check_same_run(json.loads((portable / "config.json").read_text()), config)
+        return continue_portable(run, portable, model), f"portable copy {portable}"
+    check_same_run(json.loads((local / "config.json").read_text()), config)
+    return TrainState(**checkpoint.load(local, model, optimizer, run.rank, run.device)), f"checkpoint {local}"
+
+
+def check_same_run(saved: dict, config: dict) -> None:
+    """Exit if a setting outside RESUMABLE_CHANGES, or the samples (data_sha256), differ from the run's."""
     checked = config.keys() - RESUMABLE_CHANGES - {"data_sha256"}  # the fingerprint is checked below
     changed = {k for k in checked if saved.get(k) != config[k]}
     if changed:
@@ -277,10 +305,28 @@ def resume(run: Run, config: dict, model, optimizer) -> TrainState:
         sys.exit("error: --resume with the same settings but other samples than the run's (epoch 0 and validation, "
                  "data_sha256): the data files, the code that makes samples or, with --endpoint, the endpoint's "
                  "answers changed since the run started")
-    return TrainState(**checkpoint.load(run.run_dir / latest.read_text(), model, optimizer, run.rank, run.device))
 
 
-def start_run_dir(run: Run, config: dict, state: TrainState) -> None:
+def continue_portable(run: Run, portable: Path, model) -> TrainState:
+    """Continue from a portable copy (e.g. on a fresh clone, no run directory): same step, schedule position,
+    data order and RNG states; the LoRA weights are its bf16 ones, AdamW's moments start from zero and the
+    lr is re-warmed over --rewarm-steps. Its logs and best/ become the run directory's."""
+    state = TrainState(**checkpoint.load_portable(portable, model, run.rank))
+    state.rewarm_from = state.step
+    if run.rank == 0:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        for name in checkpoint.RUN_LOGS:
+            if (portable / name).is_file():
+                shutil.copyfile(portable / name, run.run_dir / name)
+        if (portable / "best").is_dir():
+            shutil.rmtree(run.run_dir / "best", ignore_errors=True)
+            shutil.copytree(portable / "best", run.run_dir / "best")
+        print(f"continuing from the portable copy {portable} at step {state.step}: LoRA weights rounded to bf16, "
+              f"AdamW moments from zero, lr re-warmed over {run.args.rewarm_steps} steps")
+    return state
+
+
+def start_run_dir(run: Run, config: dict, state: TrainState, source: str) -> None:
     """Print and save the config; keep only the log lines up to the step we (re)start from."""
     if run.rank != 0:
         return
@@ -290,6 +336,19 @@ def start_run_dir(run: Run, config: dict, state: TrainState) -> None:
     log_path = run.run_dir / "log.jsonl"  # drop lines of steps after the checkpoint we resume from
     kept = [r for r in read_jsonl(log_path, appended=True) if r["step"] <= state.step] if run.args.resume else []
     write_jsonl(log_path, kept)
+    if not run.args.resume:
+        write_jsonl(run.run_dir / "stretches.jsonl", [])
+    log_stretch(run, {"event": "start", "step": state.step, "cpu": cpu_speed.cpu_name(), "native_bf16": cpu_speed.native_bf16(),
+                      "dtype": config["dtype"], "why": run.why_dtype, "threads": torch.get_num_threads(),
+                      "from": source})
+
+
+def log_stretch(run: Run, record: dict) -> None:
+    """stretches.jsonl: one line where a stretch of the run starts (machine, precision) and one where it
+    stops (steps, speed): a run resumed on several machines says which ran what."""
+    if run.rank == 0:
+        with open(run.run_dir / "stretches.jsonl", "a", encoding="utf-8") as f:
+            append_jsonl(f, {**record, "time": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -303,7 +362,7 @@ class TrainingLoop:
         self.pad_id, self.train_epoch, self.epoch_data = pad_id, train_epoch, {0: first_epoch}
         self.val, self.config, self.state, self.total_steps = val, config, state, total_steps
         self.bar = tqdm(total=total_steps, initial=state.step, disable=run.rank != 0, desc="train", dynamic_ncols=True)
-        self.seconds = []  # of the steps run by this process
+        self.seconds, self.tokens = [], 0  # of the steps run by this process
 
     def train(self) -> bool:
         """Train to the end (total steps or early stop); False if stopped by a signal or --stop-after."""
@@ -330,6 +389,7 @@ class TrainingLoop:
                         break
                 if stop.requested:
                     self.bar.close()
+                    self.end_stretch("stop")
                     print(f"stopped at step {state.step}; continue with the same command plus --resume")
                     return False
                 if state.step_in_epoch >= len(steps):  # epoch finished: validate, move on
@@ -343,13 +403,14 @@ class TrainingLoop:
             if state.checkpointed_step != state.step:  # the end of training is always resumable
                 self.checkpoint()
         self.bar.close()
+        self.end_stretch("end")
         return True
 
     def step(self, batch: list[dict], epoch: int) -> None:
         """One optimiser step on the batch: this rank's share, accumulated over micro-batches; logs it."""
         args, run, state = self.args, self.run, self.state
         started = time.time()
-        lr = lr_at(state.step, self.total_steps, args.lr, args.warmup)
+        lr = lr_at(state.step, self.total_steps, args.lr, args.warmup) * rewarm(state.step, state.rewarm_from, args.rewarm_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         mine = batch[run.rank::run.world]
@@ -375,6 +436,7 @@ class TrainingLoop:
         self.bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}")
         self.bar.update()
         self.seconds.append(seconds)
+        self.tokens += tokens
         if len(self.seconds) == 3 and run.rank == 0:  # the expected duration, measured on this machine now
             per_step = sum(self.seconds) / 3
             self.bar.write(f"measured {per_step:.1f} s/step over 3 steps: the {self.total_steps - state.step} steps "
@@ -391,6 +453,7 @@ class TrainingLoop:
         improved = state.best_val is None or result["val_loss"] < state.best_val
         state.best_val = result["val_loss"] if improved else state.best_val
         state.bad_evals = 0 if improved else state.bad_evals + 1
+        state.best_step = state.step if improved else state.best_step
         self.log({"step": state.step, "epoch": state.epoch, **result, "best": improved})
         if self.run.rank == 0:
             self.bar.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
@@ -400,8 +463,19 @@ class TrainingLoop:
 
     def checkpoint(self) -> None:
         self.state.checkpointed_step = self.state.step
-        checkpoint.save(self.run.run_dir, self.model, self.optimizer, asdict(self.state), self.config,
-                        self.run.rank, self.run.world)
+        saved = checkpoint.save(self.run.run_dir, self.model, self.optimizer, asdict(self.state), self.config,
+                                self.run.rank, self.run.world)
+        if self.args.portable_dir and self.run.rank == 0:
+            checkpoint.save_portable(saved, self.run.run_dir, Path(self.args.portable_dir).expanduser() / self.args.name)
+
+    def end_stretch(self, how: str) -> None:
+        """The stretch's line in stretches.jsonl: where it stopped, how fast its steps went."""
+        seconds = sum(self.seconds)
+        log_stretch(self.run, {"event": how, "step": self.state.step, "steps": len(self.seconds), "step_hours": round(seconds / 3600, 3),
+                               "tokens_per_s": round(self.tokens / seconds, 1) if seconds else None})
+        portable = Path(self.args.portable_dir).expanduser() / self.args.name if self.args.portable_dir else None
+        if portable and portable.is_dir() and self.run.rank == 0:  # the copy was made at the checkpoint just before
+            shutil.copyfile(self.run.run_dir / "stretches.jsonl", portable / "stretches.jsonl")
 
     def log(self, record: dict) -> None:
         if self.run.rank == 0:
@@ -435,6 +509,7 @@ def main(args: argparse.Namespace) -> None:
     model, optimizer, params = make_model(run)
     if run.rank == 0:
         print(describe_plan(args, run.device, total_steps, first_epoch, checkpoint.unwrap(model).args.num_hidden_layers))
+        print(f"precision: {run.why_dtype}")
 
     # --- config (as saved: paths become strings), state: fresh or from the latest checkpoint
     config = vars(args) | {"world_size": run.world, "device": str(run.device), "dtype": str(run.dtype).removeprefix("torch."),
@@ -443,8 +518,8 @@ def main(args: argparse.Namespace) -> None:
                            "data_sha256": data_sha256(first_epoch + val),
                            "trainable_parameters": sum(p.numel() for p in params)}
     config = json.loads(json.dumps(config, default=str))
-    state = resume(run, config, model, optimizer) if args.resume else TrainState()
-    start_run_dir(run, config, state)
+    state, source = resume(run, config, model, optimizer) if args.resume else (TrainState(), "the base model")
+    start_run_dir(run, config, state, source)
 
     # --- loop
     loop = TrainingLoop(run, model, optimizer, params, tokenizer.pad_id, train_epoch, first_epoch, val, config, state,
@@ -508,7 +583,10 @@ def make_parser() -> argparse.ArgumentParser:
     # model
     group = parser.add_argument_group("model")
     group.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (Hugging Face Qwen2 layout)")
-    group.add_argument("--dtype", default="auto", choices=["auto", "float32"], help="base weights: auto = float32 on CPU, bfloat16 with autocast on GPUs")
+    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="precision of the base "
+                       "weights and the compute (bfloat16: under autocast; the LoRA weights and AdamW stay float32): auto = "
+                       "bfloat16 on GPUs and on CPUs with native bf16 (flag avx512_bf16/amx_bf16/bf16), float32 on other "
+                       "CPUs, where bf16 is several times slower; may change on --resume")
     # LoRA
     group = parser.add_argument_group("LoRA")
     group.add_argument("--lora-r", type=int, default=32, help="rank")
@@ -545,6 +623,12 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--keep-checkpoints", type=int, default=2, help="keep the newest N checkpoints")
     group.add_argument("--resume", action="store_true", help="continue the run NAME exactly from its latest checkpoint")
     group.add_argument("--stop-after", type=int, default=0, help="act as if interrupted after step N (checkpoint and exit; for testing)")
+    group.add_argument("--portable-dir", default=None, help="also write a portable copy of the run's state to DIR/NAME at "
+                       "every checkpoint (bf16 LoRA weights, RNG, position, logs, best/; no AdamW moments: ~35 MB for LoRA "
+                       "r=32 on 24 blocks), small enough to commit to git; --resume continues from it where the run "
+                       "directory is missing or behind it (e.g. on a fresh clone)")
+    group.add_argument("--rewarm-steps", type=int, default=20, help="after continuing from a portable copy, raise the lr "
+                       "linearly over this many steps while AdamW's moments fill again")
     # CPU
     group = parser.add_argument_group("CPU / device")
     group.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")

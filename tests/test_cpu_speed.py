@@ -1,14 +1,16 @@
 """Tests for cpu_speed.py: prepare_for_inference is exact (full forward and cached decoding, both
 matmul forms of SplitLinear), converts only plain nn.Linear layers without copying weights, switches
 the model to eval mode without gradients, and the int8 option quantises the layers it names only and
-stays close. Tiny random models from tests/tiny.py, tied and untied lm_head. (LoRA layers on this
-path: tests/test_lora.py.)
+stays close; the precision each machine gets (native bf16 read from the CPU flags, mocked both ways).
+Tiny random models from tests/tiny.py, tied and untied lm_head. (LoRA layers on this path:
+tests/test_lora.py.)
 """
 from pathlib import Path
 
 import pytest
 import torch
 
+import cpu_speed
 import model as M
 from cpu_speed import SplitLinear, prepare_for_inference
 from tests.tiny import make_model_dir
@@ -84,3 +86,27 @@ def test_int8_quantises_all_but_down_proj_and_stays_close(model_dir):
     # int8 with per-channel scales: close to float32 on a tiny random model (a wrong scale gives ~1)
     relative_error = (after - before).pow(2).mean().sqrt() / before.pow(2).mean().sqrt()
     assert relative_error < 0.15, relative_error  # measured: 0.08
+
+
+# ---------------------------------------------------------------------------- precision per machine
+EPYC = "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+AVX2 = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\nflags\t\t: fpu sse2 avx2 fma avx512f\n"
+GRAVITON = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\nCPU implementer\t: 0x41\n"
+
+
+def test_native_bf16_is_read_from_the_cpu_flags():
+    assert cpu_speed.native_bf16(cpu_speed.cpu_flags(EPYC))
+    assert cpu_speed.native_bf16(cpu_speed.cpu_flags(GRAVITON))  # Arm's BF16 extension
+    assert not cpu_speed.native_bf16(cpu_speed.cpu_flags(AVX2))  # AVX-512 without BF16: emulated, slow
+    assert not cpu_speed.native_bf16(cpu_speed.cpu_flags(""))  # nothing readable: float32
+    assert cpu_speed.cpu_name(EPYC) == "AMD EPYC 9R14"
+
+
+@pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])
+def test_auto_precision_follows_the_cpu(monkeypatch, native, expected):
+    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+    dtype, why = cpu_speed.pick_dtype("auto", torch.device("cpu"))
+    assert dtype == expected and ("native bf16" in why)
+    assert cpu_speed.pick_dtype("float32", torch.device("cpu"))[0] == torch.float32  # asked for: always
+    assert cpu_speed.pick_dtype("bfloat16", torch.device("cpu"))[0] == torch.bfloat16
+    assert cpu_speed.pick_dtype("auto", torch.device("cuda"))[0] == torch.bfloat16

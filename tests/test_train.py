@@ -61,12 +61,12 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def train_args(model_dir: Path, tmp_path: Path, samples: Path, *extra: str):
-    """Parsed train.py flags for a quick tiny run (short system prompts keep sequences small; 4 epochs
-    unless `extra` says otherwise)."""
+    """Parsed train.py flags for a quick tiny run (short system prompts keep sequences small; 4 epochs and
+    float32 on every CPU unless `extra` says otherwise)."""
     return train.make_parser().parse_args(
         ["--samples", str(samples), "--model-dir", str(model_dir), "--runs-dir", str(tmp_path / "runs"),
          "--val-fraction", "0", "--lora-r", "4", "--lora-alpha", "8", "--batch-size", "2", "--micro-batch-size", "1",
-         "--checkpoint-every", "100", "--threads", "1", "--epochs", "4", *extra])
+         "--checkpoint-every", "100", "--threads", "1", "--epochs", "4", "--dtype", "float32", *extra])
 
 
 def log(tmp_path: Path, name: str = "grisp") -> list[dict]:
@@ -263,6 +263,86 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(model_dir, tmp_path, e
         b = load_file(tmp_path / "runs" / "interrupted" / name / "adapter_model.safetensors")
         assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert any(float(v.abs().max()) > 0 for k, v in a.items() if "lora_B" in k), "training changed the adapter"
+
+
+def test_a_portable_copy_continues_on_a_fresh_clone(model_dir, tmp_path):
+    """A run stopped with --portable-dir; its copy placed in a fresh clone with no run directory; --resume
+    continues to the end. Exact: step, schedule position, data order (each step's samples), RNG, logs. Not
+    exact: the LoRA weights are the bf16-rounded ones, AdamW's moments start from zero, the lr is re-warmed."""
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(5, 0) + make_samples(5, 1))  # 5 steps per epoch
+    val = write_jsonl(tmp_path / "v.jsonl", make_samples(2, 0, prefix="v"))
+    common = ["--epochs", "2", "--lr", "5e-3", "--lora-dropout", "0.2", "--val-data", str(val), "--checkpoint-every", "2"]
+    train.main(train_args(model_dir, tmp_path, samples, *common, "--name", "straight"))
+    straight = log(tmp_path, "straight")
+    train.main(train_args(model_dir, tmp_path, samples, *common, "--portable-dir", str(tmp_path / "repo" / "runs"),
+                          "--stop-after", "7"))  # mid-epoch 1, after epoch 0's validation made best/
+    copy = tmp_path / "repo" / "runs" / "grisp"
+    checkpoint_dir = tmp_path / "runs" / "grisp" / "checkpoint-0000007"
+    assert sorted(p.name for p in copy.iterdir()) == ["best", "config.json", "log.jsonl", "lora.safetensors",
+                                                      "rng-rank0.safetensors", "state.json", "stretches.jsonl"]
+    full, small = load_file(checkpoint_dir / checkpoint.LORA_FILE), load_file(copy / checkpoint.LORA_FILE)
+    assert all(small[k].dtype == torch.bfloat16 and torch.equal(small[k], full[k].bfloat16()) for k in full)
+    # a fresh clone on a new machine: the repository's copy only, no run directory
+    (tmp_path / "runs").rename(tmp_path / "lost")
+    (tmp_path / "repo").rename(tmp_path / "clone")
+    train.main(train_args(model_dir, tmp_path, samples, *common, "--portable-dir", str(tmp_path / "clone" / "runs"),
+                          "--resume", "--rewarm-steps", "2"))
+    continued = log(tmp_path)
+    assert [r["step"] for r in continued] == [r["step"] for r in straight]  # no step lost or repeated
+    assert [r.get("tokens") for r in continued] == [r.get("tokens") for r in straight]  # the same samples per step
+    timing = lambda r: {k: v for k, v in r.items() if k not in ("s_per_step", "tokens_per_s")}
+    assert [timing(r) for r in continued[:8]] == [timing(r) for r in straight[:8]]  # to step 7: the logs came along
+    lrs = {r["step"]: r["lr"] for r in straight if "lr" in r}
+    after = {r["step"]: r["lr"] for r in continued if "lr" in r and r["step"] > 7}
+    assert after[8] == pytest.approx(lrs[8] / 3) and after[9] == pytest.approx(lrs[9] * 2 / 3)  # re-warmed
+    assert after[10] == pytest.approx(lrs[10])  # then the schedule's own lr
+    assert after[8] != lrs[8] and continued[8]["loss"] == pytest.approx(straight[8]["loss"], rel=0.05)
+    stretches = [json.loads(line) for line in (tmp_path / "runs" / "grisp" / "stretches.jsonl").read_text().splitlines()]
+    assert [(r["event"], r["step"]) for r in stretches] == [("start", 0), ("stop", 7), ("start", 7), ("end", 10)]
+    assert stretches[2]["from"].startswith("portable copy") and stretches[1]["steps"] == 7
+    assert all(r["dtype"] == "float32" and r["cpu"] for r in stretches if r["event"] == "start")
+    assert (tmp_path / "runs" / "grisp" / "adapter" / peft_format.WEIGHTS_NAME).is_file()
+
+
+def test_a_portable_copy_is_byte_identical_where_nothing_changed(model_dir, tmp_path):
+    """best/ is rewritten at every checkpoint: unchanged, git must see the same bytes."""
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(4))
+    val = write_jsonl(tmp_path / "v.jsonl", make_samples(2, 0, prefix="v"))
+    flags = ["--val-data", str(val), "--portable-dir", str(tmp_path / "repo"), "--checkpoint-every", "1"]
+    train.main(train_args(model_dir, tmp_path, samples, *flags, "--stop-after", "5"))  # validated at step 4 only
+    before = (tmp_path / "repo" / "grisp" / "best" / peft_format.WEIGHTS_NAME).read_bytes()
+    train.main(train_args(model_dir, tmp_path, samples, *flags, "--resume", "--stop-after", "6"))
+    assert (tmp_path / "repo" / "grisp" / "best" / peft_format.WEIGHTS_NAME).read_bytes() == before
+    # the local checkpoint was as far on as the copy: the run resumed from it, exactly (no re-warm)
+    state = json.loads((tmp_path / "repo" / "grisp" / "state.json").read_text())
+    assert state["step"] == 6 and state["best_step"] == 4 and state["rewarm_from"] is None
+
+
+def test_resume_without_checkpoint_or_copy_says_so(model_dir, tmp_path):
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
+    with pytest.raises(SystemExit, match="no checkpoint and .* no portable copy"):
+        train.main(train_args(model_dir, tmp_path, samples, "--resume", "--portable-dir", str(tmp_path / "repo")))
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
+def test_dtype_auto_trains_in_bf16_on_a_native_bf16_cpu(model_dir, tmp_path, monkeypatch, native, expected):
+    import cpu_speed
+    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
+    train.main(train_args(model_dir, tmp_path, samples, "--dtype", "auto", "--epochs", "1"))
+    run = tmp_path / "runs" / "grisp"
+    assert json.loads((run / "config.json").read_text())["dtype"] == expected
+    start = json.loads((run / "stretches.jsonl").read_text().splitlines()[0])
+    assert start["dtype"] == expected and start["native_bf16"] == native and "native bf16" in start["why"]
+    latest = run / (run / "latest").read_text()  # the LoRA weights and AdamW's moments stay float32
+    assert {t.dtype for t in load_file(latest / checkpoint.LORA_FILE).values()} == {torch.float32}
+    assert {t.dtype for k, t in load_file(latest / "optimizer.safetensors").items() if "exp_avg" in k} == {torch.float32}
+    assert all(math.isfinite(r["loss"]) for r in log(tmp_path))
+
+
+def test_rewarm_raises_the_lr_linearly_then_leaves_it():
+    assert [train.rewarm(s, 10, 3) for s in range(9, 15)] == [1.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert train.rewarm(5, None, 3) == 1.0
 
 
 def test_sigint_sets_the_stop_flag():
