@@ -4,6 +4,9 @@ format, and constrained decoding of the calls (docs/agent.md section 6).
 - `LocalBackend`: the same `chat(messages, tools, deadline)` protocol as chat_backends.OpenAIBackend;
   the model may write some text first, then its call is decoded under the grammar of tool_grammar.py,
   so it always parses and names a real function with arguments that fit the function's schema.
+- Streaming: `chat(..., on_delta=f)` calls f("content", text), f("call", name) and f("arguments", text)
+  as the turn is decoded; the pieces join to the Reply's content and its call's arguments exactly (text
+  that a call opening or the final strip may still remove is held back until it is settled).
 
     backend = LocalBackend(defaults.MODEL_DIR)
     reply = backend.chat([{"role": "user", "content": "Who directed Pulp Fiction?"}], tools)
@@ -25,6 +28,55 @@ from tokenizer import Tokenizer, qwen_tool_prompt
 from tool_grammar import call_grammar
 
 _CALL_OPENING = re.compile(r'<tool_call>|\{\s*"name"')  # where the free text of a local turn ends
+_CALL_NAME = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')  # a call's start, up to its arguments
+
+
+def turn_content(text: str, call_follows: bool) -> str:
+    """A turn's content from its free text: stripped, and without the code fence a call opened in (```json)."""
+    content = text.strip()
+    if call_follows and content.count("```") % 2:
+        content = content[:content.rfind("```")].strip()
+    return content
+
+
+def settled_content(text: str) -> str:
+    """The start of turn_content that no continuation of the free text `text` can change: it stops before
+    trailing whitespace and backticks, an unclosed code fence, a possible start of a call opening (`<tool`,
+    `{ "na`) and an incomplete character. (A complete opening ends the free text before it is in `text`.)"""
+    text = text.lstrip()
+    cut = len(text.rstrip().rstrip("`").rstrip())
+    for i, char in enumerate(text[:cut]):
+        if (char == "<" and "<tool_call>".startswith(text[i:])) or \
+                (char == "{" and '"name"'.startswith(text[i + 1:].lstrip())):
+            cut = i
+            break
+    if text[:cut].count("```") % 2:
+        cut = text.rfind("```", 0, cut)
+    broken = text.find("\ufffd")  # a multi-byte character still incomplete
+    cut = cut if broken < 0 else min(cut, broken)
+    return text[:cut].rstrip()
+
+
+def call_arguments(call: str) -> str | None:
+    """The arguments object's text in a call's text so far (`{"name": "f", "arguments": {...`), up to its
+    closing brace once it has one; None before the arguments begin."""
+    match = _CALL_NAME.match(call)
+    if match is None:
+        return None
+    depth, in_string, escaped = 0, False, False
+    for i in range(match.end(), len(call)):
+        char = call[i]
+        if in_string:
+            in_string, escaped = (char != '"' or escaped), (char == "\\" and not escaped)
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return call[match.end():i + 1]
+    return call[match.end():]
 
 
 class LocalBackend:
@@ -71,11 +123,13 @@ class LocalBackend:
         self._char_ids["\n"] = self.tokenizer.encode("\n")
 
     def chat(self, messages: list[dict], tools: list[dict], deadline: float | None = None,
-             tool_choice: str | None = None) -> Reply:
+             tool_choice: str | None = None, on_delta: Callable[[str, str], None] | None = None) -> Reply:
+        """One turn. `on_delta(kind, text)`, if given, receives the turn as it is decoded: "content" pieces,
+        then for a call "call" with the function's name and "arguments" pieces."""
         with torch.inference_mode():
-            return self._chat(messages, tools, deadline, tool_choice or self.tool_choice)
+            return self._chat(messages, tools, deadline, tool_choice or self.tool_choice, Stream(on_delta))
 
-    def _chat(self, messages, tools, deadline, tool_choice) -> Reply:
+    def _chat(self, messages, tools, deadline, tool_choice, stream: "Stream") -> Reply:
         start = time.monotonic()
         prompt = self.tokenizer.encode(qwen_tool_prompt(messages, tools))
         logits = self._prefill(prompt, deadline)
@@ -98,9 +152,11 @@ class LocalBackend:
             text += piece
             logits = self._feed([token], deadline)
             boundaries.append(len(self._ids))
-        content = self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False).strip()
-        if stop == "call" and content.count("```") % 2:  # the fence a call opened in (```json) is not text
-            content = content[:content.rfind("```")].strip()
+            if stream:
+                stream.content(settled_content(self.tokenizer.decode(self._ids[boundaries[0]:], skip_special_tokens=False)))
+        content = turn_content(self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False),
+                               call_follows=stop == "call")
+        stream.content(content)
         if not tools or (tool_choice == "auto" and stop == "end"):
             return Reply(content, [], time.monotonic() - start, finish_reason="length" if stop == "budget" else "stop",
                          usage=self._usage(len(prompt)))
@@ -119,14 +175,22 @@ class LocalBackend:
             forced = "" if state.exact else self._feedable(call + piece, state.forced())
             state = state.consume(forced)
             call += piece + forced
+            stream.call(call)
             logits = self._feed([token, *(self.tokenizer.encode(forced) if forced else [])], deadline)
         if not state.exact:
             notes.append(f"the call reached {self.max_call_tokens} tokens and was closed by the grammar")
         call += state.shortest()
+        stream.call(call)
         body = json.loads(call)  # valid by construction
+        # the arguments as the model wrote them (OpenAI's `arguments` is the model's text): what was streamed
+        tool_call = check_call(self.next_call_id, body["name"], call_arguments(call), tools)
         self._calls += 1
-        tool_call = check_call(f"call_{self._calls}", body["name"], body["arguments"], tools)
         return Reply(content, [tool_call], time.monotonic() - start, notes, "tool_calls", self._usage(len(prompt)))
+
+    @property
+    def next_call_id(self) -> str:
+        """The id the next call will get (a stream names the call before it is decoded)."""
+        return f"call_{self._calls + 1}"
 
     def _feedable(self, call: str, forced: str) -> str:
         """The part of the grammar's `forced` text to feed after `call`: all but its last pre-token. The
@@ -194,3 +258,31 @@ class LocalBackend:
 
     def _truncate(self, length: int) -> None:
         self._prompts.truncate(length)
+
+
+class Stream:
+    """A turn's deltas for `on_delta` (nothing without one): content and the call's arguments are passed
+    as the growing settled text, and only what is new since the last time goes out."""
+
+    def __init__(self, on_delta: Callable[[str, str], None] | None):
+        self.on_delta, self.sent_content, self.sent_name, self.sent_arguments = on_delta, "", False, ""
+
+    def __bool__(self) -> bool:
+        return self.on_delta is not None
+
+    def content(self, settled: str) -> None:
+        if self.on_delta and len(settled) > len(self.sent_content):
+            assert settled.startswith(self.sent_content), (settled, self.sent_content)
+            self.on_delta("content", settled[len(self.sent_content):])
+            self.sent_content = settled
+
+    def call(self, call: str) -> None:
+        arguments = call_arguments(call) if self.on_delta else None
+        if arguments is None:
+            return
+        if not self.sent_name:
+            self.on_delta("call", json.loads('"' + _CALL_NAME.match(call).group(1) + '"'))
+            self.sent_name = True
+        if len(arguments) > len(self.sent_arguments):
+            self.on_delta("arguments", arguments[len(self.sent_arguments):])
+            self.sent_arguments = arguments

@@ -4,12 +4,15 @@ One optimiser step = a batch of `--batch` sequences in micro-batches of `--micro
 `--prompt-len` prompt tokens and `--answer-len` answer tokens (the skeleton task: loss on the answer
 tokens), forward + backward + AdamW. Ours computes logits only at the answer positions (loss.py);
 the reference is the standard transformers recipe, `model(input_ids, labels=labels)` with -100 on the
-prompt, on a `peft.get_peft_model` with the same LoraConfig. Both models live in this process and
-the rounds alternate (ours, reference, ours, ...) so that load from other processes hits both alike;
-the table shows median training tokens/s and the ratio ours / reference (> 1: ours is faster).
+prompt, on a `peft.get_peft_model` with the same LoraConfig. Each precision of `--precisions` is a row
+for each implementation: float32, or bfloat16 as train.py trains on a CPU with native bf16 (bf16 base
+weights under `torch.autocast`, LoRA weights and AdamW float32). All models live in this process and
+the rounds alternate (ours, reference, ours, ...) so that load from other processes hits all alike;
+the table shows median training tokens/s and the ratio to the last row (> 1: faster than it).
 
-    python bench/bench_train.py                       # LoRA r=32 on all 24 blocks
-    python bench/bench_train.py --lora-layers 8       # the CPU fast mode (LoRA on the last 8 blocks)
+    python bench/bench_train.py                       # ours float32 and bf16, transformers + peft bf16; all 24 blocks
+    python bench/bench_train.py --lora-layers 8       # LoRA on the last 8 blocks
+    python bench/bench_train.py --rows ours:float32 transformers+peft:float32
 """
 import argparse
 import json
@@ -20,17 +23,23 @@ from pathlib import Path
 
 import torch
 
+ROWS = ("ours:float32", "ours:bfloat16", "transformers+peft:bfloat16")
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 import lora  # noqa: E402
+from cpu_speed import cpu_name, native_bf16  # noqa: E402
 from model import Transformer  # noqa: E402
 
 
-def ours(args, layers: list[int] | None):
-    """Our model with LoRA and a `step(tokens, answer_mask)` closure for one micro-batch."""
-    model = Transformer.from_pretrained(args.model_dir)
+def ours(args, layers: list[int] | None, dtype: torch.dtype):
+    """Our model with LoRA (float32 LoRA weights, as train.py) and a `step(tokens, answer_mask)` closure
+    for one micro-batch."""
+    model = Transformer.from_pretrained(args.model_dir, dtype)
     lora.inject_lora(model, args.r, args.alpha, args.dropout, layers=layers)
     lora.mark_only_lora_trainable(model)
+    for p in lora.lora_state_dict(model).values():
+        p.data = p.data.float()
     model.train()
 
     def step(tokens, at):
@@ -42,11 +51,12 @@ def ours(args, layers: list[int] | None):
     return model, step
 
 
-def reference(args, layers: list[int] | None):
-    """transformers' Qwen2ForCausalLM + peft LoRA with the same config, trained the standard way."""
+def reference(args, layers: list[int] | None, dtype: torch.dtype):
+    """transformers' Qwen2ForCausalLM + peft LoRA with the same config, trained the standard way (peft
+    keeps the LoRA weights in float32 over bf16 base weights by default)."""
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2ForCausalLM
-    model = Qwen2ForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    model = Qwen2ForCausalLM.from_pretrained(args.model_dir, dtype=dtype)
     config = LoraConfig(r=args.r, lora_alpha=args.alpha, lora_dropout=args.dropout, target_modules=list(lora.DEFAULT_TARGETS),
                         layers_to_transform=layers, task_type="CAUSAL_LM")
     model = get_peft_model(model, config)
@@ -58,11 +68,14 @@ def reference(args, layers: list[int] | None):
     return model, step
 
 
-def time_step(model, step, batch: list[tuple[torch.Tensor, torch.Tensor]], optimizer) -> float:
-    """Seconds for one optimiser step over the micro-batches (gradient accumulation)."""
+def time_step(model, step, batch: list[tuple[torch.Tensor, torch.Tensor]], optimizer, dtype: torch.dtype) -> float:
+    """Seconds for one optimiser step over the micro-batches (gradient accumulation), under autocast
+    to `dtype` unless it is float32."""
     started = time.perf_counter()
     for tokens, at in batch:
-        (step(tokens, at) / len(batch)).backward()
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+            loss = step(tokens, at) / len(batch)
+        loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return time.perf_counter() - started
@@ -73,39 +86,44 @@ def main(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     if not (Path(args.model_dir) / "config.json").exists():
         sys.exit(f"error: no model at {args.model_dir}; run `python get_model.py` or pass --model-dir")
-    n_layers = json.loads((Path(args.model_dir) / "config.json").read_text())["num_hidden_layers"]
+    config = json.loads((Path(args.model_dir) / "config.json").read_text())
+    n_layers, vocab = config["num_hidden_layers"], config["vocab_size"]
     layers = list(range(n_layers))[-args.lora_layers:] if args.lora_layers else None
     impls = {}
-    for name, build in (("ours", ours), ("transformers+peft", reference)):
-        model, step = build(args, layers)
+    for row in args.rows:
+        name, _, precision = row.partition(":")
+        dtype = getattr(torch, precision)
+        model, step = {"ours": ours, "transformers+peft": reference}[name](args, layers, dtype)
         params = [p for p in model.parameters() if p.requires_grad]
-        impls[name] = (model, step, torch.optim.AdamW(params, lr=1e-5), sum(p.numel() for p in params))
-    assert impls["ours"][3] == impls["transformers+peft"][3], f"LoRA sizes differ: {impls['ours'][3]} vs {impls['transformers+peft'][3]}"
+        impls[row] = (model, step, torch.optim.AdamW(params, lr=1e-5), sum(p.numel() for p in params), dtype)
+    sizes = {row: impl[3] for row, impl in impls.items()}
+    assert len(set(sizes.values())) == 1, f"LoRA sizes differ: {sizes}"
 
     T = args.prompt_len + args.answer_len
     batch = []
     for _ in range(args.batch // args.micro_batch):
-        tokens = torch.randint(100, 20000, (args.micro_batch, T))
+        tokens = torch.randint(min(100, vocab // 2), min(20000, vocab), (args.micro_batch, T))
         at = torch.zeros(args.micro_batch, T, dtype=torch.bool)
         at[:, args.prompt_len:] = True  # the answer tokens are the labels
         batch.append((tokens, at))
     print(f"batch {args.batch} x {T} tokens ({args.answer_len} answer tokens each) in micro-batches of {args.micro_batch}; "
-          f"LoRA r={args.r} alpha={args.alpha} on {args.lora_layers or 'all'} blocks ({impls['ours'][3]:,} parameters); "
-          f"{args.threads} threads")
+          f"LoRA r={args.r} alpha={args.alpha} on {args.lora_layers or 'all'} blocks ({next(iter(sizes.values())):,} parameters); "
+          f"{args.threads} threads; CPU {cpu_name()} (native bf16: {native_bf16()})")
     times = {name: [] for name in impls}
-    for name, (model, step, optimizer, _) in impls.items():  # warm-up step, not timed
-        time_step(model, step, batch, optimizer)
+    for name, (model, step, optimizer, _, dtype) in impls.items():  # warm-up step, not timed
+        time_step(model, step, batch, optimizer, dtype)
     for round_ in range(args.repeats):
-        for name, (model, step, optimizer, _) in impls.items():
-            times[name].append(time_step(model, step, batch, optimizer))
+        for name, (model, step, optimizer, _, dtype) in impls.items():
+            times[name].append(time_step(model, step, batch, optimizer, dtype))
             print(f"  round {round_ + 1}: {name} {times[name][-1]:.2f} s/step", flush=True)
 
     tokens = args.batch * T
     speed = {name: tokens / statistics.median(t) for name, t in times.items()}
-    print(f"\n| implementation | s/step (median of {args.repeats}) | training tokens/s | ratio |")
+    last = args.rows[-1]
+    print(f"\n| implementation:precision | s/step (median of {args.repeats}) | training tokens/s | ratio to {last} |")
     print("|---|---|---|---|")
     for name, t in times.items():
-        print(f"| {name} | {statistics.median(t):.2f} | {speed[name]:.1f} | {speed[name] / speed['transformers+peft']:.2f}x |")
+        print(f"| {name} | {statistics.median(t):.2f} | {speed[name]:.1f} | {speed[name] / speed[last]:.2f}x |")
 
 
 if __name__ == "__main__":
@@ -122,4 +140,6 @@ if __name__ == "__main__":
     parser.add_argument("--lora-layers", type=int, default=0, help="LoRA on the last N blocks only (0 = all)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per implementation")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), help="implementation:precision rows to time "
+                        "(implementation: ours or transformers+peft; precision: float32 or bfloat16); ratios are to the last")
     main(parser.parse_args())

@@ -7,6 +7,7 @@ The fake server's answers are synthetic, written in the shape of OpenAI / vLLM c
 are not recordings of a real provider.
 """
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +23,7 @@ import defaults
 from agent import Agent
 from agent_prompts import task_definitions
 from chat_backends import BackendError, BackendTimeout, OpenAIBackend, check_call, make_backend, parse_qwen_calls
-from local_backend import LocalBackend
+from local_backend import LocalBackend, call_arguments, settled_content, turn_content
 from config import AgentConfig, ModelConfig
 from tests.agent_helpers import demo_kg
 from tests.tiny import make_model_dir, tiny_tokenizer
@@ -381,3 +382,72 @@ def test_forced_text_is_fed_as_the_tokenizer_cuts_it(tmp_path, tiny_models):
     fed = backend._ids[reply.usage["prompt_tokens"]:]
     assert tokenizer.decode(fed) == target[:target.index("</tool_call>")]  # the whole call, closed by '"}}\n'
     assert fed == tokenizer.encode(target)[:len(fed)]  # the model saw its own cut of the call throughout
+
+
+# ---------------------------------------------------------------------------- streaming (on_delta)
+def streamed(backend, messages, tools):
+    """(reply, joined content deltas, call names, joined argument deltas) of one turn."""
+    deltas = []
+    reply = backend.chat(messages, tools, on_delta=lambda kind, text: deltas.append((kind, text)))
+    joined = {kind: "".join(text for k, text in deltas if k == kind) for kind in ("content", "arguments")}
+    assert [kind for kind, _ in deltas] == sorted((kind for kind, _ in deltas), key=["content", "call", "arguments"].index)
+    return reply, joined["content"], [text for kind, text in deltas if kind == "call"], joined["arguments"]
+
+
+PIECES = ["a", "b c", " ", "\n", "<", "<tool", "_call>", "{", '"name"', '"na', "```", "`", "json", "\ufffd", "é", "}"]
+
+
+@given(st.lists(st.sampled_from(PIECES), max_size=12), st.lists(st.sampled_from(PIECES), max_size=12), st.booleans())
+def test_settled_content_is_never_taken_back(start, rest, call_follows):
+    """Whatever the model writes next, the content streamed early is a prefix of the turn's content."""
+    text = "".join(start)
+    opening = re.search(r'<tool_call>|\{\s*"name"', text)
+    if opening:  # the free text would have ended there
+        return
+    later = text + "".join(rest)
+    opening = re.search(r'<tool_call>|\{\s*"name"', later)
+    final = turn_content(later[:opening.start()] if opening else later.replace("\ufffd", ""), call_follows or bool(opening))
+    assert final.startswith(settled_content(text))
+
+
+def test_settled_content_holds_back_what_may_still_go():
+    assert settled_content("  Searching now { \"na") == "Searching now"  # maybe a call
+    assert settled_content("See <tool") == "See"
+    assert settled_content("a < b and {x} done  ") == "a < b and {x} done"  # never an opening
+    assert settled_content("Here:\n```json\n") == "Here:"  # a fence a call may open in
+
+
+def test_call_arguments_follow_the_json_to_its_end():
+    assert call_arguments('{"name": "f') is None
+    assert call_arguments('{"name": "f", "arguments": {"q": "a}\\"b"') == '{"q": "a}\\"b"'
+    assert call_arguments('{"name": "f", "arguments": {"q": ["x"]}}\n') == '{"q": ["x"]}'
+
+
+def test_streamed_deltas_join_to_the_reply(tiny_models):
+    messages = [{"role": "user", "content": "Who directed Pulp Fiction?"}]
+    for model_dir in tiny_models:
+        for reasoning, budget, temperature in [(0, 400, None), (6, 400, 1.0), (6, 8, None)]:
+            backend = LocalBackend(model_dir, max_reasoning_tokens=reasoning, max_call_tokens=budget, max_string=60,
+                                   temperature=temperature)
+            reply, content, names, arguments = streamed(backend, messages, TOOLS)
+            assert content == reply.content and names == [reply.tool_calls[0].name]
+            assert arguments == reply.tool_calls[0].message()["function"]["arguments"]
+            assert json.loads(arguments) == reply.tool_calls[0].arguments
+        reply, content, names, arguments = streamed(LocalBackend(model_dir, max_reasoning_tokens=8), messages, [])
+        assert (content, names, arguments) == (reply.content, [], "")  # no tools: text only
+
+
+@pytest.mark.parametrize("target, content", [
+    ('Searching.\n```json\n{"name": "search_entity", "arguments": {"kg": "wikidata"}}\n```', "Searching."),
+    ('I will search. {"name": "search_entity", "arguments": {"kg": "wikidata", "query": "Pulp \\"F\\""}}', "I will search."),
+    ('Hmm <b> {x} <tool_call>\n{"name": "list", "arguments": {"kg": "wikidata"}}', "Hmm <b> {x}"),
+])
+def test_streamed_text_never_shows_what_the_call_takes_back(tiny_models, target, content):
+    tokenizer = Tokenizer(tiny_models[0])
+    tools = TOOLS + [{"type": "function", "function": {"name": "search_entity", "parameters": {
+        "type": "object", "properties": {"kg": KG, "query": {"type": "string"}}, "required": ["kg"]}}}]
+    backend = LocalBackend(tiny_models[0], model=SpellingLM(tokenizer, target), tokenizer=tokenizer,
+                           max_reasoning_tokens=60, max_call_tokens=60)
+    reply, streamed_content, names, arguments = streamed(backend, [{"role": "user", "content": "q?"}], tools)
+    assert reply.content == streamed_content == content
+    assert names == [reply.tool_calls[0].name] and arguments == reply.tool_calls[0].raw

@@ -14,6 +14,7 @@ import time
 from urllib.parse import urlparse
 
 import jsonschema
+import openai
 import pytest
 import requests
 import torch
@@ -134,7 +135,9 @@ def test_temperature_is_for_one_request_only(url):
      "names no function among the tools"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "always"}', "tool_choice must be auto"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}', "there are no tools"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "stream": true}', "stream is not supported"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream must be true or false"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}', "logprobs are not supported"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "model": 7}', "model must be a string"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', "one choice per request"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', "temperature must be a number"),
     (b"x" * (300 * 1024), "the request body is over 256 KB"),
@@ -204,3 +207,77 @@ def test_the_agent_runs_its_loop_over_our_server(url, demo_endpoint):
         assert len(run) + sum(e["event"] == "loop" for e in r.trace) == len(calls)
         if tool_choice == "required":
             assert len(calls) == r.steps  # one call every turn
+
+
+# ---------------------------------------------------------------------------- the official openai client
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+
+
+def test_the_official_client_gets_text_whole_and_streamed(client):
+    whole = client.chat.completions.create(model="tiny", messages=ASK)
+    assert whole.choices[0].finish_reason in ("stop", "length") and isinstance(whole.choices[0].message.content, str)
+    chunks = list(client.chat.completions.create(model="tiny", messages=ASK, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    finished = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finished == [whole.choices[0].finish_reason] and chunks[-2].choices[0].finish_reason  # on the last chunk
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+
+
+def test_the_official_client_reassembles_a_streamed_tool_call(client):
+    whole = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required")
+    with client.chat.completions.stream(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required") as stream:
+        pieces = [e.arguments_delta for e in stream if e.type == "tool_calls.function.arguments.delta"]
+        final = stream.get_final_completion()
+    expected, got = whole.choices[0].message.tool_calls[0], final.choices[0].message.tool_calls[0]
+    assert len(pieces) > 1  # the arguments came in pieces, not at once
+    assert (got.function.name, got.function.arguments) == (expected.function.name, expected.function.arguments)
+    assert "".join(pieces) == got.function.arguments and got.id
+    jsonschema.validate(json.loads(got.function.arguments), SCHEMAS[got.function.name])
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert (final.choices[0].message.content or "") == (whole.choices[0].message.content or "")
+
+
+def test_the_official_client_gets_typed_errors(client):
+    with pytest.raises(openai.BadRequestError, match="messages\\[0\\] must be an object with a role"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "robot", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match="one choice per request"):
+        client.chat.completions.create(model="tiny", messages=ASK, n=2, stream=True)
+    with pytest.raises(openai.NotFoundError, match="does not exist here"):
+        client.chat.completions.create(model="gpt-5", messages=ASK, stream=True)
+
+
+def test_the_official_client_sees_a_full_queue_and_a_stream_it_leaves_stops_the_turn(setup):
+    grisp, backend = setup
+    with running(make_app(grisp, {"model": "tiny"}, Options(rerank=False), [], max_waiting=1, chat=backend)) as base, \
+            slowed(backend.model, 0.2):  # a turn of many seconds unless it is stopped
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+        first = client.chat.completions.create(model="tiny", messages=ASK, stream=True)
+        assert next(iter(first)).choices[0].delta.role == "assistant"  # running
+        waiting = client.chat.completions.create(model="tiny", messages=ASK, stream=True)  # queued
+        with pytest.raises(openai.InternalServerError, match="the server is busy") as refused:
+            client.chat.completions.create(model="tiny", messages=ASK)
+        assert refused.value.status_code == 503 and int(refused.value.response.headers["Retry-After"]) >= 1
+        first.close(), waiting.close()  # both clients leave mid-stream: the server notices within a keep-alive
+        start = time.monotonic()
+        while time.monotonic() - start < 20:
+            try:
+                client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS, tool_choice="required")
+                break
+            except openai.InternalServerError:  # still busy with the abandoned turns
+                time.sleep(0.2)
+        assert time.monotonic() - start < 20, "the abandoned turns went on"
+
+
+def test_the_time_limit_in_a_stream_is_its_last_event(setup):
+    grisp, backend = setup
+    with running(make_app(grisp, {"model": "tiny"}, Options(rerank=False), [], time_limit=0.5, chat=backend)) as base, \
+            slowed(backend.model, 0.05):
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+        with pytest.raises(openai.APIError, match="time limit of 0.5 s"):
+            for _ in client.chat.completions.create(model="tiny", messages=ASK, tool_choice="none", stream=True):
+                pass
