@@ -2,8 +2,8 @@
 with function calls until it finds a query whose result answers the question (GRASP paper and demo;
 docs/agent.md). Library (Agent, build_agent) and command line.
 
-The loop: system instruction + question -> model turn (text and function calls, chat_backends.py) ->
-results back (agent_functions.py) -> ... until the model calls answer (ANS) or cancel (CAN), or stops
+The loop: system instruction + question -> model turn (text and function calls, grasp/backends.py) ->
+results back (grasp/functions.py) -> ... until the model calls answer (ANS) or cancel (CAN), or stops
 calling functions, or the step or time limit is reached. know_before_use refuses queries with IRIs no
 earlier result showed; with feedback (GRASP-F) a second pass judges the output and may send the agent
 back (at most max_feedbacks times). Follow-up questions carry the earlier turns (`past`).
@@ -24,12 +24,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from agent_functions import FunctionError, Functions, KnowledgeGraph, check_known, table
-from agent_prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
+from grasp.backends import BackendCancelled, BackendError, BackendTimeout, ToolCall
+from grasp.config import ConfigError, check, load_config, make_backend, override
+from grasp.functions import FunctionError, Functions, KnowledgeGraph, check_known, table
+from grasp.prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
+from grisp.sparql import SparqlClient, SparqlError
 from jsonl import read_jsonl
-from chat_backends import BackendCancelled, BackendError, BackendTimeout, ToolCall, make_backend
-from config import ConfigError, check, load_config, override
-from sparql import SparqlClient, SparqlError
 
 FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "loop": "dead_end",  # as evaluate.py
            "step_limit": "timeout", "time_limit": "timeout", "error": "error", "cancelled": "error"}  # counts failures

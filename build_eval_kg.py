@@ -34,14 +34,12 @@ from typing import NamedTuple
 
 import pyoxigraph as ox
 
-import benchmarks
 import defaults
 import endpoint
-import metrics
-import sparql
-from index_build import WIKIDATA_ID
+from build_index import WIKIDATA_ID
+from grisp import benchmarks, metrics, sparql
+from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, tokenize
 from jsonl import read_jsonl, write_jsonl
-from sparql_syntax import PREFIXES, declared_prefixes, expand, tokenize
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
 RDFS_LABEL, SKOS_ALT_LABEL = expand("rdfs:label"), expand("skos:altLabel")

@@ -16,6 +16,7 @@ RUNS_DIR = GRISP_HOME / "runs"  # training runs: checkpoints and logs
 
 DEMO_DIR = REPO_DIR / "data" / "demo"  # the committed demo knowledge graph and questions
 DEMO_INDEX_DIR = GRISP_HOME / "indices" / "demo"
+WIKIDATA_INDEX_DIR = GRISP_HOME / "indices" / "wikidata-items"  # built from the items file (training data)
 DEMO_STORE_DIR = GRISP_HOME / "stores" / "demo"
 ENDPOINT_URL = "http://127.0.0.1:7878/query"  # the local oxigraph server started by endpoint.py
 ADAPTER_DIR = REPO_DIR / "adapters" / "grisp-wwq-0.5b"  # the shipped LoRA adapter (PEFT layout)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import defaults
-from sparql import SparqlClient, SparqlError
+from grisp.sparql import SparqlClient, SparqlError
 
 RDF_SUFFIXES = (".ttl", ".nt", ".nq", ".trig", ".rdf", ".xml", ".owl", ".n3", ".jsonld")
 

@@ -1,6 +1,6 @@
 """Evaluate GRISP on a benchmark with the GRASP protocol (paper section 4, docs/method.md section 7).
 
-For every question, run the pipeline (`grisp.Grisp`: skeletons by beam search, then placeholder
+For every question, run the pipeline (`grisp.pipeline.Grisp`: skeletons by beam search, then placeholder
 resolution with re-ranking, KG guidance and backtracking), execute the predicted and the gold query
 on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Writes to `--out`:
 
@@ -44,13 +44,11 @@ from typing import Callable
 
 from tqdm import tqdm
 
-import benchmarks
 import defaults
-import metrics
-import sparql
+from grisp import benchmarks, metrics, sparql
+from grisp.options import GrispError, Options, add_flags, preset
+from grisp.tracing import Stopwatch
 from jsonl import append_jsonl, read_jsonl, write_jsonl
-from options import GrispError, Options, add_flags, preset
-from tracing import Stopwatch
 
 # paper table 5: ablation name -> the options.Options fields it switches off (w/o KG guidance also
 # drops constrained search; "all disabled" leaves plain index search, "re-ranking only" adds re-ranking)
@@ -64,7 +62,7 @@ ABLATIONS = {
     "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
 KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # options.Options fields, passed if set
-# grisp.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
+# grisp.pipeline.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
@@ -80,12 +78,12 @@ def pipeline_options(args: argparse.Namespace) -> dict:
 
 
 def load_pipeline(args: argparse.Namespace, options: dict, generate_only: bool = False):
-    import grisp  # the model stack is only imported when questions are really answered
+    from grisp import pipeline  # the model stack is only imported when questions are really answered
     adapter = None if str(args.adapter).lower() == "none" else args.adapter
     try:
         if generate_only:  # --skeleton-only: the model alone, no index, no endpoint
-            return grisp.Grisp.generator(args.model_dir, adapter, Options(**options), device=args.device)
-        return grisp.Grisp(args.model_dir, adapter, args.index, args.endpoint, Options(**options),
+            return pipeline.Grisp.generator(args.model_dir, adapter, Options(**options), device=args.device)
+        return pipeline.Grisp(args.model_dir, adapter, args.index, args.endpoint, Options(**options),
                            device=args.device)
     except GrispError as error:  # a missing model, adapter or index: a message, no traceback
         raise ValueError(str(error)) from None
@@ -95,7 +93,7 @@ def load_skeletonizer(index_dir: Path) -> Callable[[str], str]:
     """gold SPARQL -> gold skeleton whose placeholders carry the index's labels (oracle mode);
     IRIs the index does not know stay IRIs, as they would for the resolver."""
     import search
-    from skeleton_score import gold_skeleton
+    from grisp.skeleton_score import gold_skeleton
     lookup = search.load_indices(index_dir).get
     return lambda query: gold_skeleton(query, lookup).skeleton
 
@@ -124,7 +122,7 @@ def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict]) -
 
 
 def answer_with_generated(pipeline, question: str, source: dict, options: Options):
-    """A grisp.Answer resolving the skeletons an earlier run generated, timed as if generated here
+    """A grisp.pipeline.Answer resolving the skeletons an earlier run generated, timed as if generated here
     (the recorded generation seconds are added to the timings); skeletons past the recorded ones are
     generated here if needed and if there can be any."""
     recorded = [tuple(s) for s in source["skeletons"]]
@@ -165,7 +163,7 @@ def execute(client: sparql.SparqlClient, query: str) -> tuple[sparql.Result | No
 
 
 def answer_record(sample: dict, answer, seconds: float) -> dict:
-    """The prediction part of a record, from a grisp.Answer."""
+    """The prediction part of a record, from a grisp.pipeline.Answer."""
     return {"id": sample["id"], "question": sample["question"], "sparql": answer.sparql,
             "skeletons": [list(s) for s in answer.skeletons], "trace": summarize_trace(answer.trace),
             "timings": answer.timings, "seconds": seconds, "backtracks": answer.backtracks,
@@ -275,10 +273,10 @@ def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict
 
 def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     """--skeleton-only: the top-1 generated skeleton of each question against its gold skeleton, no
-    endpoint (skeleton_score.py). `generator` replaces grisp.Grisp.generator (anything with
+    endpoint (skeleton_score.py). `generator` replaces grisp.pipeline.Grisp.generator (anything with
     `skeletons(question) -> (kept, trace)`). Resumable like a full run; returns the summary."""
     import search
-    import skeleton_score
+    from grisp import skeleton_score
     if args.score_only or args.oracle_skeleton or args.skeletons_from:
         raise ValueError("--skeleton-only generates and scores skeletons itself; drop --score-only, "
                          "--oracle-skeleton and --skeletons-from")
@@ -319,7 +317,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
 
 
 def main(args: argparse.Namespace, pipeline=None) -> dict:
-    """Run (or only score) an evaluation; returns the summary. `pipeline` replaces grisp.Grisp
+    """Run (or only score) an evaluation; returns the summary. `pipeline` replaces grisp.pipeline.Grisp
     (anything with `answer(question)` and `answer_from_skeletons(question, skeletons)`)."""
     # --- setup
     if args.limit is not None and args.limit < 1:
@@ -366,8 +364,9 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     if system == "agent":  # the GRASP agent (agent.py) instead of GRISP; same scoring
         if args.oracle_skeleton or args.skeletons_from or args.ablation != "none":
             raise ValueError("--oracle-skeleton, --skeletons-from and --ablation are GRISP's; not with --system agent")
-        import agent_eval
-        agent_settings, make_agent = agent_eval.eval_setup(args.agent_config, args.endpoint, args.index)
+        from agent import build_agent  # the model stack only for the agent
+        from grasp import evaluation
+        agent_settings, make_agent = evaluation.eval_setup(args.agent_config, args.endpoint, args.index, build_agent)
         suffix = "agent"
     out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
     config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
@@ -405,7 +404,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     records = [r for r in read_predictions(predictions_path) if r["id"] in gold_by_id]
     summary = {**summarize(records), "config": config}
     if system == "agent":
-        summary["agent"] = agent_eval.agent_summary(records)
+        summary["agent"] = evaluation.agent_summary(records)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary, f"{name} ({suffix})")
     if system == "agent":
@@ -457,7 +456,7 @@ if __name__ == "__main__":
                         help="no endpoint: score the top-1 generated skeleton against the gold query's "
                              "skeleton (structure and label match by question shape; labels from --index)")
     add_flags(parser, KNOBS, unset=True)
-    # the GRASP agent instead of GRISP (agent.py, agent_eval.py): its model and options come from a config file
+    # the GRASP agent instead of GRISP (agent.py, evaluation.py): its model and options come from a config file
     parser.add_argument("--system", choices=["grisp", "agent"], default="grisp",
                         help="what answers the questions: GRISP, or the GRASP agent over --endpoint and --index")
     parser.add_argument("--agent-config", default=None,

@@ -40,14 +40,14 @@ from collections import Counter
 from pathlib import Path
 
 import defaults
-import mixture
 from agent import Agent
-from agent_functions import FunctionError, KnowledgeGraph, canonical, check_known
-from chat_backends import ToolCall
-from config import ConfigError, load_config, override
+from defaults import WIKIDATA_INDEX_DIR
+from grasp.backends import ToolCall
+from grasp.config import ConfigError, load_config, override
+from grasp.functions import FunctionError, KnowledgeGraph, canonical, check_known
+from grisp import mixture
+from grisp.skeleton import query_iris, skeletonize
 from jsonl import write_jsonl
-from samples import WIKIDATA_INDEX_DIR
-from skeletonize import query_iris, skeletonize
 
 ANSWER_TEXT = "The result of this query."  # the trace never ran it (module docstring)
 

@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Iterator
 
 import defaults
-import mixture
+from build_index import open_index
+from defaults import WIKIDATA_INDEX_DIR
+from grisp import mixture
+from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
+from grisp.samples import Augment, SampleGenerator, add_generation_args, length_stats
+from grisp.skeleton_score import SHAPES, shape
+from grisp.sparql import SparqlClient
 from jsonl import write_jsonl
-from prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
-from samples import WIKIDATA_INDEX_DIR, Augment, SampleGenerator, add_generation_args, length_stats, open_index
-from skeleton_score import SHAPES, shape
-from sparql import SparqlClient
 
 
 def main(args: argparse.Namespace) -> None:

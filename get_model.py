@@ -36,8 +36,8 @@ import requests
 from tqdm import tqdm
 
 import defaults
-from gguf_convert import GGUFError, convert_gguf
 from jsonl import write_atomic, write_json
+from llm.gguf_convert import GGUFError, convert_gguf
 
 HF_URL = "https://huggingface.co/{repo}/resolve/{revision}/{name}"
 MODEL_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",

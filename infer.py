@@ -27,10 +27,10 @@ import time
 import torch
 
 import defaults
-from grisp import Answer, Grisp, GrispError, answer_to_json
-from options import add_flags, from_flags
-from sparql import EndpointUnreachable, SparqlError
-from sparql_syntax import compact
+from grisp.options import add_flags, from_flags
+from grisp.pipeline import Answer, Grisp, GrispError, answer_to_json
+from grisp.sparql import EndpointUnreachable, SparqlError
+from grisp.sparql_syntax import compact
 
 
 def describe(event: dict) -> str:

@@ -10,7 +10,7 @@ Submodule names equal the Hugging Face Qwen2ForCausalLM checkpoint keys, so load
 
     model = Transformer.from_pretrained(model_dir)  # a Hugging Face Qwen2 directory
     logits = model(tokens)  # [B, T] -> [B, T, V]
-    python generate.py --chat "What is the capital of France?"
+    python -m grisp.generate --chat "What is the capital of France?"
 Tests: python -m pytest tests/test_model.py
 """
 import json

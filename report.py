@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 from evaluate import ABLATIONS
+from grisp.skeleton_score import SHAPES
 from jsonl import read_jsonl
-from skeleton_score import SHAPES
 
 # row names of the systems table, by evaluate.py --ablation (the paper's names)
 SYSTEM_NAMES = {"none": "GRISP (all mechanisms)", "no-rerank": "w/o re-ranking", "no-beam-search": "w/o beam search",

@@ -1,9 +1,22 @@
 """The search indices of a knowledge graph, as the rest of GRISP uses them (docs/method.md section 5).
 
 GRISP resolves every placeholder by a search followed by SLM re-ranking (paper section 3): entities
-by the prefix-keyword index, properties by the embedding index (indices.py), optionally restricted
-to the IRIs a constraint query returned (KG-constrained search). This module maps full IRIs to index
-rows and rows back to item metadata, and is the only search API other modules need:
+by keywords, properties by embedding similarity (keywords miss "born in" -> "place of birth"), both
+optionally restricted to the IRIs a constraint query returned (KG-constrained search). Two parts:
+
+The indices, as NumPy arrays (docs/method.md sections 5.2-5.3; GRASP's PFX and SIM):
+- `normalize`: transliterate to ASCII, lowercase, split on whitespace, strip punctuation at word ends.
+- `PrefixIndex`: sorted vocabulary + CSR posting lists; keyword prefix ranges by `searchsorted`.
+- `EmbeddingIndex`: L2-normalised float32 vectors of labels and aliases, cosine top-k by a matrix
+  product (all-MiniLM-L6-v2, llm/encoder.py), de-duplicated by item.
+Both work on item rows 0..I-1, have `build`, `search(query, k, allowed_ids=None) -> [(row, score)]`,
+`save(dir)` and `load(dir)`, and store `.npy` arrays that load memory-mapped (no pickle):
+
+    index = PrefixIndex.build([["Albert Einstein", "Einstein"], ["Albert Camus"]], popularity=[2, 1])
+    index.search("albert ein", k=5)  # [(0, 1.75), (1, 0.25)]
+
+The index directory API (`Indices`, below them): full IRIs to rows and rows back to item metadata, the
+only search API other modules need:
 
     from search import load_indices
     indices = load_indices(defaults.DEMO_INDEX_DIR)
@@ -17,22 +30,364 @@ Index directory (written by build_index.py): `manifest.json`, and per kind (`ent
 
     python search.py                                                      # the demo index, interactive
     python search.py --index DIR --kind property --query "born in" --k 5  # one shot
+
+About 600 lines, over a library's ~350: the card keeps the indices and their API in this one file; the
+two index classes share the array helpers and the subset (allowed ids) logic above them.
 """
 
 import argparse
 import hashlib
 import json
 import mmap
+import re
+import string
+import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
 import defaults
 import jsonl
-from indices import EmbeddingIndex, PrefixIndex, load_arrays, save_arrays
 
+
+# ---------------------------------------------------------------------------- the indices
+MIN_KEYWORD_LEN = 3  # shorter query keywords only refine candidates found by longer ones
+MAX_WORD_BYTES = 64  # vocabulary words are compared on their first 64 UTF-8 bytes
+EXACT, PREFIX, UNMATCHED_KEYWORD, UNMATCHED_WORD = 1.0, 0.75, -0.5, -0.25  # docs/method.md section 5.2
+
+# Letters that Unicode decomposition (NFKD) does not reduce to ASCII, plus typographic punctuation.
+_TRANSLIT = {
+    "ß": "ss", "æ": "ae", "ø": "o", "œ": "oe", "đ": "d", "ð": "d", "þ": "th", "ł": "l", "ı": "i",
+    "ħ": "h", "ŧ": "t", "ŀ": "l", "‘": "'", "’": "'", "“": '"', "”": '"', "„": '"', "«": '"',
+    "»": '"', "–": "-", "—": "-", "‐": "-", "−": "-", "¿": "?", "¡": "!",
+}  # fmt: skip
+_SPECIAL = re.compile("[" + "".join(_TRANSLIT) + "]")  # a regex scan is faster than str.translate
+_PUNCT = string.punctuation
+# combining marks (accents) of the Latin, Greek and Cyrillic decompositions
+_COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+
+
+def normalize(text: str) -> list[str]:
+    """Words of `text`: ASCII-transliterated, lowercased, punctuation stripped at both ends.
+
+    "Café Müller-Straße, Ltd." -> ["cafe", "muller-strasse", "ltd"]. Letters without an ASCII
+    form (e.g. CJK) are kept, so such names still match themselves.
+    """
+    text = text.lower()
+    if not text.isascii():  # é -> e + combining accent (NFKD) -> e
+        text = _SPECIAL.sub(lambda m: _TRANSLIT[m.group()], text)
+        text = _COMBINING.sub("", unicodedata.normalize("NFKD", text))
+    words = (word.strip(_PUNCT) for word in text.split())
+    return [word for word in words if word]
+
+
+def _concat_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenation of `arange(s, e)` for every pair, without a Python loop. int64 [sum(e - s)]."""
+    lengths = ends - starts
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return shift + np.arange(lengths.sum(), dtype=np.int64)
+
+
+def _top_k(
+    items: np.ndarray, scores: np.ndarray, popularity: np.ndarray, k: int
+) -> list[tuple[int, float]]:
+    """The k best (item, score) pairs of distinct `items`: score, then popularity, then item order."""
+    if len(items) > k:  # cheap cut before the full sort; keeps every item tied with the k-th score
+        keep = scores >= np.partition(scores, -k)[-k]
+        items, scores = items[keep], scores[keep]
+    order = np.lexsort((items, -popularity[items], -scores))[:k]
+    return [(int(items[i]), float(scores[i])) for i in order]
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique for int arrays by sort + neighbour test (np.unique hashes first: slower here)."""
+    values = np.sort(values)
+    return values[np.concatenate([[True], values[1:] != values[:-1]])] if len(values) else values
+
+
+def _allowed_array(allowed_ids: Iterable[int], n_items: int) -> np.ndarray:
+    """Sorted unique item rows from `allowed_ids`, dropping rows outside the index. int64 [a]."""
+    allowed = allowed_ids if isinstance(allowed_ids, np.ndarray) else list(allowed_ids)
+    allowed = _sorted_unique(np.asarray(allowed, dtype=np.int64))
+    return allowed[(allowed >= 0) & (allowed < n_items)]
+
+
+def _is_in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Membership mask of `values` in the sorted unique array `sorted_set` (binary search, no sort)."""
+    if len(sorted_set) == 0:
+        return np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[pos] == values
+
+
+def save_arrays(directory: Path, arrays: dict[str, np.ndarray], config: dict) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, array in arrays.items():
+        np.save(directory / f"{name}.npy", array, allow_pickle=False)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def load_arrays(directory: Path, names: list[str]) -> dict[str, np.ndarray]:
+    """Memory-mapped arrays, as plain ndarray views (np.memmap's per-slice overhead is ~50 us)."""
+    arrays = {}
+    for name in names:
+        arrays[name] = np.asarray(
+            np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False)
+        )
+    return arrays
+
+
+class PrefixIndex:
+    """Prefix-keyword index over item names (label and aliases), scored as in docs/method.md section 5.2.
+
+    Arrays (memory-mapped after `load`):
+      vocab      S<=64 [V]      sorted distinct normalised words
+      word_ptr   int64 [V+1]    CSR: postings[word_ptr[w]:word_ptr[w+1]] are the names holding word w
+      postings   int32 [P]      name row per word occurrence (words sorted, so a prefix range is one slice)
+      name_ptr   int64 [N+1]    CSR: name_words[name_ptr[n]:name_ptr[n+1]] are the words of name n
+      name_words int32 [P]      word ids in name order
+      name_item  int32 [N]      item row of each name (names of one item are contiguous)
+      item_ptr   int64 [I+1]    CSR: names item_ptr[i]:item_ptr[i+1] belong to item i
+      popularity float32 [I]    tie-breaker
+    """
+
+    ARRAYS = ["vocab", "word_ptr", "postings", "name_ptr", "name_words", "name_item", "item_ptr"]
+    ARRAYS += ["popularity"]
+
+    def __init__(self, arrays: dict[str, np.ndarray]):
+        for name in self.ARRAYS:
+            setattr(self, name, arrays[name])
+        self.width = self.vocab.dtype.itemsize
+        assert (
+            len(self.item_ptr) == len(self.popularity) + 1
+        ), f"{len(self.item_ptr)=} {len(self.popularity)=}"
+
+    @classmethod
+    def build(cls, names: Iterable[list[str]], popularity: np.ndarray) -> "PrefixIndex":
+        """`names[i]` are the names of item i (label first); `popularity` is float [I]."""
+        words, name_lengths, name_item = [], [], []
+        for item, item_names in enumerate(names):
+            seen = set()
+            for name in item_names:
+                tokens = tuple(normalize(name))
+                if tokens and tokens not in seen:  # identical names would only repeat scores
+                    seen.add(tokens)
+                    words.extend(token.encode()[:MAX_WORD_BYTES] for token in tokens)
+                    name_lengths.append(len(tokens))
+                    name_item.append(item)
+        popularity = np.asarray(popularity, dtype=np.float32)
+        assert not name_item or name_item[-1] < len(popularity), f"{len(popularity)=} too short"
+        # np.array picks the width of the longest word: vocab is S<width> [V], name_words int [P]
+        vocab, name_words = np.unique(
+            np.array(words) if words else np.zeros(0, "S1"), return_inverse=True
+        )
+        name_ptr = np.concatenate([[0], np.cumsum(name_lengths, dtype=np.int64)])
+        token_name = np.repeat(np.arange(len(name_lengths), dtype=np.int32), name_lengths)  # [P]
+        order = np.argsort(name_words, kind="stable")  # group occurrences by word, names ascending
+        name_item = np.asarray(name_item, dtype=np.int32)
+        word_counts = np.bincount(name_words, minlength=len(vocab))
+        arrays = {
+            "vocab": vocab,
+            "word_ptr": np.concatenate([[0], np.cumsum(word_counts)]).astype(np.int64),
+            "postings": token_name[order],
+            "name_ptr": name_ptr,
+            "name_words": name_words.astype(np.int32),
+            "name_item": name_item,
+            "item_ptr": np.searchsorted(name_item, np.arange(len(popularity) + 1)).astype(np.int64),
+            "popularity": popularity,
+        }
+        return cls(arrays)
+
+    def save(self, directory: Path) -> None:
+        save_arrays(
+            Path(directory),
+            {n: getattr(self, n) for n in self.ARRAYS},
+            {"type": "prefix", "names": len(self.name_item)},
+        )
+
+    @classmethod
+    def load(cls, directory: Path) -> "PrefixIndex":
+        return cls(load_arrays(Path(directory), cls.ARRAYS))
+
+    def _word_range(self, keyword: str) -> tuple[int, int, int]:
+        """(lo, hi, exact): words [lo, hi) start with `keyword`; exact is its own word id or -1."""
+        key = keyword.encode()[:MAX_WORD_BYTES]  # as the vocabulary was cut
+        if len(key) > self.width:  # longer than every vocabulary word
+            return 0, 0, -1
+        # search with the vocabulary's own dtype: a wider key would make numpy cast all of `vocab`
+        lo = int(np.searchsorted(self.vocab, np.array(key, self.vocab.dtype), "left"))
+        if len(key) < self.width:  # 0xff never occurs in UTF-8, so key + 0xff bounds all extensions
+            hi = int(np.searchsorted(self.vocab, np.array(key + b"\xff", self.vocab.dtype), "left"))
+        else:  # no word is longer than the key: only the key itself can start with it
+            hi = int(np.searchsorted(self.vocab, np.array(key, self.vocab.dtype), "right"))
+        return lo, hi, (lo if lo < hi and self.vocab[lo] == key else -1)
+
+    def search(
+        self, query: str, k: int = 10, allowed_ids: Iterable[int] | None = None
+    ) -> list[tuple[int, float]]:
+        """Top-k `(item row, score)` for `query`, optionally only among item rows `allowed_ids`.
+
+        Keywords of >= 3 characters find names holding a word equal to or starting with them; shorter
+        keywords only add to the score of those names. If the query has no long keyword, its short
+        keywords find names by exact word match instead (so "US" can find an item aliased "US").
+        """
+        keywords = normalize(query)
+        if not keywords or k <= 0:
+            return []
+        ranges = [self._word_range(kw) for kw in keywords]  # (lo, hi, exact) per keyword
+        finders = [len(kw) >= MIN_KEYWORD_LEN for kw in keywords]
+        exact_only = not any(finders)  # only short keywords: they find names by exact words
+        if exact_only:
+            finders = [True] * len(keywords)
+            spans = [(exact, exact + 1) for _, _, exact in ranges if exact >= 0]
+        else:
+            spans = [(lo, hi) for (lo, hi, _), finder in zip(ranges, finders) if finder]
+        spans = np.array(spans, dtype=np.int64).reshape(-1, 2)  # word-id ranges [S, 2]
+        starts, ends = self.word_ptr[spans[:, 0]], self.word_ptr[spans[:, 1]]  # posting slices
+
+        # --- candidate names: from the posting lists, or all names of the allowed items if fewer
+        if allowed_ids is None:
+            names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
+        else:
+            allowed = _allowed_array(allowed_ids, len(self.popularity))
+            first, last = self.item_ptr[allowed], self.item_ptr[allowed + 1]
+            if (last - first).sum() < (ends - starts).sum():
+                names = _concat_ranges(first, last)
+            else:
+                names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
+                names = names[_is_in_sorted(self.name_item[names], allowed)]
+        if len(names) == 0:
+            return []
+
+        # --- score every candidate name against every keyword, on its own words
+        lengths = self.name_ptr[names + 1] - self.name_ptr[names]  # words per name [C]
+        positions = _concat_ranges(self.name_ptr[names], self.name_ptr[names + 1])
+        words = self.name_words[positions]  # word ids of all candidate names, concatenated [W]
+        seg = np.cumsum(lengths) - lengths  # start of each name's words in `words`
+        score = np.zeros(len(names))
+        found = np.zeros(len(names), dtype=bool)
+        word_matched = np.zeros(len(words), dtype=bool)
+        for (lo, hi, exact), finder in zip(ranges, finders):
+            hit = (words >= lo) & (words < hi)  # word starts with the keyword
+            any_hit = np.logical_or.reduceat(hit, seg)
+            exact_hit = np.logical_or.reduceat(words == exact, seg)
+            score += np.where(exact_hit, EXACT, np.where(any_hit, PREFIX, UNMATCHED_KEYWORD))
+            word_matched |= hit
+            if finder:
+                found |= exact_hit if exact_only else any_hit
+        score += UNMATCHED_WORD * (lengths - np.add.reduceat(word_matched, seg))
+        names, score = names[found], score[found]
+        if len(names) == 0:
+            return []
+
+        # --- an item scores its best name
+        items = self.name_item[names].astype(np.int64)
+        order = np.lexsort((-score, items))
+        items, score = items[order], score[order]
+        first = np.concatenate([[True], items[1:] != items[:-1]])
+        return _top_k(items[first], score[first], self.popularity, k)
+
+
+class EmbeddingIndex:
+    """Cosine-similarity index; one vector per item name, results de-duplicated by item.
+
+    Arrays: vectors float32 [M, D] (unit rows, grouped by item), item_ptr int64 [I+1] (rows
+    item_ptr[i]:item_ptr[i+1] embed item i), popularity float32 [I]. `encoder(texts) -> float32
+    [n, D]` embeds queries with the same model that embedded the names.
+    """
+
+    ARRAYS = ["vectors", "item_ptr", "popularity"]
+
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        encoder: Callable[[list[str]], np.ndarray] | None,
+        encoder_name: str,
+    ):
+        self.vectors, self.item_ptr, self.popularity = (arrays[n] for n in self.ARRAYS)
+        self.encoder, self.encoder_name = encoder, encoder_name
+        self.embedded = np.flatnonzero(np.diff(self.item_ptr) > 0)  # items with at least one vector
+
+    @classmethod
+    def build(
+        cls,
+        names: Iterable[list[str]],
+        popularity: np.ndarray,
+        encoder,
+        encoder_name: str,
+        batch_size: int = 256,
+        progress: Callable | None = None,
+    ) -> "EmbeddingIndex":
+        """Embed every distinct name of every item; `progress` (e.g. tqdm) wraps the batch loop."""
+        texts, counts = [], []
+        for item_names in names:
+            distinct = list(dict.fromkeys(n.strip() for n in item_names if n.strip()))
+            texts.extend(distinct)
+            counts.append(len(distinct))
+        batches = range(0, len(texts), batch_size)
+        batches = progress(batches) if progress else batches
+        chunks = [encoder(texts[i : i + batch_size]) for i in batches]
+        vectors = np.concatenate(chunks) if chunks else np.zeros((0, 1), np.float32)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        arrays = {
+            "vectors": vectors.astype(np.float32),
+            "item_ptr": np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]),
+            "popularity": np.asarray(popularity, dtype=np.float32),
+        }
+        assert (
+            len(arrays["item_ptr"]) == len(arrays["popularity"]) + 1
+        ), f"{len(counts)=} {len(popularity)=}"
+        return cls(arrays, encoder, encoder_name)
+
+    def save(self, directory: Path) -> None:
+        arrays = {n: getattr(self, n) for n in self.ARRAYS}
+        save_arrays(
+            Path(directory),
+            arrays,
+            {"type": "embedding", "encoder": self.encoder_name, "dim": self.vectors.shape[1]},
+        )
+
+    @classmethod
+    def load(cls, directory: Path, encoder=None) -> "EmbeddingIndex":
+        """Load arrays memory-mapped; `encoder` defaults to the one named in config.json, loaded
+        at the first search (so opening an index stays cheap)."""
+        name = json.loads((Path(directory) / "config.json").read_text())["encoder"]
+        return cls(load_arrays(Path(directory), cls.ARRAYS), encoder, name)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        if self.encoder is None:
+            from llm.encoder import load_encoder  # torch only once an embedding search happens
+
+            self.encoder = load_encoder(self.encoder_name)
+        return self.encoder(texts)
+
+    def search(
+        self, query: str, k: int = 10, allowed_ids: Iterable[int] | None = None
+    ) -> list[tuple[int, float]]:
+        """Top-k `(item row, cosine)`; an item scores its best-matching name."""
+        if not query.strip() or k <= 0:
+            return []
+        items = self.embedded
+        if allowed_ids is not None:
+            allowed = _allowed_array(allowed_ids, len(self.popularity))
+            items = allowed[self.item_ptr[allowed + 1] > self.item_ptr[allowed]]
+        if len(items) == 0:
+            return []
+        q = np.asarray(self._encode([query])[0], dtype=np.float32)
+        q /= max(float(np.linalg.norm(q)), 1e-12)
+        starts, ends = self.item_ptr[items], self.item_ptr[items + 1]
+        if allowed_ids is None:  # all rows: one matrix product, no gather
+            sims = self.vectors @ q
+            best = np.maximum.reduceat(sims, starts)
+        else:
+            sims = self.vectors[_concat_ranges(starts, ends)] @ q
+            best = np.maximum.reduceat(sims, np.cumsum(ends - starts) - (ends - starts))
+        return _top_k(items, best.astype(np.float64), self.popularity, k)
+
+
+# ---------------------------------------------------------------------------- the index directory API
 KINDS = {"entity": "entities", "property": "properties"}  # search kind -> sub-directory
 ITEM_FIELDS = ("id", "label", "aliases", "description", "popularity")
 

@@ -1,7 +1,7 @@
 """Serve GRISP and the GRASP agent over HTTP: one process, the models loaded once, a JSON API with a live
 trace, an OpenAI-compatible chat API and a web page.
 
-The web page (static/, served here; no build step, nothing from the network) asks a question and
+The web page (web/static/, served here; no build step, nothing from the network) asks a question and
 shows the work as it unfolds. GRISP mode: the skeletons ranked, each placeholder's candidates re-ranked
 with None's place and the choice, the backtracks and validations, then the query and the answers
 (docs/method.md section 6). Agent mode: each step of the GRASP agent (its text, each function call and
@@ -14,8 +14,8 @@ its result), then its answer, with a Cancel that stops it on the server (docs/ag
     POST /api/stream   the same request -> Server-Sent Events: queued, started, trace (each event as it
                        happens; a repeated seq updates that event), then answer, timeout or error.
                        Closing the connection cancels the question.
-    POST /api/agent/stream, /api/agent/cancel   the agent, step by step (serve_agent.py)
-    POST /v1/chat/completions, GET /v1/models    our model for any OpenAI client, with tools (serve_openai.py)
+    POST /api/agent/stream, /api/agent/cancel   the agent, step by step (web/agent_routes.py)
+    POST /v1/chat/completions, GET /v1/models    our model for any OpenAI client, with tools (web/openai_api.py)
 
 Options are the fields of options.Options (the paper's switches and knobs); mode "generate" returns the
 skeletons without resolving them. One worker thread runs the jobs one after another (jobs.py). The
@@ -50,21 +50,21 @@ from starlette.staticfiles import StaticFiles
 
 import defaults
 from agent import Agent, build_agent
-from chat_backends import BackendError
-from config import Config, ConfigError, ModelConfig, ServerConfig, check, load_config, override
-from grisp import Answer, Grisp, answer_to_json
-from jobs import Job, QueueFull, Worker
+from grasp.backends import BackendError
+from grasp.config import Config, ConfigError, ModelConfig, ServerConfig, check, load_config, override
+from grasp.local_backend import LocalBackend
+from grisp.options import GrispError, Options, add_flags, from_flags, preset
+from grisp.pipeline import Answer, Grisp, answer_to_json
+from grisp.sparql import SparqlError
+from grisp.sparql_syntax import PREFIXES
 from jsonl import read_jsonl
-from local_backend import LocalBackend
-from options import GrispError, Options, add_flags, from_flags, preset
-from serve_agent import AgentQuestion, agent_info, agent_routes, run_agent
-from serve_http import (MAX_QUESTION_CHARS, STATUS, BadRequest, busy, event_stream, final_message, json_object, plain,
+from web.agent_routes import AgentQuestion, agent_info, agent_routes, run_agent
+from web.jobs import Job, QueueFull, Worker
+from web.openai_api import ChatRequest, openai_routes, run_chat
+from web.shared import (MAX_QUESTION_CHARS, STATUS, BadRequest, busy, event_stream, final_message, json_object, plain,
                         question_text, read_body, result_labels)
-from serve_openai import ChatRequest, openai_routes, run_chat
-from sparql import SparqlError
-from sparql_syntax import PREFIXES
 
-STATIC_DIR = defaults.REPO_DIR / "static"
+STATIC_DIR = defaults.REPO_DIR / "web" / "static"
 MODES = ("answer", "generate")  # generate: the skeletons only, no resolution
 CAPS = {"num_beams": 16, "num_skeletons": 16, "max_new_tokens": 512}  # cost knobs a client cannot raise past these
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:"}  # nothing from elsewhere

@@ -25,16 +25,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
-from generate import beam_search  # noqa: E402
-from grisp import Grisp, GrispError  # noqa: E402
+from grisp.generate import beam_search  # noqa: E402
+from grisp.options import Options  # noqa: E402
+from grisp.pipeline import Grisp, GrispError  # noqa: E402
+from grisp.prompts import rerank_messages, skeleton_messages  # noqa: E402
+from grisp.rerank import ModelReranker  # noqa: E402
+from grisp.skeleton import skeletonize  # noqa: E402
+from grisp.sparql import SparqlError  # noqa: E402
 from jsonl import read_jsonl  # noqa: E402
+from llm.tokenizer import chat_prompt  # noqa: E402
 from model import Transformer  # noqa: E402
-from options import Options  # noqa: E402
-from tokenizer import chat_prompt  # noqa: E402
-from prompts import rerank_messages, skeleton_messages  # noqa: E402
-from rerank import ModelReranker  # noqa: E402
-from skeletonize import skeletonize  # noqa: E402
-from sparql import SparqlError  # noqa: E402
 
 STAGES = ["generate", "search", "constraint", "rerank", "validate", "total"]
 

@@ -43,7 +43,7 @@ def load(impl: str, model_dir: Path, room: int):
             return logits[:, -1].argmax(-1, keepdim=True), cache
     else:
         import model as M
-        from cpu_speed import prepare_for_inference
+        from llm.cpu_speed import prepare_for_inference
         model = prepare_for_inference(M.Transformer.from_pretrained(model_dir), split_matmuls=impl != "ours-plain",
                                       int8=impl == "ours-int8")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's modules
-from indices import PrefixIndex  # noqa: E402
+from search import PrefixIndex  # noqa: E402
 
 # ---------------------------------------------------------------------------- data
 

@@ -22,10 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 import lora  # noqa: E402
-import loss  # noqa: E402
+from grisp import loss  # noqa: E402
 from jsonl import read_jsonl  # noqa: E402
+from llm.tokenizer import Tokenizer  # noqa: E402
 from model import Transformer  # noqa: E402
-from tokenizer import Tokenizer  # noqa: E402
 
 
 def main(args):

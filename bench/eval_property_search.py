@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's modules
 import defaults  # noqa: E402
-from encoder import MINILM, load_encoder  # noqa: E402
-from indices import EmbeddingIndex, PrefixIndex, normalize  # noqa: E402
 from jsonl import iter_jsonl  # noqa: E402
+from llm.encoder import MINILM, load_encoder  # noqa: E402
+from search import EmbeddingIndex, PrefixIndex, normalize  # noqa: E402
 
 
 def held_out_split(items_file: Path, seed: int) -> tuple[list[list[str]], list[tuple[str, int]]]:
@@ -52,7 +52,7 @@ class QwenLastToken:
 
     def __init__(self, model_dir: Path, batch_size: int = 16):
         from model import Transformer
-        from tokenizer import Tokenizer
+        from llm.tokenizer import Tokenizer
 
         self.model, self.tokenizer = Transformer.from_pretrained(model_dir), Tokenizer(model_dir)
         self.batch_size, self.last = batch_size, None

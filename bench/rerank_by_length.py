@@ -15,13 +15,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
-import peft_format  # noqa: E402
+from grisp import peft_format  # noqa: E402
+from grisp.prompts import to_alternative  # noqa: E402
+from grisp.rerank import ModelReranker  # noqa: E402
+from grisp.sparql_syntax import PREFIXES  # noqa: E402
+from llm.tokenizer import Tokenizer  # noqa: E402
 from model import Transformer  # noqa: E402
-from prompts import to_alternative  # noqa: E402
-from rerank import ModelReranker  # noqa: E402
 from search import load_indices  # noqa: E402
-from sparql_syntax import PREFIXES  # noqa: E402
-from tokenizer import Tokenizer  # noqa: E402
 
 # the right answer first, then other properties of the film (as a constrained search would list them)
 PROPERTIES = ["P57", "P58", "P161", "P136", "P495", "P31", "P364", "P2047", "P577", "P19", "P20"]

@@ -1,4 +1,4 @@
-"""Helpers of the agent tests (tests/test_agent*.py): the demo KG as agent_functions sees it, a scripted
+"""Helpers of the agent tests (tests/test_agent*.py): the demo KG as grasp.functions sees it, a scripted
 chat backend, calls / replies written briefly, and a tiny text encoder for example indices.
 
     kg = demo_kg(demo_endpoint)                       # demo endpoint + prefix-only index (built once per session)
@@ -11,18 +11,18 @@ from pathlib import Path
 
 import numpy as np
 
-import index_build
-from agent_functions import KnowledgeGraph
-from chat_backends import Reply, ToolCall
+import build_index
+from grasp.backends import Reply, ToolCall
+from grasp.functions import KnowledgeGraph
+from grisp.sparql import SparqlClient
 from search import load_indices
-from sparql import SparqlClient
 
 
 @functools.lru_cache(maxsize=None)
 def demo_index(endpoint_url: str) -> Path:
     """A search index of the demo KG, prefix search only (no encoder weights needed), built once."""
     out = Path(tempfile.mkdtemp(prefix="agent-demo-index-"))
-    index_build.build(out, endpoint=endpoint_url, embed="none")
+    build_index.build(out, endpoint=endpoint_url, embed="none")
     return out
 
 

@@ -23,10 +23,10 @@ import torch
 import uvicorn
 
 import defaults
-from grisp import Grisp
-from jobs import Cancelled
-from options import Options
+from grisp.options import Options
+from grisp.pipeline import Grisp
 from tests.tiny import make_model_dir
+from web.jobs import Cancelled
 
 QUESTION = "where was the pulp fiction director born?"
 GOLD = "SELECT DISTINCT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?y . ?y <iri>place of birth (wdt)</iri> ?x . }"

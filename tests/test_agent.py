@@ -13,11 +13,11 @@ import pytest
 
 import defaults
 import evaluate
-from agent import Agent
-import agent_eval
-from agent_eval import EvalPipeline
-from chat_backends import BackendError, BackendTimeout, Reply, ToolCall
-from config import AgentConfig, ConfigError, load_config
+from agent import Agent, build_agent
+from grasp import evaluation
+from grasp.backends import BackendError, BackendTimeout, Reply, ToolCall
+from grasp.config import AgentConfig, ConfigError, load_config
+from grasp.evaluation import EvalPipeline
 from tests.agent_helpers import Scripted, bag_of_words, call, demo_index, demo_kg, reply
 
 QUERY = "SELECT ?d WHERE { wd:Q104123 wdt:P57 ?d }"
@@ -56,8 +56,8 @@ def test_the_loop_searches_executes_and_answers(kg):
 
 
 def test_forced_examples_open_the_conversation_and_their_iris_become_known(kg, tmp_path):
-    from agent_examples import ExampleIndex
-    from agent_functions import KnowledgeGraph
+    from grasp.examples import ExampleIndex
+    from grasp.functions import KnowledgeGraph
     ExampleIndex.build([{"question": "where was tarantino born?", "sparql": "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x }"}],
                        tmp_path / "ex", bag_of_words)
     kg_ex = KnowledgeGraph(kg.name, kg.client, kg.indices, examples=ExampleIndex(tmp_path / "ex", bag_of_words))
@@ -331,7 +331,7 @@ def test_evaluate_runs_the_agent_with_the_same_scoring(kg, demo_endpoint, tmp_pa
 
 def test_eval_setup_evaluates_the_given_endpoint_and_names_a_missing_model(demo_endpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("GRASP_MODEL_MODEL_DIR", str(tmp_path / "no-model"))
-    settings, make = agent_eval.eval_setup(None, demo_endpoint, demo_index(demo_endpoint))
+    settings, make = evaluation.eval_setup(None, demo_endpoint, demo_index(demo_endpoint), build_agent)
     assert settings["kg"] == "wikidata" and settings["model"]["model_dir"] == str(tmp_path / "no-model")
     with pytest.raises(ValueError, match="no model at .*get_model.py"):
         make()

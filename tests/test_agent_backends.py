@@ -1,4 +1,4 @@
-"""chat_backends.py, local_backend.py and tool_grammar.py: the OpenAI-compatible backend against a local
+"""grasp/backends.py, local_backend.py and tool_grammar.py: the OpenAI-compatible backend against a local
 fake HTTP server, Qwen2.5's tool-call prompt against transformers' rendering of the model's own template,
 and constrained decoding with tiny random models (every call parses and fits its function's schema).
 
@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 
 import defaults
 from agent import Agent
-from agent_prompts import task_definitions
-from chat_backends import BackendError, BackendTimeout, OpenAIBackend, check_call, make_backend, parse_qwen_calls
-from local_backend import LocalBackend, call_arguments, settled_content, turn_content
-from config import AgentConfig, ModelConfig
+from grasp.backends import BackendError, BackendTimeout, OpenAIBackend, check_call, parse_qwen_calls
+from grasp.config import AgentConfig, ModelConfig, make_backend
+from grasp.local_backend import LocalBackend, call_arguments, settled_content, turn_content
+from grasp.prompts import task_definitions
+from grasp.tool_grammar import call_grammar, schema_errors
+from llm.tokenizer import Tokenizer, chat_prompt, qwen_tool_prompt
 from tests.agent_helpers import demo_kg
 from tests.tiny import make_model_dir, tiny_tokenizer
-from tokenizer import Tokenizer, chat_prompt, qwen_tool_prompt
-from tool_grammar import call_grammar, schema_errors
 
 torch.set_num_threads(1)
 KG = {"type": "string", "enum": ["wikidata", "dblp"]}
@@ -276,7 +276,7 @@ def test_the_local_backend_stops_at_the_deadline(tiny_models):
 
 
 def test_the_agent_adapter_is_the_default_and_a_mismatch_is_a_clear_error(tiny_models):
-    from config import load_config
+    from grasp.config import load_config
     assert load_config(None, env={}).model.adapter == str(defaults.AGENT_ADAPTER_DIR)
     assert load_config(None, env={"GRASP_MODEL_ADAPTER": "none"}).model.adapter is None
     assert (defaults.AGENT_ADAPTER_DIR / "adapter_model.safetensors").is_file()  # shipped with the code

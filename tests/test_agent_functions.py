@@ -1,13 +1,13 @@
-"""agent_functions.py and agent_examples.py: every function of the GRASP agent against the demo KG (a
+"""grasp/functions.py and grasp/examples.py: every function of the GRASP agent against the demo KG (a
 real oxigraph server and a prefix index built from it), know_before_use, result tables, bad arguments."""
 import random
 
 import pytest
 
-from agent_examples import ExampleIndex
-from agent_functions import FunctionError, Functions, KnowledgeGraph, find_examples, table, unknown_iris
-from config import AgentConfig
-from sparql import SparqlClient
+from grasp.config import AgentConfig
+from grasp.examples import ExampleIndex
+from grasp.functions import FunctionError, Functions, KnowledgeGraph, find_examples, table, unknown_iris
+from grisp.sparql import SparqlClient
 from tests.agent_helpers import bag_of_words, demo_kg
 
 WD = "http://www.wikidata.org/entity/"

@@ -11,14 +11,13 @@ import pytest
 import torch
 
 import gen_agent_data
-import loss
-import samples
 import train
 from agent import Agent
-from config import AgentConfig
+from grasp.config import AgentConfig
+from grisp import loss, samples
+from llm.tokenizer import Tokenizer, qwen_tool_prompt
 from tests.agent_helpers import demo_index, demo_kg
 from tests.tiny import make_model_dir
-from tokenizer import Tokenizer, qwen_tool_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 PULP_FICTION = {"id": "r1", "question": "Who directed Pulp Fiction?",

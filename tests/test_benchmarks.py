@@ -4,7 +4,7 @@ import json
 import pytest
 import requests
 
-import benchmarks
+from grisp import benchmarks
 
 SAMPLE = {"id": "q1", "question": "where was X born?", "sparql": "SELECT ?x WHERE { wd:Q1 wdt:P19 ?x }"}
 
@@ -99,7 +99,7 @@ def qald(tmp_path, monkeypatch):
 
 
 def test_qald10_dev_and_train_are_the_two_parts_and_training_never_sees_dev(qald):
-    import samples
+    from grisp import samples
     dev = benchmarks.load_benchmark("qald10-dev")
     train = benchmarks.load_benchmark("qald10-train")
     assert dev and train and len(dev) + len(train) == 60

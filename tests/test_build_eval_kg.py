@@ -7,11 +7,10 @@ import sys
 import pyoxigraph as ox
 import pytest
 
-import benchmarks
 import build_eval_kg
 import defaults
 import endpoint
-import metrics
+from grisp import benchmarks, metrics
 
 from conftest import free_port
 

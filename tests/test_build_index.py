@@ -1,4 +1,4 @@
-"""Tests of build_index.py and its library index_build.py: builds from a tiny items JSONL and from tiny
+"""Tests of build_index.py and its library build_index.py: builds from a tiny items JSONL and from tiny
 real oxigraph endpoints (Wikidata-style and generic RDF), reuse of finished parts, and clear errors for
 bad input."""
 
@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-from index_build import local_name
+from build_index import local_name
 from conftest import free_port
 from search import load_indices
 

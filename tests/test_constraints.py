@@ -5,11 +5,10 @@ import json
 import pytest
 
 import defaults
-from constraints import constraint_query
-from skeleton import Placeholder, find_placeholders, parses, substitute
-from skeletonize import skeletonize
-from sparql import SparqlClient
-from sparql_syntax import PREFIXES
+from grisp.constraints import constraint_query
+from grisp.skeleton import Placeholder, find_placeholders, parses, skeletonize, substitute
+from grisp.sparql import SparqlClient
+from grisp.sparql_syntax import PREFIXES
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
 PH = "<iri>X</iri>"  # the placeholder under test in the shape table (`$PH` in its text)

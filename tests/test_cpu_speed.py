@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import cpu_speed
 import model as M
-from cpu_speed import SplitLinear, prepare_for_inference
+from llm import cpu_speed
+from llm.cpu_speed import SplitLinear, prepare_for_inference
 from tests.tiny import make_model_dir
 
 torch.set_num_threads(1)

@@ -15,10 +15,10 @@ from collections import Counter
 import pyoxigraph as ox
 import pytest
 
-import benchmarks
 import defaults
-from sparql import SparqlClient
-from sparql_syntax import PREFIXES
+from grisp import benchmarks
+from grisp.sparql import SparqlClient
+from grisp.sparql_syntax import PREFIXES
 
 KG = defaults.DEMO_DIR / "kg.ttl"
 QUESTIONS = defaults.DEMO_DIR / "questions.jsonl"

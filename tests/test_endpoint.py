@@ -10,7 +10,7 @@ import pytest
 
 import endpoint
 from conftest import free_port
-from sparql import SparqlClient
+from grisp.sparql import SparqlClient
 
 REPO = Path(__file__).resolve().parents[1]
 KG = """@prefix wd: <http://www.wikidata.org/entity/> .

@@ -25,11 +25,11 @@ import torch
 
 import defaults
 import evaluate
-import grisp
+from grisp.options import Options
+from grisp.pipeline import Grisp
 from model import Transformer
-from options import Options
 from conftest import start_http_server, stop_http_server
-from sparql import SparqlClient
+from grisp.sparql import SparqlClient
 from tests.test_infer import demo_index, run_infer, tiny_model  # noqa: F401 (fixtures)
 
 torch.set_num_threads(1)
@@ -126,7 +126,7 @@ def infer(tiny_model, demo_index, tmp_path, monkeypatch, capsys):  # noqa: F811 
     Transformer.from_pretrained(tiny_model)  # torch's one-time start-up (seconds) is not the run's time
 
     def run(endpoint_url: str, skeleton: str = SKELETON):
-        monkeypatch.setattr(grisp.Grisp, "skeleton_stream", lambda self, question, trace, listener=None: iter([(skeleton, -1.0)]))
+        monkeypatch.setattr(Grisp, "skeleton_stream", lambda self, question, trace, listener=None: iter([(skeleton, -1.0)]))
         monkeypatch.setattr(sys, "argv", ["infer.py", QUESTION, "--model-dir", str(tiny_model), "--adapter", "none",
                                           "--index", str(demo_index), "--endpoint", endpoint_url,
                                           "--no-rerank", "--top-k", "3", "--time-budget", str(BUDGET),
@@ -239,7 +239,8 @@ def test_help_documents_the_exit_codes():
 def test_no_traceback_from_the_process(faulty, tiny_model, demo_index):  # noqa: F811 (fixtures)
     # the same run as a separate process: its exit code and whole stderr, as a user sees them
     server = faulty("html")
-    give_skeleton = (f"import grisp, runpy; grisp.Grisp.skeleton_stream = lambda self, q, trace, listener=None: iter([({SKELETON!r}, -1.0)]); "
+    give_skeleton = (f"from grisp import pipeline; import runpy; "
+                     f"pipeline.Grisp.skeleton_stream = lambda self, q, trace, listener=None: iter([({SKELETON!r}, -1.0)]); "
                      f"runpy.run_path({str(defaults.REPO_DIR / 'infer.py')!r}, run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", give_skeleton, QUESTION, "--model-dir", str(tiny_model),
                           "--adapter", "none", "--index", str(demo_index), "--endpoint", server.url,
@@ -255,7 +256,7 @@ def test_evaluate_counts_endpoint_faults_apart_from_the_method(faulty, demo_endp
     # question is scored, and its miss is the endpoint's, not a dead end or a wrong answer
     bench = tmp_path / "bench.jsonl"
     bench.write_text(json.dumps({"id": "pf", "question": QUESTION, "sparql": ANSWER, "paraphrases": [], "info": {}}) + "\n")
-    pipeline = grisp.Grisp(tiny_model, None, demo_index, faulty("truncated").url,
+    pipeline = Grisp(tiny_model, None, demo_index, faulty("truncated").url,
                            Options(rerank=False, top_k=3, time_budget=BUDGET))
     args = dict(benchmark=str(bench), out=str(tmp_path / "run"), limit=None, score_only=None, endpoint=demo_endpoint,
                 index=demo_index, query_timeout=10.0, model_dir=tiny_model, adapter="none", device="cpu",

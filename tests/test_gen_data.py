@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from samples import is_sample_file, read_samples
+from grisp.samples import is_sample_file, read_samples
 from tests.test_samples import tiny  # noqa: F401 (the tiny index and records, a fixture)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """Beam search (generate.py) on a tiny random model: greedy equivalence, scores, cache reordering; and
-the chat command line (`python generate.py --chat ...`): clear errors, --help, an answer from a tiny
+the chat command line (`python -m grisp.generate --chat ...`): clear errors, --help, an answer from a tiny
 model, and (slow) the real base model knows Paris."""
 import argparse
 import subprocess
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import defaults
-import generate
-from generate import beam_search, sample_without_replacement, top_p_mask
+from grisp import generate
+from grisp.generate import beam_search, sample_without_replacement, top_p_mask
+from llm.tokenizer import DEFAULT_SYSTEM
 from model import Transformer
 from tests.tiny import make_model_dir
-from tokenizer import DEFAULT_SYSTEM
 
 REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(1)
@@ -211,7 +211,7 @@ def test_a_long_limit_costs_nothing_when_the_beams_end_early(model):
 
 # ---------------------------------------------------------------------------- command line
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "generate.py", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "grisp.generate", *args], cwd=REPO, capture_output=True, text=True,
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
 
 
@@ -290,7 +290,7 @@ def test_the_length_normalised_stream_yields_only_at_the_end(model):
 
 
 def test_a_shared_prompt_cache_gives_the_same_beams_and_runs_only_the_new_tokens(model):
-    from prompt_cache import PromptCache
+    from llm.prompt_cache import PromptCache
     other = [1, 40, 41, 42, 50, 51, 2, 1, 44]  # shares its first 4 tokens with PROMPT
     prompts = PromptCache(model)
     beam_search(model, PROMPT, EOS, num_beams=3, max_new_tokens=6, prompt_cache=prompts)

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 
 import defaults
 import get_model
-import gguf_convert
+from llm import gguf_convert
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,

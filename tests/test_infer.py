@@ -1,4 +1,4 @@
-"""infer.py and grisp.py: the command line, clear errors on bad input, and the pipeline on a tiny model."""
+"""infer.py and grisp/pipeline.py: the command line, clear errors on bad input, and the pipeline on a tiny model."""
 import json
 import subprocess
 import sys
@@ -9,13 +9,13 @@ import torch
 
 import defaults
 import lora
-import peft_format
-from generate import Hypothesis
-from grisp import Answer, Grisp, GrispError, answer_to_json
+from grisp import peft_format
+from grisp.generate import Hypothesis
+from grisp.options import Options
+from grisp.pipeline import Answer, Grisp, GrispError, answer_to_json
+from grisp.resolve import Resolution
+from grisp.sparql import Result, SparqlClient, parse_results
 from model import Transformer
-from options import Options
-from resolve import Resolution
-from sparql import Result, SparqlClient, parse_results
 from tests.tiny import make_model_dir
 
 torch.set_num_threads(1)
@@ -212,7 +212,7 @@ def test_skeleton_stream_keeps_distinct_skeletons_and_merges_rewordings(tiny_mod
         for i, (_, score, finished) in enumerate(BEAMS):
             yield Hypothesis([i], score, finished)
 
-    monkeypatch.setattr("grisp.beam_search_stream", scripted_beams)
+    monkeypatch.setattr("grisp.pipeline.beam_search_stream", scripted_beams)
     generator = Grisp.generator(tiny_model, None, Options(num_skeletons=2, skeleton_dedupe=dedupe))
     generator.tokenizer = Texts()
     trace = []

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import lora
-from cpu_speed import prepare_for_inference
+from llm.cpu_speed import prepare_for_inference
 from model import Transformer
 from tests.tiny import make_model_dir
 

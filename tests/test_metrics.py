@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import metrics
+from grisp import metrics
 
 XSD = "http://www.w3.org/2001/XMLSchema#"
 

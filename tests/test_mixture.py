@@ -5,10 +5,9 @@ from collections import Counter
 
 import pytest
 
-import benchmarks
-import mixture
-from mixture import Source, epoch_records, parse_data, prepare, without_label_service
-from skeleton import parses
+from grisp import benchmarks, mixture
+from grisp.mixture import Source, epoch_records, parse_data, prepare, without_label_service
+from grisp.skeleton import parses
 
 WD = "http://www.wikidata.org/entity/"
 

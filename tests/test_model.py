@@ -15,8 +15,8 @@ from transformers import Qwen2ForCausalLM
 
 import defaults
 import model as M
-from cpu_speed import prepare_for_inference
-from tokenizer import Tokenizer, chat_prompt
+from llm.cpu_speed import prepare_for_inference
+from llm.tokenizer import Tokenizer, chat_prompt
 from tests.tiny import make_model_dir
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ from dataclasses import fields
 import pytest
 
 import evaluate
-from options import GrispError, Options, add_flags, from_flags, preset
+from grisp.options import GrispError, Options, add_flags, from_flags, preset
 
 
 def parse(argv, **kwargs):

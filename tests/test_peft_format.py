@@ -11,10 +11,9 @@ from safetensors.torch import load_file, save_file
 
 import defaults
 import lora
-import peft_format
+from grisp import peft_format
 from model import Transformer
-from tests.test_lora import IDS, LAYERS, EXACT, host_model, logits, randomize_b
-from tests.test_lora import model_dir, one_thread_and_a_seed  # noqa: F401  (the same fixtures)
+from tests.test_lora import (EXACT, IDS, LAYERS, host_model, logits, model_dir, one_thread_and_a_seed, randomize_b)  # noqa: F401  (the same fixtures)
 from tests.tiny import make_model_dir
 
 peft = pytest.importorskip("peft")
@@ -87,7 +86,7 @@ def test_convert_casts_weights_and_renames_the_base_model(model_dir, tmp_path):
     lora.inject_lora(model, r=4, alpha=8, layers=[1, 2])
     randomize_b(model)
     peft_format.save_adapter(model, tmp_path / "fp32", base_model_name_or_path="/local/path")
-    result = subprocess.run([sys.executable, "peft_format.py", "convert", str(tmp_path / "fp32"),
+    result = subprocess.run([sys.executable, "-m", "grisp.peft_format", "convert", str(tmp_path / "fp32"),
                              str(tmp_path / "bf16"), "--dtype", "bfloat16", "--base-model", "org/tiny-qwen2"],
                             cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -97,7 +96,7 @@ def test_convert_casts_weights_and_renames_the_base_model(model_dir, tmp_path):
     original = load_file(tmp_path / "fp32" / peft_format.WEIGHTS_NAME)
     assert saved.keys() == original.keys()
     assert all(saved[k].dtype == torch.bfloat16 and torch.equal(saved[k], original[k].to(torch.bfloat16)) for k in saved)
-    missing = subprocess.run([sys.executable, "peft_format.py", "convert", str(tmp_path / "none"),
+    missing = subprocess.run([sys.executable, "-m", "grisp.peft_format", "convert", str(tmp_path / "none"),
                               str(tmp_path / "x")],
                              cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and "is not an adapter directory" in missing.stderr

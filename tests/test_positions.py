@@ -2,8 +2,8 @@
 skeleton shapes."""
 import pytest
 
-from positions import infer_position
-from skeleton import find_placeholders
+from grisp.positions import infer_position
+from grisp.skeleton import find_placeholders
 
 PH = "<iri>X</iri>"  # the placeholder under test in the shape table (`$PH` in its text)
 

@@ -4,8 +4,8 @@ consistent cache; KVCache.copy_rows (the beam rows) leaves the prompt's cache un
 import pytest
 import torch
 
+from llm.prompt_cache import PromptCache
 from model import Transformer
-from prompt_cache import PromptCache
 from tests.tiny import make_model_dir
 
 torch.set_num_threads(1)

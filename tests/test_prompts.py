@@ -3,7 +3,7 @@ byte for byte); v2 lists the items resolved so far with their labels, keeps alia
 dropped, and groups a list that holds both kinds."""
 import pytest
 
-from prompts import RERANK_SYSTEM, Alternative, rerank_messages
+from grisp.prompts import RERANK_SYSTEM, Alternative, rerank_messages
 
 FILM = Alternative("http://www.wikidata.org/entity/Q104123", "wd:Q104123", "Pulp Fiction",
                    ["Pulp fiction", "PF", "a3", "a4", "a5", "a6"], "1994 film")

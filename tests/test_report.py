@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-import agent_eval
 import evaluate
 import report
-import skeleton_score
+from grasp import evaluation
+from grisp import skeleton_score
 
 
 def write_run(run_dir, records, summary, config):
@@ -94,7 +94,7 @@ def agent_config(model_dir="/models/qwen2.5-coder-0.5b-instruct", adapter=None):
 def test_agent_table_counts_steps_calls_and_endings(tmp_path):
     records = [system_record("q0", None, 10.0) | {"steps": 4, "calls": {"search_entity": 2, "execute": 1}, "agent_status": "answered"},
                system_record("q1", "dead_end", 30.0) | {"steps": 6, "calls": {"search_entity": 1}, "agent_status": "loop"}]
-    summary = evaluate.summarize(records) | {"agent": agent_eval.agent_summary(records)}
+    summary = evaluate.summarize(records) | {"agent": evaluation.agent_summary(records)}
     run = write_run(tmp_path / "demo-agent", records, summary, agent_config())
     lines = report.agent_table([run])
     assert lines[2] == ("| demo-agent | local: qwen2.5-coder-0.5b-instruct | 50.0 | 50.0 | 20.0 / 20.0 | 5.00 | 2.00 | "

@@ -3,18 +3,18 @@ full forward, identifiers are single tokens, the scores order the alternatives, 
 import pytest
 import torch
 
-from cpu_speed import prepare_for_inference
+from grisp import loss
+from grisp.options import Options
+from grisp.prompts import IDENTIFIERS, NONE_TEXT, RERANK_SYSTEM, Alternative, rerank_messages
+from grisp.rerank import ModelReranker, identifier_logits
+from grisp.resolve import Frame, Resolver
+from grisp.skeleton import find_placeholders
+from grisp.tracing import Trace
+from llm.cpu_speed import prepare_for_inference
+from llm.tokenizer import Tokenizer, chat_prompt
 from model import Transformer
-from tokenizer import Tokenizer, chat_prompt
-from options import Options
-from prompts import IDENTIFIERS, NONE_TEXT, RERANK_SYSTEM, Alternative, rerank_messages
-import loss
-from rerank import ModelReranker, identifier_logits
-from resolve import Frame, Resolver
 from search import Hit
-from skeleton import find_placeholders
 from tests.tiny import make_model_dir
-from tracing import Trace
 
 torch.set_num_threads(1)
 WD = "http://www.wikidata.org/entity/"

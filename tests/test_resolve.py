@@ -6,12 +6,12 @@ import sys
 import pytest
 
 import defaults
-from prompts import mark_current
-from options import Options
-from resolve import Resolver
+from grisp.options import Options
+from grisp.prompts import mark_current
+from grisp.resolve import Resolver
+from grisp.skeleton import find_placeholders
+from grisp.sparql import BadQuery, QueryTimeout, ServerError, SparqlClient
 from search import load_indices
-from skeleton import find_placeholders
-from sparql import BadQuery, QueryTimeout, ServerError, SparqlClient
 
 WD = "http://www.wikidata.org/entity/"
 FILM, GENRE, TARANTINO, KNOXVILLE = WD + "Q104123", WD + "Q351718", WD + "Q3772", WD + "Q185582"

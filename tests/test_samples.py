@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-import benchmarks
-import compose
-import index_build
-from samples import Augment, SampleGenerator, open_index, validation_split
-from prompts import NONE_TEXT
+import build_index
+import defaults
+from build_index import open_index
+from grisp import benchmarks, compose
+from grisp.prompts import NONE_TEXT
+from grisp.samples import Augment, SampleGenerator, validation_split
 
 WD = "http://www.wikidata.org/entity/"
 CITIES = ["Berlin", "Paris", "Rome", "Vienna", "Madrid", "Oslo", "Prague", "Lisbon"]
@@ -44,11 +45,11 @@ def write_records(path: Path, n: int) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """(index, records file, records) built once per module with index_build.py."""
+    """(index, records file, records) built once per module with build_index.py."""
     root = tmp_path_factory.mktemp("samples")
     write_items(root / "items.jsonl")
     records = write_records(root / "records.jsonl", 400)
-    index_build.build(root / "index", items=root / "items.jsonl", embed="none")
+    build_index.build(root / "index", items=root / "items.jsonl", embed="none")
     return open_index(str(root / "index"), "custom"), root / "records.jsonl", records
 
 
@@ -232,7 +233,7 @@ def test_an_epoch_adds_samples_of_composed_records(tiny, monkeypatch):
 def test_a_missing_wikidata_index_is_built_in_process_with_a_message(tmp_path, monkeypatch, capsys):
     write_items(tmp_path / "items.jsonl")
     directory = tmp_path / "wikidata-items"
-    monkeypatch.setattr("samples.WIKIDATA_INDEX_DIR", directory)
+    monkeypatch.setattr(defaults, "WIKIDATA_INDEX_DIR", directory)
     monkeypatch.setattr(benchmarks, "cached_file", lambda relative: tmp_path / "items.jsonl")
     def no_subprocess(*args, **kwargs):
         raise AssertionError(f"the index is built in this process, not by {args}")
@@ -306,7 +307,7 @@ class FakeEndpoint:
         self.allowed, self.queries = allowed, []
 
     def query(self, sparql):
-        from sparql import Result
+        from grisp.sparql import Result
         self.queries.append(sparql)
         return Result(["candidate"], [{"candidate": {"type": "uri", "value": iri}} for iri in self.allowed])
 

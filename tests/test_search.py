@@ -1,4 +1,4 @@
-"""Tests of the search indices (indices.py), the item store and load_indices API (search.py) and the
+"""Tests of the search indices (search.py), the item store and load_indices API (search.py) and the
 MiniLM encoder (encoder.py): hand-computed scores of docs/method.md section 5.2, a brute-force reference, round trips.
 """
 
@@ -13,8 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indices import EmbeddingIndex, PrefixIndex, normalize
-from search import Hit, ItemStore, load_indices
+from search import EmbeddingIndex, Hit, ItemStore, PrefixIndex, load_indices, normalize
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -260,7 +259,7 @@ def test_search_cli(tmp_path):
 def test_minilm_encoder_matches_recorded_reference():
     """First dimensions recorded from sentence-transformers 6.2 (SentenceTransformer(minilm_dir())
     .encode(texts, normalize_embeddings=True)); the live comparison is the slow test below."""
-    from encoder import load_encoder
+    from llm.encoder import load_encoder
 
     torch.set_num_threads(1)
     vectors = load_encoder()(["place of birth", "Café Müller"])
@@ -278,7 +277,7 @@ def test_bert_forward_matches_transformers():
     """Our BERT forward equals transformers' BertModel on a tiny random config (same weights)."""
     from transformers import BertConfig, BertModel
 
-    from encoder import Bert, BertArgs
+    from llm.encoder import Bert, BertArgs
 
     torch.manual_seed(0)
     config = BertConfig(
@@ -306,7 +305,7 @@ def test_bert_forward_matches_transformers():
 def test_minilm_encoder_matches_sentence_transformers():
     from sentence_transformers import SentenceTransformer
 
-    from encoder import load_encoder, minilm_dir
+    from llm.encoder import load_encoder, minilm_dir
 
     torch.set_num_threads(1)
     texts = ["place of birth", "born in", "Café Müller", "", "date of death " * 100]

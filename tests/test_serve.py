@@ -18,9 +18,9 @@ import torch
 
 import defaults
 import serve
-from options import Options
+from grisp.options import Options
+from grisp.sparql import SparqlClient
 from serve import make_app
-from sparql import SparqlClient
 from tests.serving import GOLD, KNOXVILLE, QUESTION, running, scripted_grisp, sse
 
 torch.set_num_threads(1)
@@ -80,7 +80,7 @@ def test_page_is_served_and_needs_nothing_from_the_network(server):
     assert page.headers["Content-Security-Policy"].startswith("default-src 'self'")
     for name in ("app.js", "agent.js", "style.css"):
         assert requests.get(f"{url}/static/{name}", timeout=10).status_code == 200
-    for path in (defaults.REPO_DIR / "static").iterdir():  # nothing from elsewhere; links to Wikidata pages only
+    for path in (defaults.REPO_DIR / "web" / "static").iterdir():  # nothing from elsewhere; links to Wikidata pages only
         hosts = set(re.findall(r"https?:(?://|\\/\\/)([\w.\\-]+)", path.read_text()))
         assert hosts <= {"www.wikidata.org", r"www\.wikidata\.org"}, f"{path.name} refers to {hosts}"
     assert set(re.findall(r'(?:src|href)="([^"]*)"', page.text)) == {"/static/app.js", "/static/agent.js",

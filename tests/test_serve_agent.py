@@ -1,4 +1,4 @@
-"""serve_agent.py and serve.py's configuration: the page's agent mode over a real uvicorn server, with the
+"""web/agent_routes.py and serve.py's configuration: the page's agent mode over a real uvicorn server, with the
 GRASP agent on a tiny random model (local backend, constrained calls) or on a scripted stand-in for a
 remote model, over the demo endpoint; and serve.py reading the agent's config file with flags over it.
 
@@ -19,10 +19,10 @@ import torch
 import defaults
 import serve
 from agent import Agent
-from chat_backends import Reply
-from config import AgentConfig, ConfigError
-from local_backend import LocalBackend
-from options import Options
+from grasp.backends import Reply
+from grasp.config import AgentConfig, ConfigError
+from grasp.local_backend import LocalBackend
+from grisp.options import Options
 from serve import make_app
 from tests.agent_helpers import call, demo_index, demo_kg
 from tests.serving import GOLD, QUESTION, Events, free_port, running, scripted_grisp, slowed, sse

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from agent import Agent
-from chat_backends import Reply
-from config import AgentConfig
-from options import Options
+from grasp.backends import Reply
+from grasp.config import AgentConfig
+from grisp.options import Options
 from serve import make_app
 from tests.agent_helpers import call, demo_kg
 from tests.serving import GOLD, QUESTION, running, scripted_grisp

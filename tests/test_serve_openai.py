@@ -1,6 +1,6 @@
-"""serve_openai.py: serve.py's /v1/chat/completions and /v1/models over a tiny random model (a real uvicorn
+"""web/openai_api.py: serve.py's /v1/chat/completions and /v1/models over a tiny random model (a real uvicorn
 server, local_backend.LocalBackend with constrained tool calls), and the GRASP agent's OpenAI backend
-(chat_backends.OpenAIBackend) running its loop against this server over HTTP.
+(grasp.backends.OpenAIBackend) running its loop against this server over HTTP.
 
 A tiny random model writes garbage, so the tests check the protocol: OpenAI's response shape, calls that
 name an offered function with arguments that fit its schema (checked with jsonschema, independently of
@@ -20,13 +20,13 @@ import requests
 import torch
 
 from agent import Agent
-from agent_functions import kg_definitions
-from agent_prompts import task_definitions
-from chat_backends import OpenAIBackend
-from config import AgentConfig
-from local_backend import LocalBackend
-from tokenizer import qwen_tool_prompt
-from options import Options
+from grasp.backends import OpenAIBackend
+from grasp.config import AgentConfig
+from grasp.functions import kg_definitions
+from grasp.local_backend import LocalBackend
+from grasp.prompts import task_definitions
+from grisp.options import Options
+from llm.tokenizer import qwen_tool_prompt
 from serve import make_app
 from tests.agent_helpers import demo_kg
 from tests.serving import running, scripted_grisp, slowed

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import skeleton
-from constraints import constraint_query
-from positions import infer_position
-from skeleton import Placeholder, find_placeholders, parses, split_variant, substitute, with_variant
-from skeletonize import query_iris, skeletonize
-from sparql_syntax import PREFIXES
+from grisp import skeleton
+from grisp.constraints import constraint_query
+from grisp.positions import infer_position
+from grisp.skeleton import (Placeholder, find_placeholders, parses, query_iris, skeletonize, split_variant,
+                            substitute, with_variant)
+from grisp.sparql_syntax import PREFIXES
 
 WD = PREFIXES["wd"]
 PH = "<iri>X</iri>"  # a placeholder that is not in the text

@@ -1,9 +1,9 @@
 """skeleton_score.py by hand: what must match, near-misses that must not, question shapes, gold skeletons."""
 import pytest
 
-import skeleton_score as ss
+from grisp import skeleton_score as ss
+from grisp.sparql_syntax import PREFIXES
 from search import Item
-from sparql_syntax import PREFIXES
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
 GOLD = "SELECT DISTINCT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?y . ?y <iri>place of birth (wdt)</iri> ?x . }"

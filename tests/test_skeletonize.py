@@ -1,12 +1,11 @@
-"""skeletonize.py: gold query -> skeleton on real WikiWebQuestions queries (copied here), and the
+"""grisp/skeleton.py: gold query -> skeleton on real WikiWebQuestions queries (copied here), and the
 round trip back through position inference, constraint queries and substitution."""
 import pytest
 
-from constraints import constraint_query
-from positions import infer_position
-from skeleton import Placeholder, find_placeholders, parses, split_variant, substitute
-from skeletonize import query_iris, skeletonize
-from sparql_syntax import PREFIXES, declared_prefixes, expand, tokenize
+from grisp.constraints import constraint_query
+from grisp.positions import infer_position
+from grisp.skeleton import Placeholder, find_placeholders, parses, query_iris, skeletonize, split_variant, substitute
+from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, tokenize
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
 

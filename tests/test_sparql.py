@@ -7,9 +7,9 @@ from urllib.parse import parse_qs
 
 import pytest
 
-import sparql
+from grisp import sparql
 from conftest import free_port, start_http_server, stop_http_server
-from sparql import (BadQuery, EndpointUnreachable, ForbiddenQuery, InvalidResponse, QueryTimeout,
+from grisp.sparql import (BadQuery, EndpointUnreachable, ForbiddenQuery, InvalidResponse, QueryTimeout,
                     ServerError, SparqlClient)
 
 KG = """@prefix wd: <http://www.wikidata.org/entity/> .

@@ -2,8 +2,8 @@
 helpers, on query text alone (sending queries: test_sparql.py)."""
 import pytest
 
-import sparql_syntax
-from sparql_syntax import (ForbiddenQuery, SparqlError, Unsupported, check_read_only, closers, skip_group, tokenize,
+from grisp import sparql_syntax
+from grisp.sparql_syntax import (ForbiddenQuery, SparqlError, Unsupported, check_read_only, closers, skip_group, tokenize,
                            top_level_triples, where_start)
 
 

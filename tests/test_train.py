@@ -1,4 +1,4 @@
-"""train.py, loss.py and checkpoint.py on a tiny random Qwen2: the losses against hand computations
+"""train.py, grisp/trainer.py, loss.py and checkpoint.py on a tiny random Qwen2: the losses against hand computations
 and full logits, overfitting a handful of samples, exact resumption after an interruption, batching,
 the schedule, and the command line."""
 import json
@@ -13,14 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import checkpoint
 import lora
-import loss
-import peft_format
 import train
+from grisp import checkpoint, loss, peft_format, trainer
+from grisp.prompts import Alternative, rerank_messages, skeleton_messages
+from llm.tokenizer import Tokenizer
 from model import Transformer
-from tokenizer import Tokenizer
-from prompts import Alternative, rerank_messages, skeleton_messages
 from tests.conftest import free_port
 from tests.test_samples import tiny  # noqa: F401 (the tiny index and records, a fixture)
 from tests.tiny import make_model_dir
@@ -218,15 +216,15 @@ def test_a_shared_start_runs_once_and_the_gradient_stays_exact(model_dir, micro,
 
 def test_plan_steps_is_a_length_sorted_partition():
     lengths = [(7 * i) % 50 for i in range(103)]
-    steps = train.plan_steps(lengths, batch_size=8, seed=0, epoch=1, pool=4)
+    steps = trainer.plan_steps(lengths, batch_size=8, seed=0, epoch=1, pool=4)
     flat = [i for step in steps for i in step]
     assert len(steps) == 103 // 8 and all(len(s) == 8 for s in steps) and len(set(flat)) == len(flat)
     assert all(lengths[a] <= lengths[b] for s in steps for a, b in zip(s, s[1:]))
-    assert steps == train.plan_steps(lengths, 8, 0, 1, 4) != train.plan_steps(lengths, 8, 0, 2, 4)
+    assert steps == trainer.plan_steps(lengths, 8, 0, 1, 4) != trainer.plan_steps(lengths, 8, 0, 2, 4)
 
 
 def test_warmup_then_cosine():
-    lrs = [train.lr_at(step, 100, 1e-4, 0.05) for step in range(100)]
+    lrs = [trainer.lr_at(step, 100, 1e-4, 0.05) for step in range(100)]
     assert lrs[0] == pytest.approx(2e-5) and lrs[4] == pytest.approx(1e-4) == max(lrs)
     assert all(a >= b for a, b in zip(lrs[4:], lrs[5:])) and lrs[-1] < 1e-6
 
@@ -326,7 +324,7 @@ def test_resume_without_checkpoint_or_copy_says_so(model_dir, tmp_path):
 
 @pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
 def test_dtype_auto_trains_in_bf16_on_a_native_bf16_cpu(model_dir, tmp_path, monkeypatch, native, expected):
-    import cpu_speed
+    from llm import cpu_speed
     monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
     samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
     train.main(train_args(model_dir, tmp_path, samples, "--dtype", "auto", "--epochs", "1"))
@@ -341,8 +339,8 @@ def test_dtype_auto_trains_in_bf16_on_a_native_bf16_cpu(model_dir, tmp_path, mon
 
 
 def test_rewarm_raises_the_lr_linearly_then_leaves_it():
-    assert [train.rewarm(s, 10, 3) for s in range(9, 15)] == [1.0, 0.25, 0.5, 0.75, 1.0, 1.0]
-    assert train.rewarm(5, None, 3) == 1.0
+    assert [trainer.rewarm(s, 10, 3) for s in range(9, 15)] == [1.0, 0.25, 0.5, 0.75, 1.0, 1.0]
+    assert trainer.rewarm(5, None, 3) == 1.0
 
 
 def test_sigint_sets_the_stop_flag():
@@ -405,7 +403,7 @@ def test_a_checkpoint_converts_to_the_adapter_the_run_saves(model_dir, tmp_path,
 
 
 HASH_SCRIPT = """import sys, train
-from tokenizer import Tokenizer
+from llm.tokenizer import Tokenizer
 args = train.make_parser().parse_args(sys.argv[1:])
 train_epoch, val = train.load_data(args, Tokenizer(args.model_dir))
 first = train_epoch(0)
@@ -514,11 +512,11 @@ def test_unset_flags_take_the_devices_recipe(model_dir):
 
 def test_command_line_trains_online_on_a_mixture_and_prints_the_plan(model_dir, tmp_path):
     from tests.test_samples import write_items, write_records
-    import index_build
+    import build_index
     write_items(tmp_path / "items.jsonl")
     write_records(tmp_path / "a.jsonl", 30)
     write_records(tmp_path / "b.jsonl", 10)
-    index_build.build(tmp_path / "index", items=tmp_path / "items.jsonl", embed="none")
+    build_index.build(tmp_path / "index", items=tmp_path / "items.jsonl", embed="none")
     run = subprocess.run([sys.executable, str(REPO / "train.py"), "--data", f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}:0.5",
                           "--index", str(tmp_path / "index"), "--model-dir", str(model_dir), "--runs-dir", str(tmp_path / "runs"),
                           "--max-steps", "4", "--lora-r", "4", "--threads", "1", "--max-length", "4096"],

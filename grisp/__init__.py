@@ -1,0 +1,13 @@
+"""GRISP's library: the pipeline and everything it is made of (the stage scripts at the root use it;
+the search indices are the root's search.py, the model's machinery llm/, the shared locations and JSONL
+files the root's defaults.py and jsonl.py).
+
+    pipeline.py      question -> skeletons -> resolution -> first valid query (the Grisp class)
+    options.py       the one set of switches and knobs (ablations) every stage derives its flags from
+    stage 1, skeletons:   prompts.py, generate.py (beam search), skeleton.py (placeholders; gold query -> skeleton)
+    stage 2, resolution:  resolve.py (depth-first search), positions.py, constraints.py, rerank.py, tracing.py
+    the knowledge graph:  sparql.py (HTTP client), sparql_syntax.py (tokenizer, prefixes)
+    training:             samples.py, compose.py, mixture.py, loss.py, trainer.py (train.py's loop and resume),
+                          checkpoint.py, peft_format.py (adapters on disk)
+    evaluation:           benchmarks.py, metrics.py, skeleton_score.py
+"""

@@ -1,0 +1,252 @@
+"""GRISP end to end: question -> skeletons (beam search) -> resolved, validated SPARQL (paper section 3).
+
+Stage 1 decodes skeletons with beam search over the fine-tuned model, drops duplicates and those that
+do not parse, and keeps the best `num_skeletons`. Stage 2 resolves them one after the other with the
+KG-guided depth-first search of resolve.py and returns the first that yields a valid query. The two
+interleave: the beam search runs only until the next skeleton is settled, and goes on only if that
+skeleton fails (the same skeletons in the same order as generating all first, docs/method.md 2.5). Every
+mechanism is a switch in `options.Options`, matching the paper's ablations; infer.py and evaluate.py
+are thin command-line fronts over this class.
+
+    grisp = Grisp(model_dir, adapter_dir, index_dir, endpoint_url, Options())
+    answer = grisp.answer("Where was the Pulp Fiction director born?")
+    answer.sparql, answer.result, answer.trace
+    answer = grisp.answer(question, listener=print)   # each trace event as it happens (serve.py)
+"""
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from grisp import peft_format
+from grisp.generate import beam_search_stream
+from grisp.options import GrispError, Options
+from grisp.prompts import skeleton_messages
+from grisp.rerank import ModelReranker
+from grisp.resolve import Resolver
+from grisp.skeleton import SEP, find_placeholders, merge_wordings, parses, wording_key
+from grisp.sparql import Result, SparqlClient, Tally
+from grisp.sparql_syntax import with_prefixes
+from grisp.tracing import Listener, Stopwatch
+from llm.cpu_speed import prepare_for_inference
+from llm.prompt_cache import PromptCache
+from llm.tokenizer import Tokenizer, chat_prompt
+from model import Transformer, pick_device
+from search import load_indices
+
+
+@dataclass
+class Answer:
+    question: str
+    sparql: str | None  # the final query with PREFIX lines, None if no skeleton resolved
+    result: Result | None
+    skeletons: list[tuple[str, float]]  # kept skeletons and their beam scores
+    trace: list[dict] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    backtracks: int = 0
+    error: str | None = None  # why the answer is unverified, or the first endpoint fault of a failure
+    failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "endpoint_error", "error"
+    # the endpoint during this question (docs/method.md 6.7): SPARQL queries sent, those answered, and
+    # the faults by error type (sparql.ENDPOINT_FAULTS); verified: the final query returned a result,
+    # False: accepted without one (a timeout or 5xx at final validation), None: no answer or not checked
+    queries: int = 0
+    queries_answered: int = 0
+    endpoint_faults: dict[str, int] = field(default_factory=dict)
+    verified: bool | None = None
+
+
+class Grisp:
+    def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None, index_dir: str | Path,
+                 endpoint_url: str, options: Options, device: str = "auto"):
+        model_dir, index_dir = Path(model_dir).expanduser(), Path(index_dir).expanduser()
+        _check_model(model_dir, adapter_dir)
+        if not (index_dir / "manifest.json").exists():
+            raise GrispError(f"no search index at {index_dir}; build it with build_index.py or pass --index")
+        self.client = SparqlClient(endpoint_url)
+        if options.kg_guidance:  # fail fast, before loading the model: is the endpoint up?
+            self.client.query("ASK { }", deadline=time.monotonic() + options.time_budget)
+        self._load_model(model_dir, adapter_dir, options, device)
+        self.indices = load_indices(index_dir)
+        reranker = ModelReranker(self.model, self.tokenizer, prompt_format=self.prompt_format) if options.rerank else None
+        self.resolver = Resolver(self.indices, self.client, reranker, options)
+
+    @classmethod
+    def generator(cls, model_dir: str | Path, adapter_dir: str | Path | None, options: Options,
+                  device: str = "auto") -> "Grisp":
+        """Stage 1 alone: a Grisp that only generates skeletons (`skeletons`), with no index and no
+        endpoint (infer.py and evaluate.py --skeleton-only); `answer` raises GrispError."""
+        model_dir = Path(model_dir).expanduser()
+        _check_model(model_dir, adapter_dir)
+        grisp = cls.__new__(cls)
+        grisp.client = grisp.indices = grisp.resolver = None
+        grisp._load_model(model_dir, adapter_dir, options, device)
+        return grisp
+
+    def _load_model(self, model_dir: Path, adapter_dir: str | Path | None, options: Options, device: str) -> None:
+        self.options, self.device = options, pick_device(device)
+        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        self.tokenizer = Tokenizer(model_dir)
+        self.model = Transformer.from_pretrained(model_dir, dtype, self.device)
+        if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed
+            peft_format.load_merged(self.model, adapter_dir)
+        prepare_for_inference(self.model, int8=options.precision == "int8")
+        self.skeleton_prompts = PromptCache(self.model)  # every skeleton prompt starts alike (the instructions)
+        # the re-ranking prompt format the adapter was trained on (docs/method.md section 3.3)
+        try:
+            self.prompt_format = peft_format.read_prompt_format(adapter_dir)
+        except ValueError as error:
+            raise GrispError(str(error)) from None
+
+    def fixed_options(self) -> list[str]:
+        """The options set when this Grisp was loaded, which a question cannot change (check_options): the
+        precision of the weights, and rerank if it was loaded without the re-ranker (made at load time)."""
+        return ["precision"] + (["rerank"] if self.resolver is not None and self.resolver.reranker is None else [])
+
+    def check_options(self, options: Options) -> None:
+        """GrispError if this Grisp cannot answer with `options` (see fixed_options)."""
+        if options.precision != self.options.precision:
+            raise GrispError(f"this Grisp was loaded in {self.options.precision}; it cannot answer in {options.precision}")
+        if "rerank" in self.fixed_options() and options.rerank:
+            raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
+
+    def use_options(self, options: Options) -> None:
+        """Answer the next questions with `options` (serve.py: options per request), if check_options allows."""
+        self.check_options(options)
+        if self.resolver is not None:
+            self.resolver.options = options
+        self.options = options
+
+    def skeletons(self, question: str, listener: Listener | None = None) -> tuple[list[tuple[str, float]], list[dict]]:
+        """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of the beams."""
+        trace: list[dict] = []
+        return list(self.skeleton_stream(question, trace, listener)), trace
+
+    def skeleton_stream(self, question: str, trace: list[dict], listener: Listener | None = None) -> Iterator[tuple[str, float]]:
+        """Stage 1, lazily: the distinct, parsing skeletons best first (at most num_skeletons), each as soon
+        as the beam search has settled it (generate.beam_search_stream), so the search goes only as far
+        as the skeletons taken need. Each beam's verdict is appended to `trace` (and told to `listener`).
+        With skeleton_dedupe "merge" the skeletons come out at the end of the search, each with the
+        wordings of the later beams that differ from it only in their placeholders' labels."""
+        o = self.options
+        prompt = self.tokenizer.encode(chat_prompt(skeleton_messages(question)))
+        generator = torch.Generator(device=self.device).manual_seed(o.seed)
+        needed, seen, merging = o.skeletons_wanted, set(), o.skeleton_dedupe == "merge"
+        kept: dict[str, tuple[str, float]] = {}  # wording_key (merging) or text -> the skeleton and its score
+        for h in beam_search_stream(self.model, prompt, self.tokenizer.eos_ids,
+                                    num_beams=o.beam_width, max_new_tokens=o.max_new_tokens,
+                                    sample=o.sample and o.beam_search, temperature=o.temperature, top_p=o.top_p,
+                                    generator=generator, ranking=o.beam_ranking, prompt_cache=self.skeleton_prompts):
+            text = self.tokenizer.decode(h.tokens).strip()
+            verdict = ("unfinished" if not h.finished else "duplicate" if text in seen  # SEP: merging's own mark
+                       else "does not parse" if SEP in text or not parses(text) else "kept")
+            seen.add(text)
+            key = text
+            if verdict == "kept" and merging:
+                key = wording_key(text)
+                if key in kept:  # a kept skeleton in other words
+                    merged = merge_wordings(kept[key][0], text)
+                    verdict = "merged" if merged != kept[key][0] else "duplicate"
+                    kept[key] = merged, kept[key][1]
+                elif len(kept) == needed:  # the search went on only for wordings of the kept ones
+                    verdict = "surplus"
+            trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
+            if listener is not None:
+                listener(trace[-1])
+            if verdict == "kept":
+                kept[key] = text, h.score
+                if not merging:
+                    yield text, h.score
+                    if len(kept) == needed:
+                        return
+        if merging:
+            yield from kept.values()
+
+    def answer(self, question: str, listener: Listener | None = None) -> Answer:
+        """`listener` sees every trace event as it happens (tracing.py); if it raises, answering stops.
+        Skeletons are generated as resolution asks for them: the next one only when one fails (with
+        skeleton_dedupe "merge" all of them before the first is resolved)."""
+        if not question.strip():
+            raise GrispError("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
+        start = time.perf_counter()
+        trace: list[dict] = []
+        generation = Stopwatch()
+        skeletons = generation.timed(self.skeleton_stream(question, trace, listener))
+        answer = self.answer_from_skeletons(question, skeletons, listener=listener, trace=trace)
+        answer.timings["generate"] = generation.seconds
+        answer.timings["resolve"] -= generation.seconds  # resolution ran the generation steps in between
+        answer.timings["total"] = time.perf_counter() - start
+        return answer
+
+    def answer_from_skeletons(self, question: str, skeletons: Iterable[str | tuple[str, float]],
+                              deadline: float = float("inf"), listener: Listener | None = None,
+                              trace: list[dict] | None = None) -> Answer:
+        """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one), taken one at a time
+        from `skeletons` (a list, or answer()'s lazy stream): the first that resolves to a valid query
+        wins. `trace`: the list the answer's trace continues (the stream appends its beams to it). Each skeleton has its own time budget, as in the reference: a
+        skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
+        (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget; every
+        endpoint query ends within its skeleton's budget (and by `deadline`, an optional overall cap).
+        Once the endpoint has failed every query of the question, no further skeleton is tried."""
+        if self.resolver is None:
+            raise GrispError("this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
+                             "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)")
+        start = time.perf_counter()
+        client = self.resolver.client
+        client.tally = Tally()  # this question's queries
+        answer = Answer(question, None, None, [], trace if trace is not None else [], failure="no_skeleton")
+        for number, item in enumerate(skeletons):
+            skeleton, score = item if isinstance(item, tuple) else (item, 0.0)
+            answer.skeletons.append((skeleton, score))
+            answer.trace.append({"event": "resolve", "skeleton": skeleton, "number": number,
+                                 "placeholders": len(find_placeholders(skeleton))})
+            if listener is not None:
+                listener(answer.trace[-1])
+            budget_end = min(time.monotonic() + self.options.time_budget, deadline)
+            resolution = self.resolver.resolve(question, skeleton, budget_end, listener)
+            answer.trace.extend(resolution.trace)
+            answer.backtracks += resolution.backtracks
+            for name, seconds in resolution.timings.items():
+                answer.timings[name] = answer.timings.get(name, 0.0) + seconds
+            answer.failure = resolution.failure
+            if resolution.sparql is not None:
+                answer.sparql, answer.result = with_prefixes(resolution.sparql), resolution.result
+                answer.verified = resolution.verified
+                break
+            if resolution.failure == "endpoint_error" or (client.tally.faults and not client.tally.answered):
+                break  # the endpoint is lost or has answered nothing: another skeleton would fare no better
+        answer.timings["resolve"] = time.perf_counter() - start
+        return judge_endpoint(answer, client.tally)
+
+
+def judge_endpoint(answer: Answer, tally: Tally) -> Answer:
+    """Fill in the endpoint's part of `answer` from the question's query tally (docs/method.md 6.7).
+
+    An unverified answer (a timeout or 5xx at final validation, accepted as the reference does) stands
+    only if the endpoint answered some other query of the question; else the endpoint is broken and
+    the query unchecked. A failed answer is an "endpoint_error" when no query was answered and at
+    least one failed with an endpoint fault (or the endpoint was lost), not a failure of the method."""
+    answer.queries, answer.queries_answered = tally.sent, tally.answered
+    answer.endpoint_faults = dict(tally.faults)
+    if answer.verified is False and tally.answered == 0:  # an unchecked query from a broken endpoint
+        answer.sparql, answer.result, answer.verified, answer.failure = None, None, None, "endpoint_error"
+    if answer.sparql is None and (answer.failure == "endpoint_error" or tally.faults and not tally.answered):
+        answer.failure, answer.error = "endpoint_error", tally.first_fault
+    elif answer.verified is False:  # the final validation's error, kept in its trace event
+        answer.error = next(e["accepted_error"] for e in reversed(answer.trace) if "accepted_error" in e)
+    return answer
+
+
+def _check_model(model_dir: Path, adapter_dir: str | Path | None) -> None:
+    """GrispError naming the fix when the base model or the adapter is missing."""
+    if not (model_dir / "config.json").exists():
+        raise GrispError(f"no base model at {model_dir}; run `python get_model.py` or pass --model-dir")
+    if adapter_dir is not None and not (Path(adapter_dir) / peft_format.CONFIG_NAME).exists():
+        raise GrispError(f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
+                         f"train.py, or pass --adapter none to run the base model")
+
+
+def answer_to_json(answer: Answer) -> dict:
+    """Everything of an Answer as plain JSON (the result as a SPARQL 1.1 JSON results document)."""
+    return asdict(answer) | {"result": answer.result.to_json() if answer.result is not None else None}
