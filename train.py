@@ -53,10 +53,12 @@ from model import Transformer, pick_device
 # the last 8 blocks, micro-batches of 4), on a GPU the paper's (all blocks); 2 epochs on a CPU, 4 on a GPU.
 RECIPES = {"cpu": {"lora_layers": 8, "micro_batch_size": 4, "epochs": 2},
            "gpu": {"lora_layers": 0, "micro_batch_size": 1, "epochs": 4}}
-# CPU seconds per token of a training step, a + b x (blocks with LoRA), fitted to the mixture's comparison
-# runs here (0.5B model, 2 threads; README, Training): all tokens over all seconds, 81 tokens/s with LoRA on
-# the last 8 blocks (cmp-l8-per-sample, 90 steps) and 46 tokens/s on all 24 (cmp-l24-reference, 33 steps)
-CPU_SECONDS_PER_TOKEN = (7.5e-3, 0.6e-3)
+# CPU seconds per token of a training step on the mixture, a + b x (blocks with LoRA), per precision (0.5B
+# model, 2 threads; README, Training): all tokens over all seconds. float32, fitted on the AVX2 machine
+# without native bf16: 81 tokens/s with LoRA on the last 8 blocks (cmp-l8-per-sample, 90 steps) and 46 on all
+# 24 (cmp-l24-reference, 33 steps). bfloat16, fitted on an AMD EPYC with native bf16: 290 tokens/s on the last
+# 8 (cmp-bf16-l8, 60 steps) and 149 on all 24 (the long run's first 20 steps, machine otherwise idle).
+CPU_SECONDS_PER_TOKEN = {"float32": (7.5e-3, 0.6e-3), "bfloat16": (1.8e-3, 0.2e-3)}
 
 # ---------------------------------------------------------------------------- setup, data, model
 def setup(args: argparse.Namespace) -> Run:
@@ -90,8 +92,10 @@ def apply_recipe(args: argparse.Namespace, device: torch.device) -> None:
                 args.lora_layers = 0 if value >= blocks else value
 
 
-def describe_plan(args, device: torch.device, total_steps: int, first_epoch: list[dict], blocks: int) -> str:
-    """The recipe in use and, on a CPU, the expected duration (CPU_SECONDS_PER_TOKEN; re-measured after 3 steps)."""
+def describe_plan(args, device: torch.device, dtype: torch.dtype, total_steps: int, first_epoch: list[dict],
+                  blocks: int) -> str:
+    """The recipe in use and, on a CPU, the expected duration in `dtype` (CPU_SECONDS_PER_TOKEN; re-measured
+    after 3 steps)."""
     layers = f"the last {args.lora_layers}" if args.lora_layers else f"all {blocks}"
     tokens = args.batch_size * sum(len(s["ids"]) for s in first_epoch) / max(1, len(first_epoch))
     plan = (f"{'CPU recipe (the shipped adapter' if device.type == 'cpu' else 'GPU recipe (the paper'}'s; flags "
@@ -100,11 +104,12 @@ def describe_plan(args, device: torch.device, total_steps: int, first_epoch: lis
             f"tokens")
     if device.type != "cpu":
         return plan
-    a, b = CPU_SECONDS_PER_TOKEN
+    precision = str(dtype).removeprefix("torch.")
+    a, b = CPU_SECONDS_PER_TOKEN[precision]
     seconds = total_steps * tokens * (a + b * (args.lora_layers or blocks))
-    return (f"{plan}; expected ~{seconds / 3600:.1f} h ({seconds / max(1, total_steps):.0f} s/step, measured for the "
-            f"0.5B model on 2 idle CPU threads; re-measured after 3 steps). Stop with Ctrl-C and continue with "
-            f"--resume.")
+    return (f"{plan}; expected ~{seconds / 3600:.1f} h in {precision} ({seconds / max(1, total_steps):.0f} s/step, "
+            f"measured for the 0.5B model on 2 idle CPU threads; re-measured after 3 steps). Stop with Ctrl-C and "
+            f"continue with --resume.")
 
 
 def load_data(args, tokenizer: Tokenizer):
@@ -209,7 +214,7 @@ def main(args: argparse.Namespace) -> None:
     model, optimizer, params = make_model(run)
     if run.rank == 0:
         blocks = checkpoint.unwrap(model).args.num_hidden_layers
-        print(describe_plan(args, run.device, total_steps, first_epoch, blocks))
+        print(describe_plan(args, run.device, run.dtype, total_steps, first_epoch, blocks))
         print(f"precision: {run.why_dtype}")
 
     # --- config (as saved: paths become strings), state: fresh or from the latest checkpoint

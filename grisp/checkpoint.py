@@ -10,7 +10,7 @@ turns SIGINT/SIGTERM into "checkpoint after this step and exit".
 A portable copy (`save_portable`, train.py --portable-dir) is what a run needs to continue on another
 machine, small enough to commit to git: the LoRA weights in bfloat16 (half the size), the RNG states, the
 training state, the config, the run's logs and best/ (bf16), but not AdamW's moments (twice the weights).
-A run continued from it (`load_portable`) is at the same step, schedule position and data order with the
+A run continued from it (`restore`, train.py's --resume) is at the same step, schedule position and data order with the
 same RNG states; its weights are the bf16-rounded ones and its moments start again from zero.
 """
 import json
@@ -72,7 +72,7 @@ def read_lora(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 
 def load(path: Path, model, optimizer, rank: int, device: torch.device) -> dict:
     """Restore LoRA weights, optimiser and this rank's RNG states; returns the saved training state."""
-    state = load_portable(path, model, rank)
+    state = restore(path, model, rank)
     groups = json.loads((path / "optimizer.json").read_text())
     for group in groups:
         group["betas"] = tuple(group["betas"])
@@ -93,8 +93,9 @@ def save_portable(checkpoint_dir: Path, run_dir: Path, out_dir: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     copy_in_bf16(checkpoint_dir / LORA_FILE, tmp / LORA_FILE)
-    for path in [*checkpoint_dir.glob("rng-rank*.safetensors"), checkpoint_dir / "state.json", checkpoint_dir / "config.json",
-                 *(run_dir / name for name in RUN_LOGS)]:
+    copied = [*checkpoint_dir.glob("rng-rank*.safetensors"), checkpoint_dir / "state.json",
+              checkpoint_dir / "config.json", *(run_dir / name for name in RUN_LOGS)]
+    for path in copied:
         if path.is_file():
             shutil.copyfile(path, tmp / path.name)
     if (run_dir / "best").is_dir():  # an adapter directory: its weights in bf16, the rest as it is
@@ -117,9 +118,9 @@ def copy_in_bf16(src: Path, dst: Path) -> None:
     save_file({name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in tensors.items()}, dst)
 
 
-def load_portable(path: Path, model, rank: int) -> dict:
-    """Restore the LoRA weights (cast to the model's float32) and this rank's RNG states from a checkpoint
-    or a portable copy; returns the saved training state. The optimiser is left as it is."""
+def restore(path: Path, model, rank: int) -> dict:
+    """Restore what a checkpoint and a portable copy both hold: the LoRA weights (cast to the model's
+    float32) and this rank's RNG states; returns the saved training state. The optimiser is left as it is."""
     lora.load_lora_state_dict(unwrap(model), load_file(path / LORA_FILE))
     rng = load_file(path / f"rng-rank{rank}.safetensors")
     torch.set_rng_state(rng["cpu"])

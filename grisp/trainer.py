@@ -147,7 +147,7 @@ def continue_portable(run: Run, portable: Path, model) -> TrainState:
     """Continue from a portable copy (e.g. on a fresh clone, no run directory): same step, schedule position,
     data order and RNG states; the LoRA weights are its bf16 ones, AdamW's moments start from zero and the
     lr is re-warmed over --rewarm-steps. Its logs and best/ become the run directory's."""
-    state = TrainState(**checkpoint.load_portable(portable, model, run.rank))
+    state = TrainState(**checkpoint.restore(portable, model, run.rank))
     state.rewarm_from = state.step
     if run.rank == 0:
         run.run_dir.mkdir(parents=True, exist_ok=True)

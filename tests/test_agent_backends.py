@@ -390,7 +390,8 @@ def streamed(backend, messages, tools):
     deltas = []
     reply = backend.chat(messages, tools, on_delta=lambda kind, text: deltas.append((kind, text)))
     joined = {kind: "".join(text for k, text in deltas if k == kind) for kind in ("content", "arguments")}
-    assert [kind for kind, _ in deltas] == sorted((kind for kind, _ in deltas), key=["content", "call", "arguments"].index)
+    kinds = [kind for kind, _ in deltas]
+    assert kinds == sorted(kinds, key=["content", "call", "arguments"].index)  # text, then the call
     return reply, joined["content"], [text for kind, text in deltas if kind == "call"], joined["arguments"]
 
 
@@ -406,7 +407,8 @@ def test_settled_content_is_never_taken_back(start, rest, call_follows):
         return
     later = text + "".join(rest)
     opening = re.search(r'<tool_call>|\{\s*"name"', later)
-    final = turn_content(later[:opening.start()] if opening else later.replace("\ufffd", ""), call_follows or bool(opening))
+    free_text = later[:opening.start()] if opening else later.replace("\ufffd", "")
+    final = turn_content(free_text, call_follows or bool(opening))
     assert final.startswith(settled_content(text))
 
 
@@ -439,7 +441,8 @@ def test_streamed_deltas_join_to_the_reply(tiny_models):
 
 @pytest.mark.parametrize("target, content", [
     ('Searching.\n```json\n{"name": "search_entity", "arguments": {"kg": "wikidata"}}\n```', "Searching."),
-    ('I will search. {"name": "search_entity", "arguments": {"kg": "wikidata", "query": "Pulp \\"F\\""}}', "I will search."),
+    ('I will search. {"name": "search_entity", "arguments": {"kg": "wikidata", "query": "Pulp \\"F\\""}}',
+     "I will search."),
     ('Hmm <b> {x} <tool_call>\n{"name": "list", "arguments": {"kg": "wikidata"}}', "Hmm <b> {x}"),
 ])
 def test_streamed_text_never_shows_what_the_call_takes_back(tiny_models, target, content):

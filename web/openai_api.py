@@ -117,7 +117,8 @@ def parse_chat(body: bytes) -> ChatRequest:
     """The request body -> ChatRequest, or BadRequest saying what is wrong."""
     data = json_object(body, EXAMPLE)
     stream, options = data.get("stream") or False, data.get("stream_options") or {}
-    if not isinstance(stream, bool) or not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+    if not isinstance(stream, bool) or not isinstance(options, dict) \
+            or not isinstance(options.get("include_usage", False), bool):
         raise BadRequest("stream must be true or false, stream_options an object like {\"include_usage\": true}")
     if data.get("n", 1) != 1:
         raise BadRequest(f"n = {json.dumps(data['n'])}: this server gives one choice per request (n = 1)")
@@ -191,7 +192,8 @@ def delta(kind: str, text: str, call_id: str) -> dict:
     if kind == "content":
         return {"content": text}
     if kind == "call":
-        return {"tool_calls": [{"index": 0, "id": call_id, "type": "function", "function": {"name": text, "arguments": ""}}]}
+        call = {"index": 0, "id": call_id, "type": "function", "function": {"name": text, "arguments": ""}}
+        return {"tool_calls": [call]}
     return {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
 
 
@@ -203,9 +205,11 @@ def run_chat(backend, job: Job) -> dict:
     if chat.temperature is not None:
         backend.temperature = chat.temperature  # for this turn only (one chat at a time on the worker)
     call_id = backend.next_call_id
-    on_delta = (lambda kind, text: job.emit({"type": "delta", "delta": delta(kind, text, call_id)})) if chat.stream else None
+    def on_delta(kind: str, text: str) -> None:  # a stream's piece goes out as soon as it is decoded
+        job.emit({"type": "delta", "delta": delta(kind, text, call_id)})
     try:
-        reply = backend.chat(chat.messages, chat.tools, job.deadline, chat.tool_choice, on_delta)
+        stream = on_delta if chat.stream else None
+        reply = backend.chat(chat.messages, chat.tools, job.deadline, chat.tool_choice, stream)
     except BackendCancelled:
         raise Cancelled(job.reason) from None  # the worker reports a client that left, or the time limit
     except BackendTimeout:
