@@ -259,7 +259,7 @@ def test_the_official_client_sees_a_full_queue_and_a_stream_it_leaves_stops_the_
         first = client.chat.completions.create(model="tiny", messages=ASK, stream=True)
         assert next(iter(first)).choices[0].delta.role == "assistant"  # running
         waiting = client.chat.completions.create(model="tiny", messages=ASK, stream=True)  # queued
-        with pytest.raises(openai.InternalServerError, match="the server is busy") as refused:
+        with pytest.raises(openai.InternalServerError, match="the server is busy: 1 question is waiting") as refused:
             client.chat.completions.create(model="tiny", messages=ASK)
         assert refused.value.status_code == 503 and int(refused.value.response.headers["Retry-After"]) >= 1
         first.close(), waiting.close()  # both clients leave mid-stream: the server notices within a keep-alive

@@ -38,7 +38,8 @@ class QueueFull(Exception):
     """The queue is full; retry_after estimates the seconds until a place frees up."""
 
     def __init__(self, waiting: int, retry_after: int):
-        super().__init__(f"the server is busy: {waiting} questions are waiting; try again in {retry_after} s")
+        waiting_text = "1 question is" if waiting == 1 else f"{waiting} questions are"
+        super().__init__(f"the server is busy: {waiting_text} waiting; try again in {retry_after} s")
         self.retry_after = retry_after
 
 
