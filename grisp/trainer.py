@@ -111,16 +111,21 @@ def rewarm(step: int, rewarm_from: int | None, rewarm_steps: int) -> float:
 
 
 # ---------------------------------------------------------------------------- resume, run directory
+def portable_copy(args: argparse.Namespace) -> Path | None:
+    """Where the run's portable copy lives (--portable-dir/NAME), or None without --portable-dir."""
+    return Path(args.portable_dir).expanduser() / args.name if args.portable_dir else None
+
+
 def resume(run: Run, config: dict, model, optimizer) -> tuple[TrainState, str]:
     """The latest checkpoint's state, with LoRA weights, optimiser and RNG states restored, or, where the
     portable copy (--portable-dir) is further on or the only one, that copy's (see continue_portable); exits
     if a setting outside RESUMABLE_CHANGES differs from the saved one, or the samples do (data_sha256)."""
     latest = run.run_dir / "latest"
     local = run.run_dir / latest.read_text() if latest.exists() else None
-    portable = Path(run.args.portable_dir).expanduser() / run.args.name if run.args.portable_dir else None
-    portable = portable if portable and (portable / "state.json").is_file() else None
+    where = portable_copy(run.args)
+    portable = where if where and (where / "state.json").is_file() else None
     if local is None and portable is None:
-        copy = f" and {Path(run.args.portable_dir) / run.args.name} no portable copy" if run.args.portable_dir else ""
+        copy = f" and {where} no portable copy" if where else ""
         sys.exit(f"error: --resume but {run.run_dir} has no checkpoint{copy}; drop --resume to start the run")
     step_of = lambda path: json.loads((path / "state.json").read_text())["step"] if path else -1
     if step_of(portable) > step_of(local):
@@ -303,8 +308,7 @@ class TrainingLoop:
         saved = checkpoint.save(self.run.run_dir, self.model, self.optimizer, asdict(self.state), self.config,
                                 self.run.rank, self.run.world)
         if self.args.portable_dir and self.run.rank == 0:
-            portable = Path(self.args.portable_dir).expanduser() / self.args.name
-            checkpoint.save_portable(saved, self.run.run_dir, portable)
+            checkpoint.save_portable(saved, self.run.run_dir, portable_copy(self.args))
 
     def end_stretch(self, how: str) -> None:
         """The stretch's line in stretches.jsonl: where it stopped, how fast its steps went."""
@@ -312,7 +316,7 @@ class TrainingLoop:
         log_stretch(self.run, {"event": how, "step": self.state.step, "steps": len(self.seconds),
                                "step_hours": round(seconds / 3600, 3),
                                "tokens_per_s": round(self.tokens / seconds, 1) if seconds else None})
-        portable = Path(self.args.portable_dir).expanduser() / self.args.name if self.args.portable_dir else None
+        portable = portable_copy(self.args)
         if portable and portable.is_dir() and self.run.rank == 0:  # the copy was made at the checkpoint just before
             shutil.copyfile(self.run.run_dir / "stretches.jsonl", portable / "stretches.jsonl")
 
