@@ -49,6 +49,8 @@ from grisp import benchmarks, metrics, sparql
 from grisp.options import GrispError, Options, add_flags, preset
 from grisp.tracing import Stopwatch
 from jsonl import append_jsonl, read_jsonl, write_jsonl
+from llm.cpu_speed import cpu_name, pick_precision
+from model import pick_device
 
 # paper table 5: ablation name -> the options.Options fields it switches off (w/o KG guidance also
 # drops constrained search; "all disabled" leaves plain index search, "re-ranking only" adds re-ranking)
@@ -72,9 +74,12 @@ SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index")  #
 
 
 def pipeline_options(args: argparse.Namespace) -> dict:
-    """options.Options fields for this run: the ablation preset plus the knobs given on the CLI."""
-    return {**ABLATIONS[args.ablation],
-            **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob, None) is not None}}
+    """options.Options fields for this run: the ablation preset plus the knobs given on the CLI, with the
+    precision that will run in place of "auto" (its runs on CPUs with and without native bf16 differ)."""
+    options = {**ABLATIONS[args.ablation],
+               **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob, None) is not None}}
+    options["precision"] = pick_precision(options.get("precision", Options.precision), pick_device(args.device))[0]
+    return options
 
 
 def load_pipeline(args: argparse.Namespace, options: dict, generate_only: bool = False):
@@ -292,7 +297,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
     config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "model_dir": str(args.model_dir), "adapter": str(args.adapter), "index": str(args.index),
-              "device": args.device, "limit": args.limit, "out": str(out)}
+              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "out": str(out)}
     print(f"config: {json.dumps(config)}")
     predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples)
     if todo:
@@ -372,7 +377,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "oracle_skeleton": args.oracle_skeleton, "model_dir": str(args.model_dir),
               "adapter": str(args.adapter), "index": str(args.index), "endpoint": args.endpoint,
-              "device": args.device, "limit": args.limit, "out": str(out),
+              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     if system == "agent":
         config |= {"system": "agent", "agent": agent_settings}

@@ -134,11 +134,13 @@ def print_skeletons(args: argparse.Namespace, adapter: str | None) -> int:
         return 2
     seconds = time.perf_counter() - start
     if not args.quiet:  # every beam with its verdict (kept, duplicate, does not parse, unfinished, merged, surplus)
+        print(f"precision {generator.why_precision}")
         print("\n".join(describe(e) for e in trace) + f"\ntimings: generate {seconds:.2f}s\n")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"question": args.question, "skeletons": [list(s) for s in skeletons], "trace": trace,
-                       "timings": {"generate": seconds}, "options": vars(args)}, f, indent=2)
+                       "timings": {"generate": seconds}, "precision": generator.precision,
+                       "options": vars(args)}, f, indent=2)
     if not skeletons:
         print("no skeleton: the model produced no skeleton that parses", file=sys.stderr)
         return 1
@@ -173,6 +175,7 @@ def main(args: argparse.Namespace) -> int:
 
     # --- report
     if not args.quiet:
+        print(f"precision {grisp.why_precision}")
         print("\n".join(describe(e) for e in answer.trace))
         timings = ", ".join(f"{k} {v:.2f}s" for k, v in answer.timings.items())
         print(f"timings: load {loaded:.2f}s, {timings}; backtracks {answer.backtracks}; SPARQL queries "
@@ -180,7 +183,8 @@ def main(args: argparse.Namespace) -> int:
     code = exit_code(answer)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(answer_to_json(answer) | {"exit_code": code, "options": vars(args)}, f, indent=2)
+            json.dump(answer_to_json(answer) | {"exit_code": code, "precision": grisp.precision, "options": vars(args)},
+                      f, indent=2)
     if answer.sparql is None:
         reason = {"no_skeleton": "the model produced no skeleton that parses",
                   "dead_end": "no skeleton resolved to a query with a non-empty result",

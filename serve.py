@@ -159,6 +159,7 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], ma
         "options": asdict(options), "option_help": {f.name: f.metadata["help"] for f in fields(Options)},
         "option_choices": {f.name: list(f.metadata["choices"]) for f in fields(Options) if f.metadata["choices"]},
         "load_time_options": grisp.fixed_options(),  # shown on the page, not changeable
+        "precision": grisp.precision, "why_precision": grisp.why_precision,  # what runs, and why (auto: the CPU)
         "caps": CAPS, "modes": list(MODES), "max_question_chars": MAX_QUESTION_CHARS,
         "max_waiting": max_waiting, "time_limit": time_limit, "examples": examples, "prefixes": PREFIXES,
         "agent": agent_info(agent) if agent is not None else None}
@@ -247,7 +248,9 @@ def settings(args: argparse.Namespace) -> Config:
                              time_limit_s=flag("time_limit"), kg=flag("kg"), adapter=flag("adapter"),
                              examples=flag("examples"), threads=flag("threads"),
                              agent=False if flag("no_agent") else None)
-    config.model = override(config.model, model_dir=flag("model_dir"), device=flag("device"))
+    # --precision is GRISP's; given (not its default) it holds for the agent's local model too
+    precision = flag("precision") if flag("precision") != Options.precision else None
+    config.model = override(config.model, model_dir=flag("model_dir"), device=flag("device"), precision=precision)
     check(config)  # server.kg names a configured knowledge graph
     name = config.server.kg or config.knowledge_graphs[0].name
     config.knowledge_graphs = [override(kg, endpoint=flag("endpoint"), index=flag("index")) if kg.name == name else kg
@@ -290,7 +293,8 @@ def main(args: argparse.Namespace) -> int:
     chat = agent.backend if agent is not None and isinstance(agent.backend, LocalBackend) else None
     info = {"model": config.model.model_dir, "adapter": srv.adapter, "index": kg.index, "endpoint": kg.endpoint,
             "kg": kg.name, "config": config.source}
-    print(f"loaded in {time.perf_counter() - start:.1f}s: " + json.dumps(info | {"options": asdict(options)}))
+    print(f"loaded in {time.perf_counter() - start:.1f}s, precision {grisp.why_precision}: "
+          + json.dumps(info | {"options": asdict(options)}))
     if agent is not None:
         print(f"agent: {agent_info(agent)['backend']} over {', '.join(agent.kgs)}"
               + ("; /v1/chat/completions serves it" if chat else ""))

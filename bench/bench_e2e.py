@@ -11,6 +11,8 @@ questions' own: imports, model and index load, scoring) and peak resident memory
     python endpoint.py start                                   # the demo knowledge graph
     python bench/bench_e2e.py                                  # old = 3c21e6d (before issue 17), new = this tree
     python bench/bench_e2e.py --old HEAD --new-flags="--precision int8"   # one lever: int8 vs float32
+    python bench/bench_e2e.py --old HEAD --old-flags="--precision float32" --new-flags="--precision auto"
+                                                               # the precision this CPU gets vs float32
     python bench/bench_e2e.py --limit 8 --chunks 2             # a quick look
 """
 import argparse

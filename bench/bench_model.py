@@ -1,4 +1,4 @@
-"""Speed and memory of model.py against transformers' Qwen2ForCausalLM on the same weights and CPU.
+"""Speed and memory of model.py against transformers' Qwen2ForCausalLM on the same weights, CPU and precision.
 
 Measures prefill tokens/s (one 512-token prompt), decode tokens/s at batch 1 and batch 8 (greedy steps
 with a KV cache after a 64-token prompt; the median step), load time and peak resident memory. Each
@@ -6,9 +6,12 @@ implementation runs in its own subprocess (a fair peak RSS); the subprocesses al
 in a rotating order so that load from other processes hits all alike. The table shows medians over the
 rounds and the ratio ours / transformers (> 1 is better for tokens/s, < 1 for memory and load time).
 Both compute logits only at the last position, as generation does (transformers: logits_to_keep=1).
+`--precision` sets the weights of both (default auto: what infer.py runs on this CPU, llm/cpu_speed.py);
+the header names the CPU and whether it has native bf16.
 
     python bench/bench_model.py
     python bench/bench_model.py --impls ours ours-plain ours-int8 transformers --repeats 5
+    python bench/bench_model.py --precision bfloat16 --impls ours ours-autocast transformers   # native-bf16 CPU
 """
 import argparse
 import json
@@ -23,19 +26,22 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
+from llm import cpu_speed  # noqa: E402
 
 IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (split matmuls for few rows)",
          "ours-plain": "model.py, cpu_speed.prepare_for_inference(split_matmuls=False) (plain nn.Linear)",
-         "ours-int8": "model.py, cpu_speed.prepare_for_inference(int8=True) (dynamic int8 but down_proj; lossy)",
+         "ours-int8": "model.py, cpu_speed.prepare_for_inference(int8=True) (dynamic int8 but down_proj; lossy; "
+                      "float32 weights)",
+         "ours-autocast": "model.py, float32 weights under torch.autocast(bfloat16) (the other way to bf16 compute)",
          "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)"}
 
 
-def load(impl: str, model_dir: Path, room: int):
-    """The model and a `step(ids, cache) -> (next_ids [B, 1], cache)` closure for greedy decoding; our
-    cache is allocated for the prompt plus `room` new tokens, as generation does."""
+def load(impl: str, model_dir: Path, room: int, dtype: torch.dtype):
+    """The model (weights in `dtype`) and a `step(ids, cache) -> (next_ids [B, 1], cache)` closure for
+    greedy decoding; our cache is allocated for the prompt plus `room` new tokens, as generation does."""
     if impl == "transformers":
         from transformers import DynamicCache, Qwen2ForCausalLM
-        model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+        model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=dtype).eval()
 
         def step(ids, cache):
             cache = DynamicCache() if cache is None else cache
@@ -44,12 +50,15 @@ def load(impl: str, model_dir: Path, room: int):
     else:
         import model as M
         from llm.cpu_speed import prepare_for_inference
-        model = prepare_for_inference(M.Transformer.from_pretrained(model_dir), split_matmuls=impl != "ours-plain",
-                                      int8=impl == "ours-int8")
+        weights = torch.float32 if impl in ("ours-int8", "ours-autocast") else dtype
+        model = prepare_for_inference(M.Transformer.from_pretrained(model_dir, weights),
+                                      split_matmuls=impl != "ours-plain", int8=impl == "ours-int8")
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl == "ours-autocast")
 
         def step(ids, cache):
-            cache = model.new_cache(ids.shape[0], ids.shape[1] + room) if cache is None else cache
-            return model(ids, cache=cache, logits_at=-1).argmax(-1, keepdim=True), cache
+            with autocast:
+                cache = model.new_cache(ids.shape[0], ids.shape[1] + room) if cache is None else cache
+                return model(ids, cache=cache, logits_at=-1).argmax(-1, keepdim=True), cache
     return model, step
 
 
@@ -71,7 +80,7 @@ def worker(args: argparse.Namespace) -> None:
     """One implementation, one round: print a JSON line of measurements."""
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    model, step = load(args.worker, Path(args.model_dir), args.decode_steps)
+    model, step = load(args.worker, Path(args.model_dir), args.decode_steps, getattr(torch, args.precision))
     load_s = time.perf_counter() - start
     vocab = model.config.vocab_size if args.worker == "transformers" else model.args.vocab_size
     decode_tokens_per_s(step, 1, 16, 2, vocab)  # warm-up: first calls allocate and pick kernels
@@ -91,14 +100,19 @@ def main(args: argparse.Namespace) -> None:
         return worker(args)
     if not (Path(args.model_dir) / "config.json").exists():
         sys.exit(f"error: no model at {args.model_dir}; run `python get_model.py` or pass --model-dir")
-    print(f"model {args.model_dir}, {args.threads} threads, float32, {args.repeats} rounds, "
+    if args.precision == "auto":  # what infer.py would run on this CPU (llm/cpu_speed.pick_precision)
+        args.precision, why = cpu_speed.pick_precision("auto", torch.device("cpu"))
+    else:
+        why = "as asked"
+    print(f"model {args.model_dir}, CPU {cpu_speed.cpu_name()} (native bf16: {cpu_speed.native_bf16()}), "
+          f"{args.threads} threads, {args.precision} ({why}), {args.repeats} rounds, "
           f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens")
     results: dict[str, list[dict]] = {impl: [] for impl in args.impls}
     for r in range(args.repeats):  # alternate implementations, rotating the order, so that background
         for impl in args.impls[r % len(args.impls):] + args.impls[:r % len(args.impls)]:  # load hits all alike
             cmd = [sys.executable, __file__, "--worker", impl, "--model-dir", args.model_dir,
                    "--threads", str(args.threads), "--prefill-len", str(args.prefill_len),
-                   "--decode-steps", str(args.decode_steps)]
+                   "--decode-steps", str(args.decode_steps), "--precision", args.precision]
             done = subprocess.run(cmd, capture_output=True, text=True,
                                   env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"})
             if done.returncode != 0:
@@ -130,5 +144,8 @@ if __name__ == "__main__":
     # workload
     parser.add_argument("--prefill-len", type=int, default=512, help="prompt length of the prefill measurement")
     parser.add_argument("--decode-steps", type=int, default=32, help="timed decoding steps per batch size")
+    parser.add_argument("--precision", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="weights of every implementation (ours-int8 and ours-autocast: float32 weights); "
+                             "auto = what infer.py runs on this CPU (bfloat16 with native bf16, else float32)")
     parser.add_argument("--worker", choices=list(IMPLS), help=argparse.SUPPRESS)  # internal: one measurement run
     main(parser.parse_args())

@@ -52,6 +52,7 @@ class ModelConfig:
     model_dir: str = str(defaults.MODEL_DIR)
     adapter: str | None = str(defaults.AGENT_ADAPTER_DIR)  # a LoRA adapter (PEFT layout) on model_dir; None: base model
     device: str = "auto"
+    precision: str = "float32"  # or auto (bfloat16 where the CPU has native bf16, else float32), bfloat16, int8
     max_reasoning_tokens: int = 128  # free text before a call, per turn
     max_call_tokens: int = 768  # tokens of one constrained call
     # OpenAI-compatible backend
@@ -264,6 +265,6 @@ def make_backend(model_config):
                              m.timeout_s, m.temperature, m.tool_choice)
     if m.backend == "local":
         from grasp.local_backend import LocalBackend  # torch and the model stack only for this backend
-        return LocalBackend(m.model_dir, m.adapter, m.device, m.max_reasoning_tokens, m.max_call_tokens,
-                            temperature=m.temperature)
+        return LocalBackend(m.model_dir, m.adapter, m.device, m.precision, m.max_reasoning_tokens,
+                            m.max_call_tokens, temperature=m.temperature)
     raise ValueError(f"unknown backend {m.backend!r}; use 'local' or 'openai'")

@@ -22,10 +22,11 @@ import torch
 
 from grasp.backends import BackendCancelled, BackendError, BackendTimeout, Reply, check_call
 from grasp.tool_grammar import call_grammar
-from llm.cpu_speed import prepare_for_inference
+from grisp.peft_format import load_for_inference
+from llm.cpu_speed import pick_precision
 from llm.prompt_cache import PromptCache
 from llm.tokenizer import Tokenizer, qwen_tool_prompt
-from model import Transformer, pick_device
+from model import pick_device
 
 _CALL_OPENING = re.compile(r'<tool_call>|\{\s*"name"')  # where the free text of a local turn ends
 _CALL_NAME = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')  # a call's start, up to its arguments
@@ -92,6 +93,7 @@ class LocalBackend:
     forward pass; True ends the turn with BackendCancelled (serve.py: the running job was cancelled)."""
 
     def __init__(self, model_dir: str | Path, adapter: str | Path | None = None, device: str = "auto",
+                 precision: str = "float32",
                  max_reasoning_tokens: int = 128, max_call_tokens: int = 768, max_string: int = 1500,
                  tool_choice: str = "required", temperature: float | None = None, seed: int = 0,
                  model=None, tokenizer=None, should_stop: Callable[[], bool] | None = None):
@@ -100,15 +102,17 @@ class LocalBackend:
             if not (model_dir / "config.json").exists():
                 raise BackendError(f"no model at {model_dir} (config.json missing); run `python get_model.py`")
             dev = pick_device(device)
-            model = Transformer.from_pretrained(model_dir, torch.float32 if dev.type == "cpu" else torch.bfloat16, dev)
-            if adapter:
-                from grisp import peft_format
-                try:
-                    peft_format.load_merged(model, adapter)
-                except (OSError, ValueError, KeyError) as e:
-                    raise BackendError(f"cannot load the adapter {adapter} on the model {model_dir}: {e} "
-                                       f"(adapter = \"none\" in [model], or --adapter none, runs the base model)") from e
-            prepare_for_inference(model)
+            try:
+                self.precision, self.why_precision = pick_precision(precision, dev)  # "auto": bf16 if the CPU has it
+            except ValueError as e:
+                raise BackendError(f"model.precision: {e}") from None
+            try:
+                model = load_for_inference(model_dir, adapter or None, self.precision, dev)
+            except (OSError, ValueError, KeyError) as e:
+                raise BackendError(f"cannot load the adapter {adapter} on the model {model_dir}: {e} "
+                                   f"(adapter = \"none\" in [model], or --adapter none, runs the base model)") from e
+        else:
+            self.precision, self.why_precision = "as given", "a model object passed in"
         self.model, self.tokenizer = model, tokenizer or Tokenizer(model_dir)
         self.max_reasoning_tokens, self.max_call_tokens = max_reasoning_tokens, max_call_tokens
         self.max_string, self.tool_choice, self.temperature = max_string, tool_choice, temperature

@@ -36,7 +36,7 @@ from typing import Iterator
 import torch
 
 import defaults
-from llm.cpu_speed import prepare_for_inference
+from llm.cpu_speed import pick_dtype, prepare_for_inference
 from llm.prompt_cache import PromptCache
 from llm.tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 from model import Transformer, pick_device
@@ -308,8 +308,8 @@ def main(args: argparse.Namespace) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = pick_device(args.device)
-    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else torch.float32 if device.type == "cpu" else torch.bfloat16
-    print(f"model {model_dir} on {device} in {dtype}", file=sys.stderr)
+    dtype, why = pick_dtype(args.dtype, device)
+    print(f"model {model_dir} on {device}, {why}", file=sys.stderr)
     tokenizer = Tokenizer(model_dir)
     model = prepare_for_inference(Transformer.from_pretrained(model_dir, dtype, device))
     prompt = tokenizer.encode(chat_prompt([{"role": "user", "content": args.chat}], default_system=args.system))
@@ -325,6 +325,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps ...")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weight dtype; auto = float32 on cpu, bfloat16 otherwise")
+                        help="weight dtype; auto = bfloat16 on a GPU and on a CPU with native bf16, float32 on "
+                             "other CPUs (llm/cpu_speed.pick_dtype)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     main(parser.parse_args())

@@ -13,8 +13,11 @@ import argparse
 from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
+import torch
+
 from grisp.generate import RANKINGS
 from grisp.prompts import IDENTIFIERS
+from llm.cpu_speed import PRECISIONS, pick_precision
 
 DEDUPES = ("exact", "merge")
 MAX_TOP_K = (len(IDENTIFIERS) - 1) // 2  # 12: the union of two top-k lists fits one re-ranking prompt
@@ -53,9 +56,12 @@ class Options:
                                   "wordings the resolver then searches one after the other (the reference "
                                   "implementation's default; waits for the whole beam search)",
                                   choices=DEDUPES)
-    precision: str = option("float32", "matmul precision of the model on CPU: float32, or int8 = torch's dynamic "
-                            "int8 for every linear layer except down_proj (faster, lossy: docs/cpu_speed.md 1.4)",
-                            choices=("float32", "int8"))
+    precision: str = option("float32", "precision of the model's weights and matmuls: auto = bfloat16 on a GPU and on a "
+                            "CPU with native bf16 (flag avx512_bf16, amx_bf16 or bf16), float32 on other CPUs, "
+                            "where bf16 is emulated and slow (docs/cpu_speed.md); int8 = float32 weights with "
+                            "torch's dynamic int8 matmuls except down_proj (lossy, docs/cpu_speed.md 1.4). On this "
+                            f"machine auto is {pick_precision('auto', torch.device('cpu'))[1].removeprefix('auto: ')}",
+                            choices=PRECISIONS)
     # placeholder resolution (the paper's ablations)
     top_k: int = option(10, "search hits re-ranked per placeholder")
     rerank: bool = option(True, "take the index order, no model re-ranking")

@@ -14,6 +14,7 @@ back (`read_prompt_format`); an adapter without it was trained on "v1". PEFT ign
     save_adapter(model, "adapters/run1", base_model_name_or_path="Qwen/...", dtype=torch.bfloat16)
     load_adapter(base_model, "adapters/run1")  # LoRA layers beside the base weights (to train on), or
     load_merged(base_model, "adapters/run1")  # folded into the base weights: inference at base speed
+    model = load_for_inference(model_dir, "adapters/run1", "bfloat16")  # base + merged adapter, ready
 
 A trained adapter is shipped as a smaller copy (bf16 weights, a Hub id as its base model):
     python -m grisp.peft_format convert ~/.cache/grisp/runs/NAME/best adapters/NAME --dtype bfloat16 \
@@ -33,8 +34,10 @@ from torch import nn
 
 from grisp import checkpoint
 from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
+from llm.cpu_speed import prepare_for_inference
 from lora import (candidate_names, inject_lora, is_target, layer_index, load_lora_state_dict, lora_layers,
                   lora_state_dict, merge_lora, unload_lora)
+from model import Transformer
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -219,6 +222,20 @@ def load_merged(model: nn.Module, adapter_dir: str | Path) -> dict:
     merge_lora(model)
     unload_lora(model)
     return config
+
+
+def load_for_inference(model_dir: str | Path, adapter_dir: str | Path | None, precision: str,
+                       device: str | torch.device = "cpu") -> Transformer:
+    """The base model of `model_dir` with the adapter folded in, in `precision` (a precision name of
+    cpu_speed.pick_precision, not "auto"), switched to inference by cpu_speed.prepare_for_inference.
+    The adapter is merged in float32 and the sum rounded to bfloat16 once (a merge in bf16 would round
+    the base weight and the LoRA product separately)."""
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    model = Transformer.from_pretrained(model_dir, torch.float32 if adapter_dir else dtype, device)
+    if adapter_dir is not None:
+        load_merged(model, adapter_dir)
+        model.to(dtype)
+    return prepare_for_inference(model, int8=precision == "int8")
 
 
 def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:

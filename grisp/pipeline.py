@@ -30,10 +30,10 @@ from grisp.skeleton import SEP, find_placeholders, merge_wordings, parses, wordi
 from grisp.sparql import Result, SparqlClient, Tally
 from grisp.sparql_syntax import with_prefixes
 from grisp.tracing import Listener, Stopwatch
-from llm.cpu_speed import prepare_for_inference
+from llm.cpu_speed import pick_precision
 from llm.prompt_cache import PromptCache
 from llm.tokenizer import Tokenizer, chat_prompt
-from model import Transformer, pick_device
+from model import pick_device
 from search import load_indices
 
 
@@ -86,12 +86,11 @@ class Grisp:
 
     def _load_model(self, model_dir: Path, adapter_dir: str | Path | None, options: Options, device: str) -> None:
         self.options, self.device = options, pick_device(device)
-        dtype = torch.float32 if self.device.type == "cpu" else torch.bfloat16
+        # the precision this machine gets (options.precision "auto": bf16 where the CPU has native bf16)
+        self.precision, self.why_precision = pick_precision(options.precision, self.device)
         self.tokenizer = Tokenizer(model_dir)
-        self.model = Transformer.from_pretrained(model_dir, dtype, self.device)
-        if adapter_dir is not None:  # fold the adapter into the weights: inference runs at base speed
-            peft_format.load_merged(self.model, adapter_dir)
-        prepare_for_inference(self.model, int8=options.precision == "int8")
+        # the adapter folded into the weights: inference runs at base speed
+        self.model = peft_format.load_for_inference(model_dir, adapter_dir, self.precision, self.device)
         self.skeleton_prompts = PromptCache(self.model)  # every skeleton prompt starts alike (the instructions)
         # the re-ranking prompt format the adapter was trained on (docs/method.md section 3.3)
         try:
@@ -106,8 +105,9 @@ class Grisp:
 
     def check_options(self, options: Options) -> None:
         """GrispError if this Grisp cannot answer with `options` (see fixed_options)."""
-        if options.precision != self.options.precision:
-            raise GrispError(f"this Grisp was loaded in {self.options.precision}; it cannot answer in {options.precision}")
+        if pick_precision(options.precision, self.device)[0] != self.precision:
+            raise GrispError(f"this Grisp was loaded in {self.precision} ({self.why_precision}); it cannot "
+                             f"answer in {options.precision}")
         if "rerank" in self.fixed_options() and options.rerank:
             raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
 

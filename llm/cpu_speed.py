@@ -10,10 +10,10 @@ inference and applies the levers measured on 2-core CPUs (docs/cpu_speed.md, sec
   slices are views of the same weight, so the conversion costs no time and no memory.
 - dynamic int8 (lossy, opt-in, `int8=True`): torch's dynamically quantised int8 matmul for every
   linear layer of the blocks except `down_proj` (the fragile one), and for the lm_head.
-- precision (`native_bf16`, `pick_dtype`): bfloat16 where the CPU computes it natively (AMD Zen 4 and
-  newer, Intel Cooper Lake and newer: the `avx512_bf16` or `amx_bf16` flag; Arm's `bf16`), float32
-  elsewhere, where bf16 is emulated and several times slower (docs/cpu_speed.md). Training and
-  inference decide with the same function.
+- precision (`native_bf16`; `pick_dtype` for training, `pick_precision` for inference): bfloat16 where
+  the CPU computes it natively (AMD Zen 4 and newer, Intel Cooper Lake and newer: the `avx512_bf16` or
+  `amx_bf16` flag; Arm's `bf16`), float32 elsewhere, where bf16 is emulated and several times slower
+  (docs/cpu_speed.md). Training and inference decide with the same detection.
 It is kept apart from model.py the way gpt-fast keeps quantize.py beside its model: model.py stays the
 plain forward pass, this file holds the optional levers.
 
@@ -23,6 +23,7 @@ Measure the levers (they are CPU- and load-dependent) with
     python bench/bench_model.py --impls ours ours-plain ours-int8 transformers
 Tests: python -m pytest tests/test_cpu_speed.py
 """
+import functools
 import platform
 import warnings
 from pathlib import Path
@@ -42,14 +43,20 @@ INT8_SKIP = ("mlp.down_proj",)  # int8 here changes greedy output on 19 of 20 pr
 SPLIT_MAX_ROWS = 128
 # /proc/cpuinfo flags of native bf16 arithmetic: x86 AVX512-BF16 and AMX-BF16, Arm's BF16 extension
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+# inference precisions (pick_precision): int8 = float32 weights with dynamic int8 matmuls (lossy, opt-in)
+PRECISIONS = ("auto", "float32", "bfloat16", "int8")
+
+
+@functools.cache
+def proc_cpuinfo() -> str:
+    """/proc/cpuinfo's text, read once per process ("" where there is none)."""
+    path = Path("/proc/cpuinfo")
+    return path.read_text() if path.is_file() else ""
 
 
 def cpuinfo_field(keys: tuple[str, ...], cpuinfo: str | None = None) -> str | None:
     """The first value of one of `keys` in /proc/cpuinfo (or the text `cpuinfo`); None where absent."""
-    if cpuinfo is None:
-        path = Path("/proc/cpuinfo")
-        cpuinfo = path.read_text() if path.is_file() else ""
-    for line in cpuinfo.splitlines():
+    for line in (proc_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
         key, _, value = line.partition(":")
         if key.strip() in keys:
             return value.strip()
@@ -82,6 +89,17 @@ def pick_dtype(choice: str, device: torch.device) -> tuple[torch.dtype, str]:
     if device.type == "cpu" and native_bf16():
         return torch.bfloat16, f"auto: bfloat16, the CPU has native bf16 ({cpu_name()})"
     return torch.float32, f"auto: float32, no native bf16 on {cpu_name() if device.type == 'cpu' else device.type}"
+
+
+def pick_precision(choice: str, device: torch.device) -> tuple[str, str]:
+    """(precision, why) of inference for `choice` in PRECISIONS: "auto", "float32" and "bfloat16" as
+    pick_dtype decides them (the same detection as training), "int8" as asked."""
+    if choice not in PRECISIONS:
+        raise ValueError(f"precision {choice!r}: must be one of {', '.join(PRECISIONS)}")
+    if choice == "int8":
+        return "int8", "int8 as asked (float32 weights, dynamic int8 matmuls except down_proj)"
+    dtype, why = pick_dtype(choice, device)
+    return str(dtype).removeprefix("torch."), why
 
 
 class SplitLinear(nn.Module):

@@ -1,5 +1,8 @@
 """Shared pytest fixtures: real oxigraph SPARQL servers started by the tests themselves.
 
+In-process, every test but the slow ones sees a CPU without native bf16 (`float32_on_every_cpu`): "auto"
+precision is float32 there on every machine.
+
 `oxigraph_server(rdf_path, timeout_s=30) -> url` starts (once per file and timeout) a read-only
 oxigraph server on a free port over a store in a temporary directory; all are stopped at the end
 of the session. `demo_endpoint` is the URL of one over the demo KG `data/demo/kg.ttl`.
@@ -15,6 +18,26 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's top-level modules
 import defaults  # noqa: E402
 import endpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def float32_on_every_cpu():
+    """Precision "auto" reads the CPU (bfloat16 where it has native bf16): in-process, the tests see a CPU
+    without it, so they give the same numbers on every machine; tests of bf16 ask for it (or mock the
+    CPU). Yields the real reader of the CPU's flags."""
+    from llm import cpu_speed
+    machine_flags = cpu_speed.cpu_flags
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_speed, "cpu_flags", lambda cpuinfo=None: set() if cpuinfo is None else machine_flags(cpuinfo))
+        yield machine_flags
+
+
+@pytest.fixture(autouse=True)
+def slow_tests_run_as_the_machine_would(request, monkeypatch, float32_on_every_cpu):
+    """A slow test (the real model, loaded in the test) runs the precision this machine ships with."""
+    if request.node.get_closest_marker("slow") is not None:
+        from llm import cpu_speed
+        monkeypatch.setattr(cpu_speed, "cpu_flags", float32_on_every_cpu)
 
 
 def start_http_server(handler) -> tuple[ThreadingHTTPServer, str]:

@@ -286,6 +286,24 @@ def test_the_agent_adapter_is_the_default_and_a_mismatch_is_a_clear_error(tiny_m
         LocalBackend(tiny_models[0], defaults.GRISP_HOME / "no-such-adapter")
 
 
+def test_the_local_backend_takes_the_precision_of_the_machine(tiny_models, monkeypatch):
+    from grasp.config import load_config, make_backend
+    from llm import cpu_speed
+    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: True)
+    config = load_config(None, env={"GRASP_MODEL_ADAPTER": "none"}).model
+    config.model_dir, config.max_reasoning_tokens, config.max_call_tokens = str(tiny_models[0]), 4, 30
+    config.precision = "auto"
+    backend = make_backend(config)
+    assert backend.precision == "bfloat16" and "native bf16" in backend.why_precision
+    assert backend.model.model.norm.weight.dtype == torch.bfloat16
+    reply = backend.chat([{"role": "user", "content": "Who directed Pulp Fiction?"}], TOOLS)
+    assert reply.tool_calls and json.loads(reply.tool_calls[0].raw)  # a bf16 turn's call parses
+    config.precision = "float32"
+    assert make_backend(config).model.model.norm.weight.dtype == torch.float32
+    with pytest.raises(BackendError, match="model.precision: precision 'fp8'"):
+        LocalBackend(tiny_models[0], precision="fp8")
+
+
 class SpellingLM:
     """A stand-in for the model whose next token spells out `target` after the prompt; once the text
     has left the target (the grammar overruled it) it prefers a closing quote."""

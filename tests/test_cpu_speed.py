@@ -1,7 +1,8 @@
 """Tests for cpu_speed.py: prepare_for_inference is exact (full forward and cached decoding, both
 matmul forms of SplitLinear), converts only plain nn.Linear layers without copying weights, switches
 the model to eval mode without gradients, and the int8 option quantises the layers it names only and
-stays close; the precision each machine gets (native bf16 read from the CPU flags, mocked both ways).
+stays close; the precision each machine gets (native bf16 read from the CPU flags, mocked both ways), for
+training (pick_dtype) and inference (pick_precision) alike.
 Tiny random models from tests/tiny.py, tied and untied lm_head. (LoRA layers on this path:
 tests/test_lora.py.)
 """
@@ -110,3 +111,65 @@ def test_auto_precision_follows_the_cpu(monkeypatch, native, expected):
     assert cpu_speed.pick_dtype("float32", torch.device("cpu"))[0] == torch.float32  # asked for: always
     assert cpu_speed.pick_dtype("bfloat16", torch.device("cpu"))[0] == torch.bfloat16
     assert cpu_speed.pick_dtype("auto", torch.device("cuda"))[0] == torch.bfloat16
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
+def test_inference_precision_auto_is_the_training_detection(monkeypatch, native, expected):
+    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+    cpu = torch.device("cpu")
+    precision, why = cpu_speed.pick_precision("auto", cpu)
+    assert precision == expected and why == cpu_speed.pick_dtype("auto", cpu)[1]  # one detection, one reason
+    for asked in ("float32", "bfloat16", "int8"):  # asked for: as asked, on every CPU
+        assert cpu_speed.pick_precision(asked, cpu)[0] == asked
+    with pytest.raises(ValueError, match="auto, float32, bfloat16, int8"):
+        cpu_speed.pick_precision("float16", cpu)
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory) -> Path:
+    """An adapter on every linear layer of the untied tiny model whose B is far from 0 (it changes the output)."""
+    import lora
+    from grisp import peft_format
+    model_dir = make_model_dir(tmp_path_factory.mktemp("tiny-for-adapter"))
+    model = M.Transformer.from_pretrained(model_dir)
+    torch.manual_seed(0)  # lora_A's initialisation
+    lora.inject_lora(model, r=4, alpha=8)
+    with torch.no_grad():
+        for layer in lora.lora_layers(model).values():
+            layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
+    return peft_format.save_adapter(model, tmp_path_factory.mktemp("adapter") / "adapter"), model_dir
+
+
+def test_bfloat16_weights_are_the_float32_merge_rounded_once(adapter_dir):
+    from grisp.peft_format import load_for_inference
+    adapter, model_dir = adapter_dir
+    in_float32 = load_for_inference(model_dir, adapter, "float32").state_dict()
+    in_bfloat16 = load_for_inference(model_dir, adapter, "bfloat16").state_dict()
+    assert in_bfloat16.keys() == in_float32.keys()
+    for name, weight in in_bfloat16.items():  # merging in bf16 would round the base and the LoRA product apart
+        assert weight.dtype == torch.bfloat16 and torch.equal(weight, in_float32[name].to(torch.bfloat16)), name
+
+
+@torch.no_grad()
+def test_bfloat16_picks_the_float32_token_wherever_float32_is_clear(adapter_dir):
+    """The answers of a bf16 model match float32's where they should: its logits stay within bf16's
+    rounding of float32's, and its next token (prefill and cached decoding) is float32's wherever
+    float32's best token leads the second by more than that rounding."""
+    from grisp.peft_format import load_for_inference
+    adapter, model_dir = adapter_dir
+    in_float32, in_bfloat16 = (load_for_inference(model_dir, adapter, p) for p in ("float32", "bfloat16"))
+    ids = tokens(4, 24, seed=3)
+    expected, got = in_float32(ids), in_bfloat16(ids).float()  # [B, T, V]
+    error = (got - expected).abs().max()
+    assert error < 0.1 * expected.abs().max()  # bf16 keeps 8 bits: ~0.4% per rounding, dozens in a row (here ~4%)
+    top2 = expected.topk(2, dim=-1).values
+    clear = top2[..., 0] - top2[..., 1] > 2 * (got - expected).abs().amax(-1)  # [B, T]
+    print(f"bf16 logits off by {error:.3f} at most; {clear.float().mean():.0%} of positions are clear")
+    assert clear.float().mean() > 0.5  # the check below covers most positions
+    assert torch.equal(got.argmax(-1)[clear], expected.argmax(-1)[clear])
+    # cached decoding: the KV cache is bf16 too, the steps see the same logits as the full pass
+    cache = in_bfloat16.new_cache(4, 24)
+    assert cache.k.dtype == torch.bfloat16
+    steps = torch.cat([in_bfloat16(ids[:, :8], cache=cache)] + [in_bfloat16(ids[:, t:t + 1], cache=cache)
+                                                                  for t in range(8, 24)], dim=1).float()
+    torch.testing.assert_close(steps, got, atol=2 * float(error), rtol=0)

@@ -9,6 +9,7 @@ import pytest
 
 import defaults
 import evaluate
+from llm import cpu_speed
 
 KG = """@prefix wd: <http://www.wikidata.org/entity/> .
 @prefix wdt: <http://www.wikidata.org/prop/direct/> .
@@ -298,7 +299,17 @@ def test_ablation_presets_map_to_pipeline_options(tmp_path):
     options = evaluate.pipeline_options(args)
     assert options["rerank"] and not options["beam_search"] and not options["backtracking"]
     assert options["top_k"] == 5 and "num_beams" not in options
-    assert evaluate.pipeline_options(make_args(tmp_path, tmp_path, "http://x")) == {}
+    assert evaluate.pipeline_options(make_args(tmp_path, tmp_path, "http://x")).keys() == {"precision"}
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
+def test_a_run_records_the_precision_that_runs_not_auto(tmp_path, monkeypatch, native, expected):
+    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+    args = make_args(tmp_path, tmp_path, "http://x", device="cpu", precision="auto")
+    assert evaluate.pipeline_options(args)["precision"] == expected  # auto: as the CPU has it
+    args = make_args(tmp_path, tmp_path, "http://x", device="cpu", precision="bfloat16")
+    assert evaluate.pipeline_options(args)["precision"] == "bfloat16"  # asked for: as asked
+    assert evaluate.pipeline_options(make_args(tmp_path, tmp_path, "http://x"))["precision"] == "float32"  # default
 
 
 def run_script(*args):

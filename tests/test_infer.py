@@ -249,6 +249,8 @@ def test_skeleton_only_prints_the_ranked_skeletons(tiny_model, tmp_path, monkeyp
     import runpy
 
     class FakeGenerator:
+        precision, why_precision = "float32", "float32 as asked"
+
         def skeletons(self, question):
             kept = [("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25),
                     ("SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }", -3.5)]
@@ -267,6 +269,7 @@ def test_skeleton_only_prints_the_ranked_skeletons(tiny_model, tmp_path, monkeyp
         "1.   -0.250  SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
         "2.   -3.500  SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }"]
     saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["precision"] == "float32"
     assert saved["skeletons"][0] == ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25]
 
 
@@ -277,3 +280,31 @@ def test_the_trace_printout_shows_a_next_wording_with_its_candidates():
              "reranked": [("http://www.wikidata.org/entity/Q104123", 2.5), (None, 0.1)]}
     assert describe(event) == ("  <iri>zzqx<sep>Pulp Fiction</iri>: used up; next wording 'Pulp Fiction'\n"
                                "    re-ranked: wd:Q104123 'Pulp Fiction' 2.5; None '' 0.1")
+
+
+def test_precision_auto_loads_bfloat16_where_the_cpu_has_it_and_says_why(tiny_model, demo_index, demo_endpoint,
+                                                                          monkeypatch):
+    from llm import cpu_speed
+    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: True)
+    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3, precision="auto"))
+    assert grisp.precision == "bfloat16" and "native bf16" in grisp.why_precision
+    assert grisp.model.model.norm.weight.dtype == torch.bfloat16
+    grisp.check_options(Options(precision="bfloat16"))  # what auto chose, asked by name or as auto
+    grisp.check_options(Options(precision="auto"))
+    with pytest.raises(GrispError, match="loaded in bfloat16"):
+        grisp.check_options(Options(precision="float32"))
+    # stage 1 (a bf16 KV cache) runs through; stage 2 re-ranks the same candidates as float32, scores close
+    skeletons, trace = grisp.skeletons("who directed pulp fiction?")
+    assert trace and all(isinstance(score, float) for _, score in skeletons)
+    in_float32 = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3, precision="float32"))
+    assert in_float32.model.model.norm.weight.dtype == torch.float32
+    skeleton = "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }"
+    answers = [g.answer_from_skeletons("who directed pulp fiction?", [skeleton]) for g in (grisp, in_float32)]
+    assert answers[0].failure == answers[1].failure and answers[0].sparql == answers[1].sparql
+    reranked = [[dict(e["reranked"]) for e in a.trace if "reranked" in e] for a in answers]
+    assert len(reranked[0]) == len(reranked[1]) > 0
+    for got, expected in zip(*reranked):
+        assert got.keys() == expected.keys()
+        assert all(abs(got[c] - expected[c]) < 0.25 for c in got)  # bf16 rounding (tests/test_cpu_speed.py)
+    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: False)  # auto on this CPU: float32
+    assert Grisp.generator(tiny_model, None, Options(precision="auto")).precision == "float32"

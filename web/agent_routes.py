@@ -88,7 +88,8 @@ def run_agent(agent: Agent, job: Job) -> dict:
 def agent_info(agent: Agent) -> dict:
     """What the page shows and offers in agent mode (/api/config's "agent")."""
     o = agent.o
-    return {"backend": getattr(agent.backend, "name", type(agent.backend).__name__), "task": o.task,
+    return {"backend": getattr(agent.backend, "name", type(agent.backend).__name__),
+            "precision": getattr(agent.backend, "precision", None), "task": o.task,
             "tasks": list(TASKS), "kgs": [{"name": k.name, "description": k.description} for k in agent.kgs.values()],
             "max_steps": o.max_steps, "time_limit_s": o.time_limit_s, "know_before_use": o.know_before_use,
             "feedback": o.feedback}

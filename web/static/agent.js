@@ -15,7 +15,7 @@ function setupAgent(info) {  // the mode switch, the agent's options, the setup 
   task.value = info.task;
   $("agentoptions").append(
     el("label", {title: "sparql-qa: the answer is a SPARQL query; general-qa: a text answer"}, "task", task),
-    el("span", {class: "note"}, `${info.backend} · at most ${info.max_steps} steps, ${info.time_limit_s} s`
+    el("span", {class: "note"}, `${info.backend}${info.precision ? ` in ${info.precision}` : ""} · at most ${info.max_steps} steps, ${info.time_limit_s} s`
        + (info.know_before_use ? " · know before use" : "") + (info.feedback ? " · feedback" : "")));
   $("agentnote").textContent = `over ${info.kgs.map((k) => k.name).join(", ")}`;
 }

@@ -60,7 +60,9 @@ function setStatus(text, busy = false) {
 async function loadConfig() {
   config = await (await fetch("/api/config")).json();
   const adapter = config.adapter ? config.adapter.split("/").pop() : "no adapter";
-  $("setup").textContent = `model ${config.model.split("/").pop()} · ${adapter} · endpoint ${config.endpoint}`;
+  // the precision that runs and why, e.g. "precision auto: bfloat16, the CPU has native bf16 (AMD EPYC)"
+  $("setup").textContent = `model ${config.model.split("/").pop()} · ${adapter} · precision ${config.why_precision}`
+    + ` · endpoint ${config.endpoint}`;
   for (const question of config.examples) {
     const button = el("button", {type: "button"}, question);
     button.addEventListener("click", () => { $("question").value = question; ask(); });
