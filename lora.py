@@ -159,14 +159,18 @@ def mark_only_lora_trainable(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def merge_lora(model: nn.Module) -> None:
-    """Merge every LoRA layer into its base weight (inference speed; undo with unmerge_lora)."""
+def merge_lora(model: nn.Module, dtype: torch.dtype | None = None) -> None:
+    """Merge every LoRA layer into its base weight (inference speed; undo with unmerge_lora). With
+    `dtype`, each base layer is cast to it right after its merge: the sum is rounded once, and only
+    one layer's weight is in the merge precision at a time (no undo then)."""
     params = [p for _, p in model.named_parameters(remove_duplicate=False)]
     for name, layer in lora_layers(model).items():
         if sum(p is layer.base_layer.weight for p in params) > 1:  # e.g. lm_head tied to embed_tokens
             raise ValueError(f"{name} shares its weight with another module; merging would change both")
     for layer in lora_layers(model).values():
         layer.merge()
+        if dtype is not None:
+            layer.base_layer.to(dtype)
 
 
 def unmerge_lora(model: nn.Module) -> None:

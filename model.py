@@ -347,8 +347,12 @@ def load_safetensors(model_dir: Path, dtype: torch.dtype, device: str | torch.de
                                 f"(run `python get_model.py` to create the base model directory)")
     state = {}
     for name in files:
-        # memory-mapped: a weight takes memory once touched (most embedding rows never are)
         with safe_open(model_dir / name, framework="pt", device=str(device)) as f:
-            for key in f.keys():
+            keys = list(f.keys())
+        for key in keys:
+            # memory-mapped: a weight takes memory once touched (most embedding rows never are). One
+            # mapping per tensor: a weight cast to another dtype releases the pages it was read from
+            # (one mapping for all would hold every page read until the last tensor is gone)
+            with safe_open(model_dir / name, framework="pt", device=str(device)) as f:
                 state[key] = f.get_tensor(key).to(dtype)
     return state

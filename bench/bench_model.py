@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 from llm import cpu_speed  # noqa: E402
 
-IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (split matmuls for few rows)",
+IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (float32: split matmuls for few rows; bf16: plain)",
          "ours-plain": "model.py, cpu_speed.prepare_for_inference(split_matmuls=False) (plain nn.Linear)",
          "ours-int8": "model.py, cpu_speed.prepare_for_inference(int8=True) (dynamic int8 but down_proj; lossy; "
                       "float32 weights)",
@@ -75,6 +75,31 @@ def decode_tokens_per_s(step, batch: int, prompt_len: int, steps: int, vocab: in
     return batch / statistics.median(times)
 
 
+def greedy_tokens(step, model_dir: Path, questions: int, new_tokens: int) -> list[list[int]]:
+    """The greedy continuations (`new_tokens` ids each) of the skeleton prompts of the first `questions`
+    demo questions, one at a time: what the precisions are compared on (agreement with float32)."""
+    from grisp.prompts import skeleton_messages
+    from llm.tokenizer import Tokenizer, chat_prompt
+    tokenizer = Tokenizer(model_dir)
+    lines = (defaults.DEMO_DIR / "questions.jsonl").read_text().splitlines()[:questions]
+    rows = []
+    for question in (json.loads(line)["question"] for line in lines):
+        next_ids, cache = step(torch.tensor([tokenizer.encode(chat_prompt(skeleton_messages(question)))]), None)
+        row = [int(next_ids)]
+        while len(row) < new_tokens:
+            next_ids, cache = step(next_ids, cache)
+            row.append(int(next_ids))
+        rows.append(row)
+    return rows
+
+
+def agreement(rows: list[list[int]], reference: list[list[int]]) -> float:
+    """% of the reference's greedy tokens reproduced before the first difference, averaged over prompts."""
+    def common(a, b):
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return 100 * statistics.fmean(common(a, b) / len(b) for a, b in zip(rows, reference))
+
+
 @torch.inference_mode()
 def worker(args: argparse.Namespace) -> None:
     """One implementation, one round: print a JSON line of measurements."""
@@ -92,6 +117,8 @@ def worker(args: argparse.Namespace) -> None:
               "decode tok/s, batch 8": decode_tokens_per_s(step, 8, 64, args.decode_steps, vocab),
               "load s": load_s,
               "peak RSS MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if args.agreement:
+        result["tokens"] = greedy_tokens(step, Path(args.model_dir), args.agreement, args.decode_steps)
     print(json.dumps(result))
 
 
@@ -107,18 +134,26 @@ def main(args: argparse.Namespace) -> None:
     print(f"model {args.model_dir}, CPU {cpu_speed.cpu_name()} (native bf16: {cpu_speed.native_bf16()}), "
           f"{args.threads} threads, {args.precision} ({why}), {args.repeats} rounds, "
           f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens")
+    def measure(impl: str, precision: str, agreement: int) -> dict:  # one worker process
+        cmd = [sys.executable, __file__, "--worker", impl, "--model-dir", args.model_dir,
+               "--threads", str(args.threads), "--prefill-len", str(args.prefill_len),
+               "--decode-steps", str(args.decode_steps), "--precision", precision, "--agreement", str(agreement)]
+        done = subprocess.run(cmd, capture_output=True, text=True,
+                              env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"})
+        if done.returncode != 0:
+            sys.exit(f"error: the {impl} worker failed:\n{done.stderr[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
     results: dict[str, list[dict]] = {impl: [] for impl in args.impls}
     for r in range(args.repeats):  # alternate implementations, rotating the order, so that background
         for impl in args.impls[r % len(args.impls):] + args.impls[:r % len(args.impls)]:  # load hits all alike
-            cmd = [sys.executable, __file__, "--worker", impl, "--model-dir", args.model_dir,
-                   "--threads", str(args.threads), "--prefill-len", str(args.prefill_len),
-                   "--decode-steps", str(args.decode_steps), "--precision", args.precision]
-            done = subprocess.run(cmd, capture_output=True, text=True,
-                                  env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"})
-            if done.returncode != 0:
-                sys.exit(f"error: the {impl} worker failed:\n{done.stderr[-2000:]}")
-            results[impl].append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"round {r + 1} {impl}: {results[impl][-1]}", file=sys.stderr)
+            results[impl].append(measure(impl, args.precision, args.agreement if r == 0 else 0))
+            print(f"round {r + 1} {impl}: { {k: v for k, v in results[impl][-1].items() if k != 'tokens'} }",
+                  file=sys.stderr)
+    tokens = {impl: rows[0].pop("tokens") for impl, rows in results.items() if args.agreement}
+    if args.agreement:  # the reference of agreement: ours in float32 (measured once more unless it ran)
+        tokens["float32"] = (tokens["ours"] if args.precision == "float32" and "ours" in tokens
+                             else measure("ours", "float32", args.agreement)["tokens"])
     # ---------------------------------------------------------------- table
     reference = "transformers" if "transformers" in args.impls else args.impls[-1]
     metrics = list(results[reference][0])
@@ -130,6 +165,10 @@ def main(args: argparse.Namespace) -> None:
         cells = [f"{median[impl][m]:.1f}" for impl in [reference, *others]]
         ratios = [f"{median[o][m] / median[reference][m]:.2f}x" for o in others]
         print(f"| {m} | " + " | ".join(cells + ratios) + " |")
+    if args.agreement:
+        cells = [f"{agreement(tokens[impl], tokens['float32']):.0f}%" for impl in [reference, *others]]
+        print(f"| greedy tokens as ours in float32 ({args.agreement} skeleton prompts) | " + " | ".join(cells)
+              + " |" + " |" * len(others))
     print("\n" + "; ".join(f"{impl} = {IMPLS[impl]}" for impl in args.impls))
 
 
@@ -147,5 +186,9 @@ if __name__ == "__main__":
     parser.add_argument("--precision", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="weights of every implementation (ours-int8 and ours-autocast: float32 weights); "
                              "auto = what infer.py runs on this CPU (bfloat16 with native bf16, else float32)")
+    parser.add_argument("--agreement", type=int, default=4, metavar="N",
+                        help="greedy-decode the skeleton prompts of the first N demo questions (decode-steps tokens "
+                             "each) in round 1 and report the share of ours-in-float32's tokens each "
+                             "implementation reproduces before its first difference; 0: skip")
     parser.add_argument("--worker", choices=list(IMPLS), help=argparse.SUPPRESS)  # internal: one measurement run
     main(parser.parse_args())

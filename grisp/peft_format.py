@@ -215,11 +215,12 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> dict:
     return config
 
 
-def load_merged(model: nn.Module, adapter_dir: str | Path) -> dict:
+def load_merged(model: nn.Module, adapter_dir: str | Path, dtype: torch.dtype | None = None) -> dict:
     """Load the adapter and fold it into the base weights (PEFT's merge_and_unload): the model keeps
-    plain nn.Linear layers, so inference runs at base speed. Returns the adapter's config."""
+    plain nn.Linear layers, so inference runs at base speed; with `dtype` each merged layer is cast to
+    it (lora.merge_lora). Returns the adapter's config."""
     config = load_adapter(model, adapter_dir)
-    merge_lora(model)
+    merge_lora(model, dtype)
     unload_lora(model)
     return config
 
@@ -229,12 +230,13 @@ def load_for_inference(model_dir: str | Path, adapter_dir: str | Path | None, pr
     """The base model of `model_dir` with the adapter folded in, in `precision` (a precision name of
     cpu_speed.pick_precision, not "auto"), switched to inference by cpu_speed.prepare_for_inference.
     The adapter is merged in float32 and the sum rounded to bfloat16 once (a merge in bf16 would round
-    the base weight and the LoRA product separately)."""
+    the base weight and the LoRA product separately), layer by layer, so that the float32 weights are
+    never all in memory at once."""
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     model = Transformer.from_pretrained(model_dir, torch.float32 if adapter_dir else dtype, device)
     if adapter_dir is not None:
-        load_merged(model, adapter_dir)
-        model.to(dtype)
+        load_merged(model, adapter_dir, dtype)
+        model.to(dtype)  # the weights without LoRA (embeddings, norms, biases)
     return prepare_for_inference(model, int8=precision == "int8")
 
 

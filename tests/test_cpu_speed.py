@@ -173,3 +173,12 @@ def test_bfloat16_picks_the_float32_token_wherever_float32_is_clear(adapter_dir)
     steps = torch.cat([in_bfloat16(ids[:, :8], cache=cache)] + [in_bfloat16(ids[:, t:t + 1], cache=cache)
                                                                   for t in range(8, 24)], dim=1).float()
     torch.testing.assert_close(steps, got, atol=2 * float(error), rtol=0)
+
+
+def test_bfloat16_weights_stay_plain_linear_layers(model_dir):
+    """The split bmm is for float32 weights; in bf16 F.linear is faster (docs/cpu_speed.md 1.6)."""
+    in_bfloat16 = prepare_for_inference(M.Transformer.from_pretrained(model_dir, torch.bfloat16))
+    assert not any(isinstance(m, SplitLinear) for m in in_bfloat16.modules())
+    assert type(in_bfloat16.model.layers[0].mlp.up_proj) is torch.nn.Linear
+    in_float32 = prepare_for_inference(M.Transformer.from_pretrained(model_dir))
+    assert isinstance(in_float32.model.layers[0].mlp.up_proj, SplitLinear)
