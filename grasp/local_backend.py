@@ -44,7 +44,7 @@ def settled_content(text: str) -> str:
     """The start of turn_content that no continuation of the free text `text` can change: it stops before
     trailing whitespace and backticks, an unclosed code fence, a possible start of a call opening (`<tool`,
     `{ "na`) and an incomplete character. (A complete opening ends the free text before it is in `text`.)"""
-    text = text.lstrip()
+    text = text.lstrip().partition("\ufffd")[0]  # from a multi-byte character still incomplete on, unknown
     cut = len(text.rstrip().rstrip("`").rstrip())
     for i, char in enumerate(text[:cut]):
         if (char == "<" and "<tool_call>".startswith(text[i:])) or \
@@ -53,8 +53,6 @@ def settled_content(text: str) -> str:
             break
     if text[:cut].count("```") % 2:
         cut = text.rfind("```", 0, cut)
-    broken = text.find("\ufffd")  # a multi-byte character still incomplete
-    cut = cut if broken < 0 else min(cut, broken)
     return text[:cut].rstrip()
 
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import jsonschema
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import defaults
@@ -417,6 +417,7 @@ PIECES = ["a", "b c", " ", "\n", "<", "<tool", "_call>", "{", '"name"', '"na', "
 
 
 @given(st.lists(st.sampled_from(PIECES), max_size=12), st.lists(st.sampled_from(PIECES), max_size=12), st.booleans())
+@example(["`", "\ufffd"], ["`", "`"], True)  # a backtick before an incomplete character may open a fence
 def test_settled_content_is_never_taken_back(start, rest, call_follows):
     """Whatever the model writes next, the content streamed early is a prefix of the turn's content."""
     text = "".join(start)
