@@ -3,7 +3,7 @@
 GRISP runs its model many times per question (beam search over skeletons, then re-ranking search
 results for each placeholder, paper Sec. 3). `prepare_for_inference(model)` switches the model to
 inference and applies the levers measured on 2-core CPUs (docs/cpu_speed.md, section 1):
-- split matmuls (exact, default, float32 weights): each plain nn.Linear of the blocks and the lm_head
+- split matmuls (exact, default, not over bf16 weights): each plain nn.Linear of the blocks and the lm_head
   becomes a `SplitLinear`. A plain F.linear with a few input rows (decoding) keeps one core busy here;
   SplitLinear multiplies such inputs by P slices of the weight's output features with one torch.bmm,
   which keeps both busy, and hands many rows (prefill) to F.linear, which is fastest there. The
@@ -148,9 +148,9 @@ def quantize_int8(linear: nn.Linear) -> nn.Module:
 def prepare_for_inference(model: Transformer, split_matmuls: bool = True, int8: bool = False) -> Transformer:
     """Switch `model` to inference: eval mode, no gradients, and the CPU levers of this file.
 
-    split_matmuls: each plain nn.Linear of the blocks and the lm_head with float32 weights becomes a
-        SplitLinear (exact up to float rounding; free: the weights are not copied). bf16 weights stay
-        plain: there F.linear keeps both cores busy and the split bmm is slower (docs/cpu_speed.md 1.6).
+    split_matmuls: each plain nn.Linear of the blocks and the lm_head becomes a SplitLinear (exact up to
+        float rounding; free: the weights are not copied), except over bf16 weights: there F.linear
+        keeps both cores busy and the split bmm is slower (docs/cpu_speed.md 1.6).
     int8: every plain nn.Linear of the blocks except down_proj, and the lm_head, become dynamic int8
         layers (lossy; down_proj still splits). A tied lm_head stays float (it is the embedding).
     Layers that are not plain nn.Linear (e.g. wrapped by lora.py) stay as they are, so merge LoRA first.
@@ -166,7 +166,7 @@ def prepare_for_inference(model: Transformer, split_matmuls: bool = True, int8: 
         tied = name == "lm_head" and model.args.tie_word_embeddings
         if int8 and not tied and not name.endswith(INT8_SKIP):
             replacement = quantize_int8(module)
-        elif split_matmuls and module.weight.dtype == torch.float32:  # bf16: F.linear is faster (see above)
+        elif split_matmuls and module.weight.dtype != torch.bfloat16:  # bf16: F.linear is faster (see above)
             replacement = SplitLinear(module, lm_parts if name == "lm_head" else 2)
         else:
             continue
