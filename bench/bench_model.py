@@ -127,10 +127,8 @@ def main(args: argparse.Namespace) -> None:
         return worker(args)
     if not (Path(args.model_dir) / "config.json").exists():
         sys.exit(f"error: no model at {args.model_dir}; run `python get_model.py` or pass --model-dir")
-    if args.precision == "auto":  # what infer.py would run on this CPU (llm/cpu_speed.pick_precision)
-        args.precision, why = cpu_speed.pick_precision("auto", torch.device("cpu"))
-    else:
-        why = "as asked"
+    # auto: what infer.py would run on this CPU
+    args.precision, why = cpu_speed.pick_precision(args.precision, torch.device("cpu"))
     print(f"model {args.model_dir}, CPU {cpu_speed.cpu_name()} (native bf16: {cpu_speed.native_bf16()}), "
           f"{args.threads} threads, {args.precision} ({why}), {args.repeats} rounds, "
           f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens")
