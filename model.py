@@ -189,6 +189,21 @@ class KVCache:
         self.spare = None  # the old size; made anew by the next reorder
 
 
+# ---------------------------------------------------------------------------- one-query attention
+def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + mask) v for one new query per row (decoding), as two plain matmuls in
+    float32: q [B, H, 1, D], k and v [B, H_kv, S, D], attn_mask [B, 1, 1, S] or None; returns [B, H, 1, D]
+    in q's dtype. Query head h reads key/value head h // (H / H_kv), as grouped-query attention pairs
+    them. The same as F.scaled_dot_product_attention, which runs its flash kernel for this shape: ~5x
+    slower in bf16 on a CPU (bench/bench_attention.py)."""
+    (B, H, _, D), H_kv, S, dtype = q.shape, k.shape[1], k.shape[2], q.dtype
+    q = q.float().view(B, H_kv, H // H_kv, D)  # the query heads of each key/value head
+    scores = q @ k.float().transpose(-1, -2) * D ** -0.5  # [B, H_kv, H / H_kv, S]
+    if attn_mask is not None:
+        scores = scores + attn_mask.float().view(B, 1, 1, S)
+    return (scores.softmax(-1) @ v.float()).view(B, H, 1, D).to(dtype)
+
+
 # ---------------------------------------------------------------------------- the transformer
 class Attention(nn.Module):
     """Grouped-query attention: H query heads share H_kv key/value heads; q, k, v have biases."""
@@ -210,8 +225,11 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.store(layer, start, k, v)  # [B, H_kv, S, D], S = start + T
         # attn_mask None means "plain causal" (or, for one new token, "see everything")
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True,
-                                           is_causal=attn_mask is None and T > 1)  # [B, H, T, D]
+        if T == 1:  # decoding
+            y = one_query_attention(q, k, v, attn_mask)  # [B, H, 1, D]
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True,
+                                               is_causal=attn_mask is None)  # [B, H, T, D]
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 

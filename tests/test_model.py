@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import Qwen2ForCausalLM
 
@@ -170,6 +171,41 @@ def test_cache_truncate_then_continue_equals_recomputing(ours):
     cache.truncate(6)  # keep a shared start of 6 positions, continue differently
     assert len(cache) == 6
     torch.testing.assert_close(ours(y, cache=cache), ours(torch.cat([x[:, :6], y], dim=1))[:, 6:], atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------- one-query attention
+def one_query_inputs(dtype, B=3, H=6, H_kv=2, S=11, D=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(shape, generator=g).to(dtype) for shape in [(B, H, 1, D), (B, H_kv, S, D), (B, H_kv, S, D)])
+    mask = torch.zeros(B, 1, 1, S, dtype=dtype)
+    mask[0, ..., :4] = float("-inf")  # row 0 left-padded
+    mask[2, ..., 5:7] = float("-inf")
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no mask", "padding mask"])
+def test_one_query_attention_equals_sdpa(masked):
+    """Decoding's attention (grouped heads, optional padding mask) gives SDPA's result in float32, and in
+    bf16 rounds SDPA's float32 result once (it computes in float32)."""
+    q, k, v, mask = one_query_inputs(torch.float32)
+    mask = mask if masked else None
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(M.one_query_attention(q, k, v, mask), expected, atol=1e-6, rtol=0)
+    if masked:  # the padding changes the result: the mask is really applied
+        assert not torch.allclose(M.one_query_attention(q, k, v, None)[0], expected[0], atol=1e-3)
+    half = [t.bfloat16() for t in (q, k, v)] + [None if mask is None else mask.bfloat16()]
+    got = M.one_query_attention(*half)
+    assert got.dtype == torch.bfloat16
+    exact = F.scaled_dot_product_attention(*[t.float() for t in half[:3]], attn_mask=mask, enable_gqa=True)
+    torch.testing.assert_close(got, exact.bfloat16(), atol=0, rtol=2 ** -7)  # at most one bf16 rounding
+
+
+def test_one_query_attention_pairs_heads_as_grouped_query_attention():
+    """Query heads 0-2 read key/value head 0, heads 3-5 head 1 (not interleaved)."""
+    q, k, v, _ = one_query_inputs(torch.float32)
+    v[:, 1] = 0  # key/value head 1 contributes nothing
+    out = M.one_query_attention(q, k, v, None)
+    assert out[:, :3].abs().min() > 0 and out[:, 3:].abs().max() == 0
 
 
 # ---------------------------------------------------------------------------- logits_at
