@@ -107,7 +107,9 @@ class LocalBackend:
             try:
                 model = load_for_inference(model_dir, adapter or None, self.precision, dev)
             except (OSError, ValueError, KeyError) as e:
-                raise BackendError(f"cannot load the adapter {adapter} on the model {model_dir}: {e} "
+                if not adapter:
+                    raise BackendError(f"cannot load the model {model_dir}: {e}") from e
+                raise BackendError(f"cannot load the model {model_dir} with the adapter {adapter}: {e} "
                                    f"(adapter = \"none\" in [model], or --adapter none, runs the base model)") from e
         else:
             self.precision, self.why_precision = "as given", "a model object passed in"

@@ -8,6 +8,7 @@ are not recordings of a real provider.
 """
 import json
 import re
+import shutil
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -280,10 +281,17 @@ def test_the_agent_adapter_is_the_default_and_a_mismatch_is_a_clear_error(tiny_m
     assert load_config(None, env={}).model.adapter == str(defaults.AGENT_ADAPTER_DIR)
     assert load_config(None, env={"GRASP_MODEL_ADAPTER": "none"}).model.adapter is None
     assert (defaults.AGENT_ADAPTER_DIR / "adapter_model.safetensors").is_file()  # shipped with the code
-    with pytest.raises(BackendError, match="cannot load the adapter .* --adapter none"):  # made for the 0.5B model
+    with pytest.raises(BackendError, match="with the adapter .*agent.* --adapter none"):  # made for the 0.5B model
         LocalBackend(tiny_models[0], defaults.AGENT_ADAPTER_DIR)
-    with pytest.raises(BackendError, match="cannot load the adapter"):
+    with pytest.raises(BackendError, match="with the adapter .*no-such-adapter"):
         LocalBackend(tiny_models[0], defaults.GRISP_HOME / "no-such-adapter")
+
+
+def test_a_broken_base_model_is_not_blamed_on_an_adapter(tiny_models, tmp_path):
+    shutil.copy(tiny_models[0] / "config.json", tmp_path / "config.json")  # the weights are missing
+    with pytest.raises(BackendError, match="cannot load the model .*model.safetensors") as error:
+        LocalBackend(tmp_path)
+    assert "with the adapter" not in str(error.value) and "--adapter none" not in str(error.value)
 
 
 def test_the_local_backend_takes_the_precision_of_the_machine(tiny_models, monkeypatch):
