@@ -32,6 +32,16 @@ def float32_on_every_cpu():
         yield machine_flags
 
 
+@pytest.fixture
+def mock_native_bf16(monkeypatch):
+    """mock_native_bf16(True or False): the code then sees a CPU with or without native bf16."""
+    from llm import cpu_speed
+
+    def set_to(native: bool) -> None:
+        monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+    return set_to
+
+
 @pytest.fixture(autouse=True)
 def slow_tests_run_as_the_machine_would(request, monkeypatch, float32_on_every_cpu):
     """A slow test (the real model, loaded in the test) runs the precision this machine ships with."""

@@ -294,10 +294,9 @@ def test_a_broken_base_model_is_not_blamed_on_an_adapter(tiny_models, tmp_path):
     assert "with the adapter" not in str(error.value) and "--adapter none" not in str(error.value)
 
 
-def test_the_local_backend_takes_the_precision_of_the_machine(tiny_models, monkeypatch):
+def test_the_local_backend_takes_the_precision_of_the_machine(tiny_models, mock_native_bf16):
     from grasp.config import load_config, make_backend
-    from llm import cpu_speed
-    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: True)
+    mock_native_bf16(True)
     config = load_config(None, env={"GRASP_MODEL_ADAPTER": "none"}).model
     config.model_dir, config.max_reasoning_tokens, config.max_call_tokens = str(tiny_models[0]), 4, 30
     config.precision = "auto"

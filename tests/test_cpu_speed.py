@@ -104,8 +104,8 @@ def test_native_bf16_is_read_from_the_cpu_flags():
 
 
 @pytest.mark.parametrize("native, expected", [(True, torch.bfloat16), (False, torch.float32)])
-def test_auto_precision_follows_the_cpu(monkeypatch, native, expected):
-    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+def test_auto_precision_follows_the_cpu(mock_native_bf16, native, expected):
+    mock_native_bf16(native)
     dtype, why = cpu_speed.pick_dtype("auto", torch.device("cpu"))
     assert dtype == expected and ("native bf16" in why)
     assert cpu_speed.pick_dtype("float32", torch.device("cpu"))[0] == torch.float32  # asked for: always
@@ -114,8 +114,8 @@ def test_auto_precision_follows_the_cpu(monkeypatch, native, expected):
 
 
 @pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
-def test_inference_precision_auto_is_the_training_detection(monkeypatch, native, expected):
-    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+def test_inference_precision_auto_is_the_training_detection(mock_native_bf16, native, expected):
+    mock_native_bf16(native)
     cpu = torch.device("cpu")
     precision, why = cpu_speed.pick_precision("auto", cpu)
     assert precision == expected and why == cpu_speed.pick_dtype("auto", cpu)[1]  # one detection, one reason

@@ -9,7 +9,6 @@ import pytest
 
 import defaults
 import evaluate
-from llm import cpu_speed
 
 KG = """@prefix wd: <http://www.wikidata.org/entity/> .
 @prefix wdt: <http://www.wikidata.org/prop/direct/> .
@@ -303,8 +302,8 @@ def test_ablation_presets_map_to_pipeline_options(tmp_path):
 
 
 @pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
-def test_a_run_records_the_precision_that_runs_not_auto(tmp_path, monkeypatch, native, expected):
-    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+def test_a_run_records_the_precision_that_runs_not_auto(tmp_path, mock_native_bf16, native, expected):
+    mock_native_bf16(native)
     args = make_args(tmp_path, tmp_path, "http://x", device="cpu", precision="auto")
     assert evaluate.pipeline_options(args)["precision"] == expected  # auto: as the CPU has it
     args = make_args(tmp_path, tmp_path, "http://x", device="cpu", precision="bfloat16")

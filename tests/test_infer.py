@@ -283,9 +283,8 @@ def test_the_trace_printout_shows_a_next_wording_with_its_candidates():
 
 
 def test_precision_auto_loads_bfloat16_where_the_cpu_has_it_and_says_why(tiny_model, demo_index, demo_endpoint,
-                                                                          monkeypatch):
-    from llm import cpu_speed
-    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: True)
+                                                                          mock_native_bf16):
+    mock_native_bf16(True)
     grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3, precision="auto"))
     assert grisp.precision == "bfloat16" and "native bf16" in grisp.why_precision
     assert grisp.model.model.norm.weight.dtype == torch.bfloat16
@@ -306,5 +305,5 @@ def test_precision_auto_loads_bfloat16_where_the_cpu_has_it_and_says_why(tiny_mo
     for got, expected in zip(*reranked):
         assert got.keys() == expected.keys()
         assert all(abs(got[c] - expected[c]) < 0.25 for c in got)  # bf16 rounding (tests/test_cpu_speed.py)
-    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: False)  # auto on this CPU: float32
+    mock_native_bf16(False)  # auto on this CPU: float32
     assert Grisp.generator(tiny_model, None, Options(precision="auto")).precision == "float32"

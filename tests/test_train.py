@@ -325,9 +325,8 @@ def test_resume_without_checkpoint_or_copy_says_so(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
-def test_dtype_auto_trains_in_bf16_on_a_native_bf16_cpu(model_dir, tmp_path, monkeypatch, native, expected):
-    from llm import cpu_speed
-    monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+def test_dtype_auto_trains_in_bf16_on_a_native_bf16_cpu(model_dir, tmp_path, mock_native_bf16, native, expected):
+    mock_native_bf16(native)
     samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
     train.main(train_args(model_dir, tmp_path, samples, "--dtype", "auto", "--epochs", "1"))
     run = tmp_path / "runs" / "grisp"
