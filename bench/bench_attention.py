@@ -12,26 +12,20 @@ speed-up and each result's largest difference from a float64 reference.
     python bench/bench_attention.py --dtypes bfloat16 --batches 8 --lengths 300 1000 --rounds 21
 """
 import argparse
+import functools
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.bench_matmul import seconds  # noqa: E402
 from llm.cpu_speed import cpu_name  # noqa: E402
 from model import one_query_attention  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 14, 2, 64, 24  # Qwen2.5-0.5B
-
-
-def seconds(fn, repeats: int) -> float:
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats
 
 
 @torch.inference_mode()
@@ -47,8 +41,8 @@ def main(args: argparse.Namespace) -> None:
                 buffer = torch.randn(2, batch, KV_HEADS, length + 64, HEAD_DIM, dtype=dtype)
                 k, v = buffer[0, :, :, :length], buffer[1, :, :, :length]  # views into a longer cache
                 q = torch.randn(batch, HEADS, 1, HEAD_DIM, dtype=dtype)
-                sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
-                ours = lambda: one_query_attention(q, k, v, None)  # noqa: E731
+                sdpa = functools.partial(F.scaled_dot_product_attention, q, k, v, enable_gqa=True)
+                ours = functools.partial(one_query_attention, q, k, v, None)
                 exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)
                 errors = [float((fn().double() - exact).abs().max()) for fn in (sdpa, ours)]
                 times = {sdpa: [], ours: []}
