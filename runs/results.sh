@@ -9,9 +9,10 @@
 #   ADAPTER=adapters/grisp-wwq-0.5b PRECISION=float32 bash runs/results.sh skeletons   # another adapter
 #   EVALUATE_FLAGS="--limit 2" bash runs/results.sh demo   # extra evaluate.py flags for every run (a smoke test)
 #
-# Groups (in the default order): skeletons (--skeleton-only on demo, qald10-dev, wwq-dev), demo,
-# wwq-dev-kg, wwq-dev-full (the full system, then `-ablations`: every ablation row and the gold-skeleton
-# row; `demo-ablations` etc. also work alone). Runs land in ~/.cache/grisp/eval/<adapter>-<precision>/.
+# Groups (in the default order): skeletons (--skeleton-only on demo, qald10-dev and wwq-dev; each alone
+# as demo-skeletons etc.), demo, wwq-dev-kg, wwq-dev-full (the full system, then `-ablations`: every
+# ablation row and the gold-skeleton row; `demo-ablations` etc. also work alone). Runs land in
+# ~/.cache/grisp/eval/<adapter>-<precision>/.
 set -euo pipefail
 shopt -s inherit_errexit  # a failing step inside $(kg_flags ...) stops the script too
 cd "$(dirname "$0")/.."
@@ -65,22 +66,28 @@ ablations() {  # $1 = KG setting; the resolution-only rows reuse the full system
   python report.py systems "$run-oracle"
 }
 
-skeletons() {
-  python build_index.py --items ~/.cache/grisp/data/wikidata/items.jsonl --out $items_index
-  kg_flags demo > /dev/null  # the demo index names the demo's labels
-  evaluate --skeleton-only --benchmark demo --out "$out/demo-skeletons"
-  evaluate --skeleton-only --benchmark qald10-dev --index $items_index --out "$out/qald10-dev-skeletons"
-  evaluate --skeleton-only --benchmark wwq-dev --index $items_index --out "$out/wwq-dev-skeletons"
-  python report.py skeletons "$out"/{demo,qald10-dev,wwq-dev}-skeletons
+skeletons() {  # $1 = benchmark: demo (labels from the demo index), qald10-dev or wwq-dev (all items)
+  if [ "$1" = demo ]; then
+    kg_flags demo > /dev/null
+    evaluate --skeleton-only --benchmark demo --out "$out/demo-skeletons"
+  else
+    python build_index.py --items ~/.cache/grisp/data/wikidata/items.jsonl --out $items_index
+    evaluate --skeleton-only --benchmark "$1" --index $items_index --out "$out/$1-skeletons"
+  fi
+  python report.py skeletons "$out/$1-skeletons"
 }
 
 echo "adapter $adapter, precision $precision, runs in $out; groups: ${groups[*]}"
 for group in "${groups[@]}"; do
   case $group in
-    skeletons) skeletons ;;
+    skeletons)
+      for benchmark in demo qald10-dev wwq-dev; do skeletons $benchmark; done
+      python report.py skeletons "$out"/{demo,qald10-dev,wwq-dev}-skeletons ;;
+    demo-skeletons | qald10-dev-skeletons | wwq-dev-skeletons) skeletons "${group%-skeletons}" ;;
     demo | wwq-dev-kg | wwq-dev-full) full_system "$group" ;;
     demo-ablations | wwq-dev-kg-ablations | wwq-dev-full-ablations) ablations "${group%-ablations}" ;;
-    *) echo "unknown group $group (skeletons, demo, wwq-dev-kg, wwq-dev-full, or one of those three with -ablations)" >&2
+    *) echo "unknown group $group (skeletons or demo-, qald10-dev-, wwq-dev-skeletons; demo, wwq-dev-kg," \
+            "wwq-dev-full, each also with -ablations)" >&2
        exit 2 ;;
   esac
 done
