@@ -2,7 +2,7 @@
 
 GRISP (paper Sec. 3) fine-tunes a small Qwen2.5 model to write SPARQL skeletons and to re-rank search
 results. This file is that model and reads bottom-up: ModelArgs -> RMSNorm -> rotary embeddings ->
-attention mask -> KVCache -> Attention -> MLP -> Block -> Transformer (forward, from_pretrained).
+attention mask -> KVCache -> one-query attention (decoding) -> Attention -> MLP -> Block -> Transformer (forward, from_pretrained).
 Around it: tokenizer.py (the tokenizer and Qwen's chat prompt), lora.py (adapters), cpu_speed.py (the
 CPU inference speed-up) and generate.py (decoding, and a chat command line to check the model).
 Submodule names equal the Hugging Face Qwen2ForCausalLM checkpoint keys, so loading is one strict
@@ -193,15 +193,16 @@ class KVCache:
 def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
     """softmax(q k^T / sqrt(D) + mask) v for one new query per row (decoding), as two plain matmuls in
     float32: q [B, H, 1, D], k and v [B, H_kv, S, D], attn_mask [B, 1, 1, S] or None; returns [B, H, 1, D]
-    in q's dtype. Query head h reads key/value head h // (H / H_kv), as grouped-query attention pairs
-    them. The same as F.scaled_dot_product_attention, which runs its flash kernel for this shape: ~5x
-    slower in bf16 on a CPU (bench/bench_attention.py)."""
+    in q's dtype (float32 under autocast too). Query head h reads key/value head h // (H / H_kv), as
+    grouped-query attention pairs them. The same as F.scaled_dot_product_attention, whose flash kernel
+    is 3-11x slower for this shape in bf16 on a CPU (bench/bench_attention.py)."""
     (B, H, _, D), H_kv, S, dtype = q.shape, k.shape[1], k.shape[2], q.dtype
-    q = q.float().view(B, H_kv, H // H_kv, D)  # the query heads of each key/value head
-    scores = q @ k.float().transpose(-1, -2) * D ** -0.5  # [B, H_kv, H / H_kv, S]
-    if attn_mask is not None:
-        scores = scores + attn_mask.float().view(B, 1, 1, S)
-    return (scores.softmax(-1) @ v.float()).view(B, H, 1, D).to(dtype)
+    with torch.autocast(q.device.type, enabled=False):  # autocast would run these matmuls in bf16
+        q = q.float().view(B, H_kv, H // H_kv, D)  # the query heads of each key/value head
+        scores = q @ k.float().transpose(-1, -2) * D ** -0.5  # [B, H_kv, H / H_kv, S]
+        if attn_mask is not None:
+            scores = scores + attn_mask.float().view(B, 1, 1, S)  # [B, 1, 1, S] -> one row per batch row
+        return (scores.softmax(-1) @ v.float()).view(B, H, 1, D).to(dtype)
 
 
 # ---------------------------------------------------------------------------- the transformer

@@ -1,7 +1,7 @@
 """Shared pytest fixtures: real oxigraph SPARQL servers started by the tests themselves.
 
 In-process, every test but the slow ones sees a CPU without native bf16 (`float32_on_every_cpu`): "auto"
-precision is float32 there on every machine.
+precision is float32 there on every machine; `mock_native_bf16(True or False)` shows a test either kind.
 
 `oxigraph_server(rdf_path, timeout_s=30) -> url` starts (once per file and timeout) a read-only
 oxigraph server on a free port over a store in a temporary directory; all are stopped at the end

@@ -200,6 +200,15 @@ def test_one_query_attention_equals_sdpa(masked):
     torch.testing.assert_close(got, exact.bfloat16(), atol=0, rtol=2 ** -7)  # at most one bf16 rounding
 
 
+def test_one_query_attention_stays_in_float32_under_autocast():
+    """Training and bench_model's ours-autocast run under bf16 autocast, which would round the matmuls."""
+    q, k, v, mask = one_query_inputs(torch.float32)
+    expected = M.one_query_attention(q, k, v, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = M.one_query_attention(q, k, v, mask)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
 def test_one_query_attention_pairs_heads_as_grouped_query_attention():
     """Query heads 0-2 read key/value head 0, heads 3-5 head 1 (not interleaved)."""
     q, k, v, _ = one_query_inputs(torch.float32)
