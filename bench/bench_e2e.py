@@ -35,8 +35,13 @@ STAGES = ["generate", "search", "constraint", "rerank", "validate", "resolve"]
 
 
 def checkout(rev: str, scratch: Path) -> Path:
-    """The tree of commit `rev` in scratch/<rev> (git archive: no worktree bookkeeping)."""
-    target = scratch / rev
+    """The tree of commit `rev` in scratch/<commit hash> (git archive: no worktree bookkeeping). Named by
+    the hash, not by `rev`: a name like HEAD moves, and its old tree would be reused."""
+    parsed = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                            capture_output=True, text=True, check=False)
+    if parsed.returncode != 0:
+        sys.exit(f"error: {rev} is not a commit of {REPO}: {parsed.stderr.strip()}")
+    target = scratch / parsed.stdout.strip()
     if not (target / "evaluate.py").exists():
         target.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=False)
