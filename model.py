@@ -192,17 +192,18 @@ class KVCache:
 # ---------------------------------------------------------------------------- one-query attention
 def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
     """softmax(q k^T / sqrt(D) + mask) v for one new query per row (decoding), as two plain matmuls in
-    float32: q [B, H, 1, D], k and v [B, H_kv, S, D], attn_mask [B, 1, 1, S] or None; returns [B, H, 1, D]
-    in q's dtype (float32 under autocast too). Query head h reads key/value head h // (H / H_kv), as
-    grouped-query attention pairs them. The same as F.scaled_dot_product_attention, whose flash kernel
+    float32 (float64 for float64 inputs, and under autocast too): q [B, H, 1, D], k and v [B, H_kv, S, D],
+    attn_mask [B, 1, 1, S] or None; returns [B, H, 1, D] in q's dtype. Query head h reads key/value head
+    h // (H / H_kv), as grouped-query attention pairs them. The same as F.scaled_dot_product_attention, whose flash kernel
     is 3-11x slower for this shape in bf16 on a CPU (bench/bench_attention.py)."""
     (B, H, _, D), H_kv, S, dtype = q.shape, k.shape[1], k.shape[2], q.dtype
+    compute = torch.promote_types(dtype, torch.float32)  # float32, or float64 for a float64 model
     with torch.autocast(q.device.type, enabled=False):  # autocast would run these matmuls in bf16
-        q = q.float().view(B, H_kv, H // H_kv, D)  # the query heads of each key/value head
-        scores = q @ k.float().transpose(-1, -2) * D ** -0.5  # [B, H_kv, H / H_kv, S]
+        q = q.to(compute).view(B, H_kv, H // H_kv, D)  # the query heads of each key/value head
+        scores = q @ k.to(compute).transpose(-1, -2) * D ** -0.5  # [B, H_kv, H / H_kv, S]
         if attn_mask is not None:
-            scores = scores + attn_mask.float().view(B, 1, 1, S)  # [B, 1, 1, S] -> one row per batch row
-        return (scores.softmax(-1) @ v.float()).view(B, H, 1, D).to(dtype)
+            scores = scores + attn_mask.to(compute).view(B, 1, 1, S)  # [B, 1, 1, S] -> one row per batch row
+        return (scores.softmax(-1) @ v.to(compute)).view(B, H, 1, D).to(dtype)
 
 
 # ---------------------------------------------------------------------------- the transformer
