@@ -41,10 +41,11 @@ def checkout(rev: str, scratch: Path) -> Path:
                             capture_output=True, text=True, check=False)
     if parsed.returncode != 0:
         sys.exit(f"error: {rev} is not a commit of {REPO}: {parsed.stderr.strip()}")
-    target = scratch / parsed.stdout.strip()
+    commit = parsed.stdout.strip()
+    target = scratch / commit
     if not (target / "evaluate.py").exists():
         target.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=False)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, check=False)
         if archive.returncode != 0:
             sys.exit(f"error: git archive {rev}: {archive.stderr.decode().strip()}")
         subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
