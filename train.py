@@ -236,12 +236,17 @@ def main(args: argparse.Namespace) -> None:
 
     # --- save: the best adapter by validation loss (or the last one without validation data)
     if run.rank == 0:
-        if not (run.run_dir / "best").exists() or not val:
-            peft_format.save_adapter(checkpoint.unwrap(model), run.run_dir / "best", str(args.model_dir),
-                                     prompt_format=args.prompt_format)
+        best = run.run_dir / "best"
+        if val and best.exists():
+            what = f"best validation loss {state.best_val}, step {state.best_step}"
+        else:  # no validation data, or best/ stayed on the machine whose validation made it (a portable copy has none)
+            peft_format.save_adapter(checkpoint.unwrap(model), best, str(args.model_dir), prompt_format=args.prompt_format)
+            what = "the last step's weights" + (
+                f"; the best validation loss {state.best_val} was step {state.best_step}'s, whose weights stayed on "
+                f"the machine that validated it (the run continued from a portable copy)" if val else "")
         shutil.rmtree(run.run_dir / "adapter", ignore_errors=True)
-        shutil.copytree(run.run_dir / "best", run.run_dir / "adapter")
-        print(f"adapter (best validation loss {state.best_val}) saved to {run.run_dir / 'adapter'}")
+        shutil.copytree(best, run.run_dir / "adapter")
+        print(f"adapter ({what}) saved to {run.run_dir / 'adapter'}")
     if run.world > 1:
         dist.destroy_process_group()
 
@@ -354,12 +359,10 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--resume", action="store_true", help="continue the run NAME exactly from its latest checkpoint")
     group.add_argument("--stop-after", type=int, default=0, help="act as if interrupted after step N (checkpoint and "
                                                                  "exit; for testing)")
-    group.add_argument("--portable-dir", default=None, help="also write a portable copy of the run's state to "
-                                                            "DIR/NAME at "
-                       "every checkpoint (bf16 LoRA weights, RNG, position, logs, best/; no AdamW moments: ~35 MB for "
-                       "LoRA "
-                       "r=32 on 24 blocks), small enough to commit to git; --resume continues from it where the run "
-                       "directory is missing or behind it (e.g. on a fresh clone)")
+    group.add_argument("--portable-dir", default=None, help="also write a portable copy of the run's state to DIR/NAME at "
+                       "every checkpoint (bf16 LoRA weights, RNG, position, logs; no AdamW moments nor best/: ~35 MB "
+                       "for LoRA r=32 on 24 blocks), small enough to commit to git; --resume continues from it where "
+                       "the run directory is missing or behind it (e.g. on a fresh clone)")
     group.add_argument("--rewarm-steps", type=int, default=20, help="after continuing from a portable copy, raise the "
                                                                     "lr "
                        "linearly over this many steps while AdamW's moments fill again")

@@ -9,7 +9,8 @@ turns SIGINT/SIGTERM into "checkpoint after this step and exit".
 
 A portable copy (`save_portable`, train.py --portable-dir) is what a run needs to continue on another
 machine, small enough to commit to git: the LoRA weights in bfloat16 (half the size), the RNG states, the
-training state, the config, the run's logs and best/ (bf16), but not AdamW's moments (twice the weights).
+training state and the config and the run's logs, but not AdamW's moments (twice the weights) nor best/
+(another copy of the weights: a landing after a validation would add both; state.json names best's step).
 A run continued from it (`restore`, train.py's --resume) is at the same step, schedule position and data order with the
 same RNG states; its weights are the bf16-rounded ones and its moments start again from zero.
 """
@@ -98,11 +99,6 @@ def save_portable(checkpoint_dir: Path, run_dir: Path, out_dir: Path) -> Path:
     for path in copied:
         if path.is_file():
             shutil.copyfile(path, tmp / path.name)
-    if (run_dir / "best").is_dir():  # an adapter directory: its weights in bf16, the rest as it is
-        (tmp / "best").mkdir()
-        for path in (run_dir / "best").iterdir():
-            copy = copy_in_bf16 if path.suffix == ".safetensors" else shutil.copyfile
-            copy(path, tmp / "best" / path.name)
     old = out_dir.with_name(out_dir.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if out_dir.exists():

@@ -130,7 +130,7 @@ def resume(run: Run, config: dict, model, optimizer) -> tuple[TrainState, str]:
     step_of = lambda path: json.loads((path / "state.json").read_text())["step"] if path else -1
     if step_of(portable) > step_of(local):
         check_same_run(json.loads((portable / "config.json").read_text()), config)
-        return continue_portable(run, portable, model), f"portable copy {portable}"
+        return continue_portable(run, portable, model, local), f"portable copy {portable}"
     check_same_run(json.loads((local / "config.json").read_text()), config)
     return TrainState(**checkpoint.load(local, model, optimizer, run.rank, run.device)), f"checkpoint {local}"
 
@@ -148,20 +148,22 @@ def check_same_run(saved: dict, config: dict) -> None:
                  "answers changed since the run started")
 
 
-def continue_portable(run: Run, portable: Path, model) -> TrainState:
+def continue_portable(run: Run, portable: Path, model, local: Path | None = None) -> TrainState:
     """Continue from a portable copy (e.g. on a fresh clone, no run directory): same step, schedule position,
     data order and RNG states; the LoRA weights are its bf16 ones, AdamW's moments start from zero and the
-    lr is re-warmed over --rewarm-steps. Its logs and best/ become the run directory's."""
+    lr is re-warmed over --rewarm-steps. Its logs become the run directory's; best/ stayed where the
+    validation made it (the state keeps best_step and best_val, and train.py says so at the end). A best/
+    of this machine's own checkpoint `local` (behind the copy) is kept only if it is still the best step's."""
     state = TrainState(**checkpoint.restore(portable, model, run.rank))
     state.rewarm_from = state.step
     if run.rank == 0:
         run.run_dir.mkdir(parents=True, exist_ok=True)
+        local_best = json.loads((local / "state.json").read_text()).get("best_step") if local else None
+        if local_best != state.best_step:
+            shutil.rmtree(run.run_dir / "best", ignore_errors=True)
         for name in checkpoint.RUN_LOGS:
             if (portable / name).is_file():
                 shutil.copyfile(portable / name, run.run_dir / name)
-        if (portable / "best").is_dir():
-            shutil.rmtree(run.run_dir / "best", ignore_errors=True)
-            shutil.copytree(portable / "best", run.run_dir / "best")
         print(f"continuing from the portable copy {portable} at step {state.step}: LoRA weights rounded to bf16, "
               f"AdamW moments from zero, lr re-warmed over {run.args.rewarm_steps} steps")
     return state

@@ -4,6 +4,7 @@ the schedule, and the command line."""
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -277,7 +278,7 @@ def test_a_portable_copy_continues_on_a_fresh_clone(model_dir, tmp_path):
                           "--stop-after", "7"))  # mid-epoch 1, after epoch 0's validation made best/
     copy = tmp_path / "repo" / "runs" / "grisp"
     checkpoint_dir = tmp_path / "runs" / "grisp" / "checkpoint-0000007"
-    assert sorted(p.name for p in copy.iterdir()) == ["best", "config.json", "log.jsonl", "lora.safetensors",
+    assert sorted(p.name for p in copy.iterdir()) == ["config.json", "log.jsonl", "lora.safetensors",
                                                       "rng-rank0.safetensors", "state.json", "stretches.jsonl"]
     full, small = load_file(checkpoint_dir / checkpoint.LORA_FILE), load_file(copy / checkpoint.LORA_FILE)
     assert all(small[k].dtype == torch.bfloat16 and torch.equal(small[k], full[k].bfloat16()) for k in full)
@@ -305,17 +306,44 @@ def test_a_portable_copy_continues_on_a_fresh_clone(model_dir, tmp_path):
 
 
 def test_a_portable_copy_is_byte_identical_where_nothing_changed(model_dir, tmp_path):
-    """best/ is rewritten at every checkpoint: unchanged, git must see the same bytes."""
+    """Git stores a landing's unchanged files once only if they are rewritten byte for byte. best/ stays out
+    of the copy: its weights would double a landing."""
     samples = write_jsonl(tmp_path / "s.jsonl", make_samples(4))
     val = write_jsonl(tmp_path / "v.jsonl", make_samples(2, 0, prefix="v"))
     flags = ["--val-data", str(val), "--portable-dir", str(tmp_path / "repo"), "--checkpoint-every", "1"]
     train.main(train_args(model_dir, tmp_path, samples, *flags, "--stop-after", "5"))  # validated at step 4 only
-    before = (tmp_path / "repo" / "grisp" / "best" / peft_format.WEIGHTS_NAME).read_bytes()
-    train.main(train_args(model_dir, tmp_path, samples, *flags, "--resume", "--stop-after", "6"))
-    assert (tmp_path / "repo" / "grisp" / "best" / peft_format.WEIGHTS_NAME).read_bytes() == before
-    # the local checkpoint was as far on as the copy: the run resumed from it, exactly (no re-warm)
-    state = json.loads((tmp_path / "repo" / "grisp" / "state.json").read_text())
-    assert state["step"] == 6 and state["best_step"] == 4 and state["rewarm_from"] is None
+    copy, run_dir = tmp_path / "repo" / "grisp", tmp_path / "runs" / "grisp"
+    assert (run_dir / "best").is_dir() and not (copy / "best").exists()
+    before = {p.name: p.read_bytes() for p in copy.iterdir()}
+    checkpoint.save_portable(run_dir / "checkpoint-0000005", run_dir, copy)
+    assert {p.name: p.read_bytes() for p in copy.iterdir()} == before
+    state = json.loads((copy / "state.json").read_text())
+    assert state["step"] == 5 and state["best_step"] == 4 and state["rewarm_from"] is None
+
+
+def test_a_best_left_on_another_machine_is_named_not_faked(model_dir, tmp_path, capsys):
+    """Continued from a portable copy (no best/ in it), a run whose last validation is not its best ships
+    its last weights and says whose the best loss was; a stale best/ of this machine is dropped."""
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(4))
+    val = write_jsonl(tmp_path / "v.jsonl", make_samples(2, 0, prefix="v"))
+    flags = ["--epochs", "2", "--val-data", str(val), "--portable-dir", str(tmp_path / "repo"), "--checkpoint-every", "1"]
+    train.main(train_args(model_dir, tmp_path, samples, *flags, "--stop-after", "3"))  # before any validation
+    copy, run_dir = tmp_path / "repo" / "grisp", tmp_path / "runs" / "grisp"
+    for path in run_dir.glob("checkpoint-*"):  # this machine's checkpoints lost; a stale best/ of it left
+        shutil.rmtree(path)
+    (run_dir / "latest").unlink()
+    (run_dir / "best").mkdir()
+    (run_dir / "best" / "stale").write_text("")
+    state = json.loads((copy / "state.json").read_text())
+    state.update(best_val=-1.0, best_step=2)  # as if another machine had validated better than any loss here
+    (copy / "state.json").write_text(json.dumps(state))
+    capsys.readouterr()
+    train.main(train_args(model_dir, tmp_path, samples, *flags, "--resume"))
+    out = capsys.readouterr().out
+    assert "adapter (the last step's weights; the best validation loss -1.0 was step 2's, whose weights stayed on " \
+           "the machine that validated it" in out
+    assert not (run_dir / "adapter" / "stale").exists()
+    assert (run_dir / "adapter" / peft_format.WEIGHTS_NAME).is_file()
 
 
 def test_resume_without_checkpoint_or_copy_says_so(model_dir, tmp_path):
