@@ -243,7 +243,8 @@ def main(args: argparse.Namespace) -> None:
             peft_format.save_adapter(checkpoint.unwrap(model), best, str(args.model_dir), prompt_format=args.prompt_format)
             what = "the last step's weights" + (
                 f"; the best validation loss {state.best_val} was step {state.best_step}'s, whose weights stayed on "
-                f"the machine that validated it (the run continued from a portable copy)" if val else "")
+                f"the machine that validated it (the run continued from a portable copy)" if state.best_step is not None
+                else "")
         shutil.rmtree(run.run_dir / "adapter", ignore_errors=True)
         shutil.copytree(best, run.run_dir / "adapter")
         print(f"adapter ({what}) saved to {run.run_dir / 'adapter'}")
