@@ -9,7 +9,7 @@ turns SIGINT/SIGTERM into "checkpoint after this step and exit".
 
 A portable copy (`save_portable`, train.py --portable-dir) is what a run needs to continue on another
 machine, small enough to commit to git: the LoRA weights in bfloat16 (half the size), the RNG states, the
-training state and the config and the run's logs, but not AdamW's moments (twice the weights) nor best/
+training state, the config and the run's logs, but not AdamW's moments (twice the weights) nor best/
 (another copy of the weights: a landing after a validation would add both; state.json names best's step).
 A run continued from it (`restore`, train.py's --resume) is at the same step, schedule position and data order with the
 same RNG states; its weights are the bf16-rounded ones and its moments start again from zero.
