@@ -47,6 +47,7 @@ from tqdm import tqdm
 import defaults
 from grisp import benchmarks, metrics, sparql
 from grisp.options import GrispError, Options, add_flags, preset
+from grisp.skeleton_score import SHAPES, shape as question_shape
 from grisp.tracing import Stopwatch
 from jsonl import append_jsonl, read_jsonl, write_jsonl
 from llm.cpu_speed import cpu_name, pick_precision
@@ -186,6 +187,7 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
     f1 = metrics.sample_score(metrics.from_result(pred) if pred is not None else None,
                               metrics.from_result(gold) if gold is not None else None)
     record["f1"], record["em"] = f1, None if f1 is None else metrics.exact_match(f1)
+    record["shape"] = question_shape(gold_sparql)  # what kind of question, from its gold query
     # where it failed: the pipeline's own verdict first, else a wrong (or unexecutable) answer
     pipeline_failure = record["pipeline_failure"]
     if record["em"]:
@@ -219,6 +221,9 @@ def summarize(records: list[dict]) -> dict:
         "backtracks_per_sample": statistics.fmean(backtracks) if backtracks else None,
         "samples_with_backtracks": sum(b > 0 for b in backtracks),
         "failures": {kind: failures[kind] for kind in (*FAILURES, "correct")},
+        # F1 by question shape (skeleton_score.SHAPES; records scored before shapes were recorded have none)
+        "f1_by_shape": {shape: {"scored": len(rows), "f1": statistics.fmean(r["f1"] for r in rows)}
+                        for shape in SHAPES if (rows := [r for r in scored if r.get("shape") == shape])},
         # over all questions (a dead endpoint also fails the gold queries, which skips them above)
         "endpoint": {"questions_failed": sum("endpoint_error" in (r.get("failure"), r.get("pipeline_failure"))
                                              for r in records),
@@ -246,6 +251,9 @@ def print_summary(summary: dict, name: str) -> None:
     print(f"  seconds/question   median {sec(summary['seconds']['median'])}, mean {sec(summary['seconds']['mean'])}")
     print(f"  backtracks/sample  {sec(backtracks)} ({summary['samples_with_backtracks']} samples backtracked)")
     print("  failures           " + ", ".join(f"{kind.replace('_', ' ')} {failures[kind]}" for kind in failures))
+    if summary.get("f1_by_shape"):
+        print("  F1 by shape        " + ", ".join(f"{shape} {pct(block['f1'])} ({block['scored']})"
+                                                 for shape, block in summary["f1_by_shape"].items()))
     endpoint = summary["endpoint"]
     faults = ", ".join(f"{kind} {count}" for kind, count in endpoint["faulty_queries"].items()) or "none"
     print(f"  endpoint           {endpoint['questions_failed']} questions failed by the endpoint, "

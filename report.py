@@ -5,6 +5,7 @@ script prints the tables from them, so a table can be re-made to the digit after
 
     python report.py systems ~/.cache/grisp/eval/demo-{none,no-rerank,no-beam-search}    # one row per run
     python report.py skeletons ~/.cache/grisp/eval/{demo,qald10-dev}-skeletons           # one column per run
+    python report.py shapes ~/.cache/grisp/eval/{grisp-wwq-0.5b-float32,grisp-mix-0.5b-auto}/demo-none  # F1 by shape
     python report.py compare ~/.cache/grisp/eval/wwq-dev-full-none ~/.cache/grisp/eval/wwq-dev-full-no-rerank
     python report.py agent ~/.cache/grisp/eval/demo-agent                                # evaluate.py --system agent
 """
@@ -67,6 +68,25 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
         lines.append(f"| {system_name(s, several_adapters)} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
                      f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {s['backtracks_per_sample']:.2f} | "
                      f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']} | {s['scored']} |")
+    return lines
+
+
+def shapes_table(run_dirs: list[Path]) -> list[str]:
+    """One column per full-system run: F1 by the question's shape (from its gold query, skeleton_score.shape);
+    cells: questions scored, F1 %."""
+    summaries = [load_summary(d) for d in run_dirs]
+    for run_dir, s in zip(run_dirs, summaries):
+        if "f1_by_shape" not in s:
+            sys.exit(f"error: {run_dir} has no F1 by shape (a --skeleton-only run, or scored before shapes "
+                     f"were recorded: re-score it with evaluate.py --score-only)")
+    heads = [d.name for d in run_dirs]
+    lines = ["| shape | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for shape in SHAPES:
+        blocks = [s["f1_by_shape"].get(shape) for s in summaries]
+        if any(blocks):
+            lines.append(f"| {SHAPE_NAMES.get(shape, shape)} | "
+                         + " | ".join(f"{b['scored']}: {100 * b['f1']:.1f}" if b else "-" for b in blocks) + " |")
+    lines.append("| all | " + " | ".join(f"{s['scored']}: {100 * s['f1']:.1f}" for s in summaries) + " |")
     return lines
 
 
@@ -162,6 +182,8 @@ def main(args: argparse.Namespace) -> None:
         lines = systems_table(args.run_dirs)
     elif args.table == "skeletons":
         lines = skeletons_table(args.run_dirs)
+    elif args.table == "shapes":
+        lines = shapes_table(args.run_dirs)
     elif args.table == "agent":
         lines = agent_table(args.run_dirs)
     else:
@@ -174,9 +196,10 @@ def main(args: argparse.Namespace) -> None:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("table", choices=["systems", "skeletons", "agent", "compare"],
+    parser.add_argument("table", choices=["systems", "skeletons", "shapes", "agent", "compare"],
                         help="systems: one row per full-system run (F1, EM, s/question, backtracks, failures); "
                              "skeletons: one column per --skeleton-only run (structure and label match by shape); "
+                             "shapes: one column per full-system run (F1 by the gold query's shape); "
                              "agent: one row per --system agent run (steps, function calls, how runs ended); "
                              "compare: outcome transitions from run A to run B")
     parser.add_argument("run_dirs", nargs="+", type=Path, help="evaluate.py run directories (--out)")

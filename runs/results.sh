@@ -61,6 +61,7 @@ full_system() {  # $1 = KG setting
   use_kg "$1"
   evaluate "${kg[@]}" --out "$out/$1-none"
   python report.py systems "$out/$1-none"
+  python report.py shapes "$out/$1-none"
 }
 
 ablations() {  # $1 = KG setting; the resolution-only rows reuse the full system's skeletons

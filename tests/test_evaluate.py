@@ -280,6 +280,14 @@ def test_failure_kind_of_single_records(endpoint_url):
     assert kind("SELECT ?x WHERE { wd:Q1 wdt:P19 ?x", None) == "wrong_answer"  # does not execute
 
 
+def test_a_scored_record_knows_its_questions_shape(endpoint_url):
+    client = evaluate.sparql.SparqlClient(endpoint_url)
+    record = evaluate.score_record({"sparql": BORN, "pipeline_failure": None}, BORN, client)
+    assert record["shape"] == "one triple"
+    ask = "PREFIX wd: <http://www.wikidata.org/entity/> ASK { wd:Q1 ?p ?o }"
+    assert evaluate.score_record({"sparql": None, "pipeline_failure": "dead_end"}, ask, client)["shape"] == "ask"
+
+
 def test_summary_of_handmade_records():
     def record(f1, seconds, backtracks, failure=None, status="ok"):
         return {"f1": f1, "em": None if f1 is None else f1 == 1.0, "seconds": seconds,
@@ -291,6 +299,18 @@ def test_summary_of_handmade_records():
     assert summary["seconds"] == {"median": 2.5, "mean": 3.0}
     assert summary["backtracks_per_sample"] == 1.5 and summary["samples_with_backtracks"] == 2
     assert summary["timings_mean"] == {"search": 1.5}
+    assert "f1_by_shape" in summary and not summary["f1_by_shape"]  # records without a shape: none to report
+
+
+def test_summary_splits_f1_by_shape_in_skeleton_scores_order():
+    def record(f1, shape):
+        return {"f1": f1, "em": f1 == 1.0, "seconds": 1.0, "backtracks": 0, "failure": None, "gold_status": "ok",
+                "shape": shape}
+    summary = evaluate.summarize([record(1.0, "one triple"), record(0.0, "one triple"), record(0.5, "two-hop"),
+                                  record(1.0, "ask"), {**record(None, "ask"), "gold_status": "empty"}])
+    assert summary["f1_by_shape"] == {"ask": {"scored": 1, "f1": 1.0}, "two-hop": {"scored": 1, "f1": 0.5},
+                                      "one triple": {"scored": 2, "f1": 0.5}}
+    assert list(summary["f1_by_shape"]) == ["ask", "two-hop", "one triple"]
 
 
 def test_ablation_presets_map_to_pipeline_options(tmp_path):

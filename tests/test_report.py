@@ -46,6 +46,26 @@ def test_systems_table_names_what_else_differs(tmp_path):
     assert lines[3].startswith("| GRISP (all mechanisms) (mix) |")
 
 
+def test_shapes_table_splits_f1_by_the_gold_querys_shape(tmp_path):
+    def run(name, outcomes):  # (shape, failure) per question
+        records = [{**system_record(f"q{i}", failure, 1.0), "shape": shape} for i, (shape, failure) in enumerate(outcomes)]
+        return write_run(tmp_path / name, records, evaluate.summarize(records), {"ablation": "none"})
+    old = run("old", [("one triple", None), ("one triple", "dead_end"), ("two-hop", "wrong_answer")])
+    new = run("new", [("one triple", None), ("one triple", None), ("two-hop", None), ("ask", "dead_end")])
+    lines = report.shapes_table([old, new])
+    assert lines[0] == "| shape | old | new |"
+    assert lines[2:] == ["| ask | - | 1: 0.0 |", "| two-hop | 1: 0.0 | 1: 100.0 |", "| one triple | 2: 50.0 | 2: 100.0 |",
+                         "| all | 3: 33.3 | 4: 75.0 |"]
+
+
+def test_shapes_table_refuses_runs_without_shapes(tmp_path):
+    records = [system_record("q0", None, 1.0)]  # scored before records carried their shape
+    summary = {k: v for k, v in evaluate.summarize(records).items() if k != "f1_by_shape"}
+    before = write_run(tmp_path / "before", records, summary, {"ablation": "none"})
+    with pytest.raises(SystemExit, match="re-score it with evaluate.py --score-only"):
+        report.shapes_table([before])
+
+
 def skeleton_record(qid, shape, structure, label, seconds=1.0):
     return {"id": qid, "question": qid, "shape": shape, "status": "scored", "generated": "SELECT ?x {}",
             "structure_match": structure, "label_match": label, "seconds": seconds}
