@@ -71,6 +71,13 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
     return lines
 
 
+def column_heads(run_dirs: list[Path]) -> list[str]:
+    """Each run's directory name, with its parent's where names repeat (the same group of two adapters'
+    runs.sh output: grisp-wwq-0.5b-float32/demo-none, grisp-mix-0.5b-auto/demo-none)."""
+    names = [d.name for d in run_dirs]
+    return [f"{d.parent.name}/{d.name}" if names.count(d.name) > 1 else d.name for d in run_dirs]
+
+
 def shapes_table(run_dirs: list[Path]) -> list[str]:
     """One column per full-system run: F1 by the question's shape (from its gold query, skeleton_score.shape);
     cells: questions scored, F1 %."""
@@ -79,7 +86,7 @@ def shapes_table(run_dirs: list[Path]) -> list[str]:
         if "f1_by_shape" not in s:
             sys.exit(f"error: {run_dir} has no F1 by shape (a --skeleton-only run, or scored before shapes "
                      f"were recorded: re-score it with evaluate.py --score-only)")
-    heads = [d.name for d in run_dirs]
+    heads = column_heads(run_dirs)
     lines = ["| shape | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for shape in SHAPES:
         blocks = [s["f1_by_shape"].get(shape) for s in summaries]
@@ -133,7 +140,7 @@ def skeletons_table(run_dirs: list[Path]) -> list[str]:
     for run_dir, s in zip(run_dirs, summaries):
         if "by_shape" not in s:
             sys.exit(f"error: {run_dir} is not a --skeleton-only run; use `report.py systems`")
-    heads = [d.name for d in run_dirs]
+    heads = column_heads(run_dirs)
     lines = ["| shape | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for shape in SHAPES:  # most specific first, as skeleton_score assigns them
         cells = [skeleton_cell(s["by_shape"].get(shape)) for s in summaries]

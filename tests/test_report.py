@@ -56,6 +56,11 @@ def test_shapes_table_splits_f1_by_the_gold_querys_shape(tmp_path):
     assert lines[0] == "| shape | old | new |"
     assert lines[2:] == ["| ask | - | 1: 0.0 |", "| two-hop | 1: 0.0 | 1: 100.0 |", "| one triple | 2: 50.0 | 2: 100.0 |",
                          "| all | 3: 33.3 | 4: 75.0 |"]
+    # runs of the same name (one per adapter, as runs/results.sh lays them out) are told apart by their parent
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    same = [old.rename(tmp_path / "a" / "demo-none"), new.rename(tmp_path / "b" / "demo-none")]
+    assert report.shapes_table(same)[0] == "| shape | a/demo-none | b/demo-none |"
 
 
 def test_shapes_table_refuses_runs_without_shapes(tmp_path):
