@@ -17,8 +17,8 @@ bottom as in nanoGPT's train.py; the engine it drives (the run's state, data ord
 and portable resumption, the loop with DDP and early stopping) is grisp/trainer.py, the loss of a batch
 and of the validation set grisp/loss.py, the data mixture grisp/mixture.py.
 
-Flags left unset take the device's recipe: on a CPU the shipped adapter's (LoRA on the last 8 blocks,
-micro-batches of 4, 2 epochs), on a GPU the paper's (all blocks, 4 epochs). The plan and, on a CPU, its
+Flags left unset take the device's recipe: on a CPU the shipped adapter's (LoRA on all blocks,
+micro-batches of 1, 2 epochs), on a GPU the paper's (all blocks, 4 epochs). The plan and, on a CPU, its
 expected duration are printed before the first step and re-measured after three.
 
     python train.py --data wwq                                   # the device's recipe (CPU: the shipped adapter's)
@@ -50,8 +50,8 @@ from llm.tokenizer import Tokenizer
 from model import Transformer, pick_device
 
 # Flags left unset take the recipe of the device (`apply_recipe`): on a CPU the shipped adapter's (LoRA on
-# the last 8 blocks, micro-batches of 4), on a GPU the paper's (all blocks); 2 epochs on a CPU, 4 on a GPU.
-RECIPES = {"cpu": {"lora_layers": 8, "micro_batch_size": 4, "epochs": 2},
+# all blocks, micro-batches of 1 as its run had), on a GPU the paper's; 2 epochs on a CPU, 4 on a GPU.
+RECIPES = {"cpu": {"lora_layers": 0, "micro_batch_size": 1, "epochs": 2},
            "gpu": {"lora_layers": 0, "micro_batch_size": 1, "epochs": 4}}
 # CPU seconds per token of a training step on the mixture, a + b x (blocks with LoRA), per precision (0.5B
 # model, 2 threads; README, Training): all tokens over all seconds. float32, fitted on the AVX2 machine
@@ -326,7 +326,7 @@ def make_parser() -> argparse.ArgumentParser:
                                                             "checkpoint-* directory (same r, alpha, targets, layers), "
                                                             "instead of LoRA's zero update")
     group.add_argument("--lora-layers", type=int, default=None, help="LoRA on the last N blocks only (0 = all blocks); "
-                       "unset: 8 on a CPU (the shipped adapter's), all on a GPU (the paper's)")
+                       "unset: all (the shipped adapter's and the paper's recipe)")
     # optimisation
     group = parser.add_argument_group("optimisation")
     group.add_argument("--epochs", type=int, default=None, help="passes over the training records; unset: 2 on a CPU, "
@@ -335,7 +335,7 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--micro-batch-size", type=int, default=None, help="samples per forward pass (the batch is "
                                                                           "accumulated "
                        "from these); more is faster but costs memory (CPU, 0.5B, 4: ~7 GB with --lora-layers 8, ~10 GB "
-                       "without); unset: 4 on a CPU, 1 on a GPU")
+                       "without); unset: 1")
     group.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (AdamW)")
     group.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine "
                                                                   "decay to 0")

@@ -522,16 +522,16 @@ def test_two_process_ddp_equals_one_process(model_dir, tmp_path):
 
 # ---------------------------------------------------------------------------- recipe, mixture, prompt format
 def test_unset_flags_take_the_devices_recipe(model_dir):
-    for device, expected in (("cpu", (0, 4, 2)), ("cuda", (0, 1, 4))):  # the tiny model has 2 blocks: LoRA on all
+    for device, expected in (("cpu", (0, 1, 2)), ("cuda", (0, 1, 4))):  # the tiny model has 2 blocks: LoRA on all
         args = train.make_parser().parse_args(["--model-dir", str(model_dir)])
         train.apply_recipe(args, torch.device(device))
         assert (args.lora_layers, args.micro_batch_size, args.epochs) == expected
-    args = train.make_parser().parse_args(["--model-dir", str(REPO / "no-model")])  # the 0.5B's 24 blocks: the last 8
+    args = train.make_parser().parse_args(["--model-dir", str(REPO / "no-model")])  # the 0.5B's 24 blocks: all of them
     train.apply_recipe(args, torch.device("cpu"))
-    assert (args.lora_layers, args.micro_batch_size, args.epochs) == (8, 4, 2)
+    assert (args.lora_layers, args.micro_batch_size, args.epochs) == (0, 1, 2)
     args = train.make_parser().parse_args(["--model-dir", str(model_dir), "--lora-layers", "1", "--epochs", "3"])
     train.apply_recipe(args, torch.device("cpu"))
-    assert (args.lora_layers, args.micro_batch_size, args.epochs) == (1, 4, 3)  # given flags win
+    assert (args.lora_layers, args.micro_batch_size, args.epochs) == (1, 1, 3)  # given flags win
     args.batch_size, args.lora_r, args.lora_layers = 8, 32, 8
     plan = train.describe_plan(args, torch.device("cpu"), torch.float32, 1000, [{"ids": [0] * 300}], 24)
     # 1000 steps x 2,400 tokens x (7.5 + 0.6 x 8) ms = 8.2 h
@@ -561,7 +561,7 @@ def test_command_line_trains_online_on_a_mixture_and_prints_the_plan(model_dir, 
     assert "CPU recipe (the shipped adapter's" in out and "LoRA r=4 on all 2 blocks" in out and "expected ~" in out
     assert "measured" in out and "s/step over 3 steps" in out
     config = json.loads((tmp_path / "runs" / "grisp" / "config.json").read_text())
-    assert (config["lora_layers"], config["micro_batch_size"], config["epochs"]) == (0, 4, 2)
+    assert (config["lora_layers"], config["micro_batch_size"], config["epochs"]) == (0, 1, 2)
     assert config["prompt_format"] == "v2" and config["loss_weighting"] == "reference"
     adapter = tmp_path / "runs" / "grisp" / "adapter"
     assert json.loads((adapter / "grisp_config.json").read_text()) == {"prompt_format": "v2"}
