@@ -241,10 +241,12 @@ def main(args: argparse.Namespace) -> None:
             what = f"best validation loss {state.best_val}, step {state.best_step}"
         else:  # no validation data, or best/ stayed on the machine whose validation made it (a portable copy has none)
             peft_format.save_adapter(checkpoint.unwrap(model), best, str(args.model_dir), prompt_format=args.prompt_format)
-            what = "the last step's weights" + (
-                f"; the best validation loss {state.best_val} was step {state.best_step}'s, whose weights stayed on "
-                f"the machine that validated it (the run continued from a portable copy)" if state.best_step is not None
-                else "")
+            what = "the last step's weights"
+            if state.best_step == state.step:
+                what += f", also the best by validation loss ({state.best_val})"
+            elif state.best_step is not None:
+                what += (f"; the best validation loss {state.best_val} was step {state.best_step}'s, whose weights "
+                         f"stayed on the machine that validated it (the run continued from a portable copy)")
         shutil.rmtree(run.run_dir / "adapter", ignore_errors=True)
         shutil.copytree(best, run.run_dir / "adapter")
         print(f"adapter ({what}) saved to {run.run_dir / 'adapter'}")

@@ -4,7 +4,7 @@ samples.py turns the records into samples.
 
 `--data` names one source or several, each with an optional weight:
 
-    --data wwq                                   # WikiWebQuestions train, as the shipped adapter
+    --data wwq                                   # WikiWebQuestions train, as the first adapter
     --data wwq,qald10,qald7,lcquad2,sq,spinach   # every source once per epoch
     --data wwq:1,lcquad2:0.3,qald7:2             # weights
 
