@@ -346,6 +346,33 @@ def test_a_best_left_on_another_machine_is_named_not_faked(model_dir, tmp_path, 
     assert (run_dir / "adapter" / peft_format.WEIGHTS_NAME).is_file()
 
 
+def test_a_copy_landed_after_the_last_validation_becomes_the_adapter_on_a_fresh_machine(model_dir, tmp_path, capsys):
+    """What happened to the mixture run: its copy landed at the last step after the final validation (the
+    best), the machine lost its run directory, and --resume on a fresh one trains nothing more and writes
+    the copy's weights as the adapter, saying that they are the best."""
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(4))
+    val = write_jsonl(tmp_path / "v.jsonl", make_samples(2, 0, prefix="v"))
+    flags = ["--epochs", "2", "--val-data", str(val), "--portable-dir", str(tmp_path / "repo"), "--checkpoint-every", "1"]
+    train.main(train_args(model_dir, tmp_path, samples, *flags))
+    copy, run_dir = tmp_path / "repo" / "grisp", tmp_path / "runs" / "grisp"
+    state = json.loads((copy / "state.json").read_text())
+    last = json.loads((copy / "config.json").read_text())["total_steps"]
+    assert state["step"] == state["evaluated_step"] == last
+    state.update(best_step=last)  # the last validation was the best (in this tiny run it need not be)
+    (copy / "state.json").write_text(json.dumps(state))
+    shutil.rmtree(run_dir)  # a fresh machine
+    capsys.readouterr()
+    train.main(train_args(model_dir, tmp_path, samples, *flags, "--resume"))
+    out = capsys.readouterr().out
+    assert f"adapter (the last step's weights, also the best by validation loss ({state['best_val']}))" in out
+    assert [row for row in log(tmp_path) if row["step"] > last] == []  # no step trained after the end
+    _, landed = checkpoint.read_lora(copy)
+    shipped = peft_format.read_adapter_weights(run_dir / "adapter")
+    assert len(shipped) == len(landed) > 0
+    for (name, tensor), expected in zip(sorted(shipped.items()), (landed[k] for k in sorted(landed))):
+        torch.testing.assert_close(tensor.float(), expected.float(), rtol=0, atol=0, msg=name)
+
+
 def test_resume_without_checkpoint_or_copy_says_so(model_dir, tmp_path):
     samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
     with pytest.raises(SystemExit, match="no checkpoint and .* no portable copy"):
