@@ -35,6 +35,7 @@ and skeleton_score.py.
 import argparse
 import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -260,6 +261,12 @@ def print_summary(summary: dict, name: str) -> None:
           f"{endpoint['unverified_answers']} unverified answers; faulty queries of {endpoint['queries']}: {faults}")
 
 
+def absolute(path: str | Path) -> str:
+    """A directory as a run's config.json records it: absolute, so that runs started from different
+    directories compare equal when resuming and for --skeletons-from ("none", no adapter, as it is)."""
+    return str(path) if str(path).lower() == "none" else os.path.abspath(Path(path).expanduser())
+
+
 def read_predictions(path: Path) -> list[dict]:
     """Records of a predictions file ([] before the first); a cut-off last line (killed mid-write) is
     dropped from disk."""
@@ -304,8 +311,9 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     suffix = "skeletons" + ("" if args.ablation == "none" else f"-{args.ablation}")
     out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
     config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
-              "model_dir": str(args.model_dir), "adapter": str(args.adapter), "index": str(args.index),
-              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "out": str(out)}
+              "model_dir": absolute(args.model_dir), "adapter": absolute(args.adapter),
+              "index": absolute(args.index), "device": args.device, "cpu": cpu_name(), "limit": args.limit,
+              "out": str(out)}
     print(f"config: {json.dumps(config)}")
     predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples)
     if todo:
@@ -383,8 +391,8 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
         suffix = "agent"
     out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
     config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
-              "oracle_skeleton": args.oracle_skeleton, "model_dir": str(args.model_dir),
-              "adapter": str(args.adapter), "index": str(args.index), "endpoint": args.endpoint,
+              "oracle_skeleton": args.oracle_skeleton, "model_dir": absolute(args.model_dir),
+              "adapter": absolute(args.adapter), "index": absolute(args.index), "endpoint": args.endpoint,
               "device": args.device, "cpu": cpu_name(), "limit": args.limit, "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     if system == "agent":

@@ -1,6 +1,7 @@
 """Tests for evaluate.py: a fake pipeline against a real oxigraph server over a tiny KG."""
 import argparse
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -166,7 +167,7 @@ def test_oracle_mode_feeds_the_gold_skeleton_with_index_labels(bench, tmp_path, 
     assert "wd:" not in skeleton and summary["f1"] == 1.0
 
 
-def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path, endpoint_url):
+def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path, endpoint_url, monkeypatch):
     class Generating(FakePipeline):
         def answer(self, question):
             self.asked.append(question)
@@ -196,6 +197,13 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     with pytest.raises(FileNotFoundError, match="no evaluation run there"):
         evaluate.main(make_args(bench, tmp_path / "x", endpoint_url, skeletons_from=str(tmp_path / "nothing")),
                       pipeline=Resolving())
+    # the same adapter named by a relative path from another directory is the same setting
+    monkeypatch.chdir(tmp_path)
+    relative = os.path.relpath(defaults.ADAPTER_DIR, tmp_path)
+    evaluate.main(make_args(bench, tmp_path / "relative", endpoint_url, ablation="no-rerank", limit=1,
+                            adapter=relative, skeletons_from=str(tmp_path / "full")), pipeline=Resolving())
+    config = json.loads((tmp_path / "relative" / "config.json").read_text())
+    assert config["adapter"] == str(defaults.ADAPTER_DIR)
 
     # another benchmark with the same questions under the same ids (another KG) reuses them too;
     # one whose question under a shared id differs is refused
