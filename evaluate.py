@@ -65,7 +65,8 @@ ABLATIONS = {
     "no-backtracking": preset(backtracking=False),
     "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
-KNOBS = ("num_beams", "num_skeletons", "top_k", "time_budget", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # options.Options fields, passed if set
+KNOBS = ("num_beams", "num_skeletons", "top_k", "none_margin", "time_budget", "seed", "beam_ranking",  # passed if set
+         "skeleton_dedupe", "precision")  # options.Options fields
 # grisp.pipeline.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")

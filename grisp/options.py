@@ -64,6 +64,9 @@ class Options:
                             choices=PRECISIONS)
     # placeholder resolution (the paper's ablations)
     top_k: int = option(10, "search hits re-ranked per placeholder")
+    none_margin: float = option(0.0, "re-ranking keeps the alternatives that score above None's score minus this "
+                                "(logits) as the placeholder's choice and backtracking's later options; 0 = "
+                                "strictly above None (the paper); inf = all of them, in the re-ranked order")
     rerank: bool = option(True, "take the index order, no model re-ranking")
     constrained: bool = option(True, "search without KG constraints")
     kg_guidance: bool = option(True, "no constraints and no final validation")
@@ -84,6 +87,7 @@ class Options:
             # a placeholder of unknown position re-ranks the union of two top-k lists, and the
             # re-ranking prompt names at most len(IDENTIFIERS) - 1 alternatives
             ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"in [1, {MAX_TOP_K}]"),
+            ("none_margin", self.none_margin, self.none_margin >= 0, ">= 0"),
             ("time_budget", self.time_budget, self.time_budget > 0, "> 0")] if not ok]
         problems += [f"{f.name} = {getattr(self, f.name)} must be one of {', '.join(f.metadata['choices'])}"
                      for f in fields(self) if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]]

@@ -202,8 +202,9 @@ class Resolver:
         return hits
 
     def rerank(self, question: str, frame: Frame, trace: Trace) -> None:
-        """Step 4: re-rank the frame's alternatives with None among them and keep those above None,
-        best first (without re-ranking: all of them, in index order). Also re-ranks after a backtrack."""
+        """Step 4: re-rank the frame's alternatives with None among them and keep those above None (less
+        options.none_margin), best first (without re-ranking: all of them, in index order). Also
+        re-ranks after a backtrack."""
         if not self.options.rerank or not frame.alternatives:
             trace.note(kept=[h.id for h in frame.alternatives])
             return
@@ -214,7 +215,8 @@ class Resolver:
             none_score = scores[-1]
             order = sorted(range(len(shown)), key=lambda i: -scores[i])
             ranking = [(None, none_score)] + [(frame.alternatives[i].id, scores[i]) for i in order]  # ties: None first
-            frame.alternatives = [frame.alternatives[i] for i in order if scores[i] > none_score]
+            cut = none_score - self.options.none_margin
+            frame.alternatives = [frame.alternatives[i] for i in order if scores[i] > cut]
         trace.note(reranked=[(iri, round(score, 3)) for iri, score in sorted(ranking, key=lambda r: -r[1])],
                    kept=[h.id for h in frame.alternatives])
 

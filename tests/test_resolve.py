@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import defaults
-from grisp.options import Options
+from grisp.options import GrispError, Options
 from grisp.prompts import mark_current
 from grisp.resolve import Resolver
 from grisp.skeleton import find_placeholders
@@ -114,6 +114,19 @@ def test_backtracks_when_none_ranks_first(indices, client):
     backtrack_call = reranker.calls[2]
     assert backtrack_call[0].startswith("SELECT ?place WHERE { <rep>Pulp Fiction</rep>")
     assert GENRE not in backtrack_call[1] and FILM in backtrack_call[1]
+
+
+def test_none_margin_keeps_alternatives_just_below_none_for_backtracking(indices, client):
+    # the genre is chosen first and is a dead end (it has no director); the film scores below None
+    reranker = ScriptedReranker({GENRE: 9.0, FILM: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0}, none_score=7.0)
+    strict = Resolver(indices, client, reranker, Options()).resolve("q", SKELETON)
+    assert strict.failure == "dead_end" and events(strict, "placeholder")[0]["kept"] == [GENRE]
+    resolution = Resolver(indices, client, reranker, Options(none_margin=3.0)).resolve("q", SKELETON)
+    assert events(resolution, "placeholder")[0]["kept"] == [GENRE, FILM]  # 5.0 > 7.0 - 3.0
+    assert resolution.sparql == RESOLVED and resolution.backtracks == 1
+    assert Resolver(indices, client, reranker, Options(none_margin=1.9)).resolve("q", SKELETON).failure == "dead_end"
+    with pytest.raises(GrispError, match="none_margin = -1.0 must be >= 0"):
+        Options(none_margin=-1.0)
 
 
 def test_a_merged_placeholder_searches_its_next_wording_when_the_first_finds_nothing(indices, client):
