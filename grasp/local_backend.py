@@ -91,7 +91,7 @@ class LocalBackend:
     forward pass; True ends the turn with BackendCancelled (serve.py: the running job was cancelled)."""
 
     def __init__(self, model_dir: str | Path, adapter: str | Path | None = None, device: str = "auto",
-                 precision: str = "float32",
+                 precision: str = "auto",
                  max_reasoning_tokens: int = 128, max_call_tokens: int = 768, max_string: int = 1500,
                  tool_choice: str = "required", temperature: float | None = None, seed: int = 0,
                  model=None, tokenizer=None, should_stop: Callable[[], bool] | None = None):

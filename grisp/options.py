@@ -56,8 +56,9 @@ class Options:
                                   "wordings the resolver then searches one after the other (the reference "
                                   "implementation's default; waits for the whole beam search)",
                                   choices=DEDUPES)
-    precision: str = option("float32", "precision of the model's weights and matmuls: auto = bfloat16 on a GPU and on a "
-                            "CPU with native bf16 (flag avx512_bf16, amx_bf16 or bf16), float32 on other CPUs, "
+    precision: str = option("auto", "precision of the model's weights and matmuls: auto (the default) = bfloat16 on a "
+                            "GPU and on a CPU with native bf16 (flag avx512_bf16, amx_bf16 or bf16; same answers "
+                            "as float32 on the demo and WWQ dev, README Inference), float32 on other CPUs, "
                             "where bf16 is emulated and slow (docs/cpu_speed.md); int8 = float32 weights with "
                             "torch's dynamic int8 matmuls except down_proj (lossy, docs/cpu_speed.md 1.4). On this "
                             f"machine auto is {pick_precision('auto', torch.device('cpu'))[1].removeprefix('auto: ')}",

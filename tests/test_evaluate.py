@@ -336,7 +336,7 @@ def test_a_run_records_the_precision_that_runs_not_auto(tmp_path, mock_native_bf
     assert evaluate.pipeline_options(args)["precision"] == expected  # auto: as the CPU has it
     args = make_args(tmp_path, tmp_path, "http://x", device="cpu", precision="bfloat16")
     assert evaluate.pipeline_options(args)["precision"] == "bfloat16"  # asked for: as asked
-    assert evaluate.pipeline_options(make_args(tmp_path, tmp_path, "http://x"))["precision"] == "float32"  # default
+    assert evaluate.pipeline_options(make_args(tmp_path, tmp_path, "http://x"))["precision"] == expected  # default: auto
 
 
 def run_script(*args):
