@@ -334,10 +334,10 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--epochs", type=int, default=None, help="passes over the training records; unset: 2 on a CPU, "
                        "4 on a GPU (the paper's)")
     group.add_argument("--batch-size", type=int, default=8, help="samples per optimiser step (over all processes)")
-    group.add_argument("--micro-batch-size", type=int, default=None, help="samples per forward pass (the batch is "
-                                                                          "accumulated "
-                       "from these); more costs memory and was not faster on a 2-core CPU (0.5B, all blocks, bf16: "
-                       "peak 5.5 / 7.7 / 12.3 GB for 1 / 2 / 4; docs/training-history.md); unset: 1")
+    group.add_argument("--micro-batch-size", type=int, default=None,
+                       help="samples per forward pass (the batch is accumulated from these); more costs memory and "
+                            "was not faster on a 2-core CPU (0.5B, all blocks, bf16: peak 5.5 / 7.7 / 12.3 GB for "
+                            "1 / 2 / 4; docs/training-history.md); unset: 1")
     group.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (AdamW)")
     group.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine "
                                                                   "decay to 0")

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The long mixture run behind adapters/grisp-mix-0.5b (issues 15/39): starts it, or continues it from
 # ~/.cache/grisp/runs/mix or from a portable copy runs/mix/ (committed at every stop while it ran).
-# Runs in the background;
-# stop it with: kill -INT $(cat ~/.cache/grisp/logs/mix/pid)   (it checkpoints, copies, and exits)
+# Runs in the background; stop it with: kill -INT $(cat ~/.cache/grisp/logs/mix/pid)   (it checkpoints,
+# copies, and exits)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p ~/.cache/grisp/logs/mix
