@@ -31,8 +31,10 @@ epochs offline. Records whose query has an IRI the index does not know are skipp
     samples, stats = generator.epoch(0)
 """
 import argparse
+import difflib
 import hashlib
 import random
+import re
 import statistics
 from collections import Counter
 from dataclasses import dataclass, fields
@@ -46,7 +48,7 @@ from grisp.loss import TASKS
 from grisp.mixture import epoch_records
 from grisp.prompts import (IDENTIFIERS, LATEST_PROMPT_FORMAT, PROMPT_FORMATS, mark_current, rerank_messages, skeleton_messages,
                      to_alternative)
-from grisp.skeleton import find_placeholders, skeletonize, split_variant, substitute
+from grisp.skeleton import find_placeholders, placeholder_text, skeletonize, split_variant, substitute
 from grisp.sparql import SparqlError
 from jsonl import iter_jsonl
 from search import Indices
@@ -65,6 +67,7 @@ class Augment:
     shuffle: float = 0.1  # shuffle the alternatives (else they keep the search order)
     constrain: float = 0.1  # search within the constraint query's answers (needs an endpoint)
     compose: float = 0.1  # extra two-hop records per record, composed from two one-hop ones (ours, not the paper's)
+    mention: float = 0.0  # an entity to re-rank is named by the question's words for it, as at inference (ours)
     min_k: int = 2
     max_k: int = 10
     gold_missing: str = "none"  # the search missed the gold item: target None ("none") or insert it ("insert")
@@ -89,6 +92,9 @@ def add_generation_args(group: argparse._ArgumentGroup) -> None:
              "constrain": "probability that a re-ranking sample searches within its constraint query's answers, as at "
                           "inference (needs --endpoint; without one no sample is constrained)",
              "compose": "two-hop records composed from pairs of one-hop records, per record (0 = off; ours, not the paper's)",
+             "mention": "probability that the entity to re-rank is named by the question's words for it (the question span "
+                        "most like its label or an alias, e.g. 'Shawn Johnson' for 'Shawn Johnson East') instead of its "
+                        "label, and searched with them, as the model names it at inference (ours, not the paper's)",
              "min_k": "fewest search results in a re-ranking sample", "max_k": "most search results (inference uses 10)",
              "gold_missing": "when the search misses the gold item: none = the target is None of the above (the "
                              "reference), insert = put the gold item at a random rank (the first adapter's)"}
@@ -96,6 +102,47 @@ def add_generation_args(group: argparse._ArgumentGroup) -> None:
         flag = "--rerank-gold-missing" if f.name == "gold_missing" else "--" + f.name.replace("_", "-")
         group.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=helps[f.name],
                            choices=GOLD_MISSING if f.name == "gold_missing" else None)
+
+
+MENTION_SIMILARITY = 0.6  # least difflib ratio (lower case) between a question span and a name to call it a mention
+# words a mention neither starts nor ends with (unless the name does): question words, articles, prepositions
+MENTION_EDGE_STOPWORDS = set("a an the of in on at to for from by with and or is are was were be been do does did "
+                             "what who whom whose which where when why how many much that this there their his her "
+                             "its it they he she you".split())
+
+
+def question_mention(question: str, names: list[str]) -> str | None:
+    """How `question` names the item with these `names` (label first, then aliases): among its spans of
+    at most one word more than the longest name, not starting or ending with a stopword the name does
+    not start or end with, and at least MENTION_SIMILARITY like a name (difflib's ratio, lower case), the
+    one sharing the largest share of words with a name (Jaccard), then the most similar, then the
+    shortest; its words cased as in that name, others capitalized if the name is. None if there is none.
+
+        question_mention("where is shawn johnson gymnast from?", ["Shawn Johnson East"])  # "Shawn Johnson"
+    """
+    words = re.findall(r"\w+(?:[-.]\w+)*", question.replace("'s", ""))
+    best, best_key = None, None
+    for name in names:
+        name_words = name.lower().split()
+        edge_ok = lambda word, edge: word not in MENTION_EDGE_STOPWORDS or word == edge
+        for n in range(1, min(len(name_words) + 1, len(words)) + 1):
+            for start in range(len(words) - n + 1):
+                span = [word.lower() for word in words[start:start + n]]
+                if not (edge_ok(span[0], name_words[0]) and edge_ok(span[-1], name_words[-1])):
+                    continue
+                ratio = difflib.SequenceMatcher(None, " ".join(span), " ".join(name_words)).ratio()
+                if ratio < MENTION_SIMILARITY:
+                    continue
+                jaccard = len(set(span) & set(name_words)) / len(set(span) | set(name_words))
+                key = (jaccard, ratio, -n)
+                if best_key is None or key > best_key:
+                    best, best_key = (span, name), key
+    if best is None:
+        return None
+    span, name = best
+    cased = {word.lower(): word for word in name.split()}
+    capitalize = name[:1].isupper()
+    return " ".join(cased.get(word, word.capitalize() if capitalize else word) for word in span)
 
 
 class SampleGenerator:
@@ -182,6 +229,13 @@ class SampleGenerator:
         ph = find_placeholders(text)[0]
         gold, variant = split_variant(iris[i])
         kind = self.kind(gold)
+        if aug.mention and kind == "entity" and rng.random() < aug.mention:  # no draw at 0: older runs' samples stay
+            item = self.indices.item(gold)
+            words = question_mention(question, [item.label, *item.aliases])
+            if words is not None and words != ph.label:  # the model's wording at inference, not the index's label
+                text = text[:ph.start] + placeholder_text(words, ph.variant) + text[ph.end:]
+                ph = find_placeholders(text)[0]
+                stats["mention"] += 1
         k = rng.randint(aug.min_k, aug.max_k) if rng.random() < aug.vary_k else aug.max_k
         constrained = rng.random() < aug.constrain  # drawn with or without an endpoint: same samples otherwise
         query = constraint_query(text, ph) if constrained and self.client is not None else None

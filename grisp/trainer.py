@@ -38,6 +38,9 @@ from llm import cpu_speed
 # the other kind; --runs-dir: a run moved elsewhere)
 RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "keep_checkpoints", "device",
                      "micro_batch_size", "runs_dir", "dtype", "portable_dir", "rewarm_steps"}
+# settings added after runs were saved, with the value that gives such a run's samples (a run saved without
+# one resumes with it)
+LATER_SETTINGS = {"mention": 0.0}
 
 
 @dataclass
@@ -138,7 +141,7 @@ def resume(run: Run, config: dict, model, optimizer) -> tuple[TrainState, str]:
 def check_same_run(saved: dict, config: dict) -> None:
     """Exit if a setting outside RESUMABLE_CHANGES, or the samples (data_sha256), differ from the run's."""
     checked = config.keys() - RESUMABLE_CHANGES - {"data_sha256"}  # the fingerprint is checked below
-    changed = {k for k in checked if saved.get(k) != config[k]}
+    changed = {k for k in checked if saved.get(k, LATER_SETTINGS.get(k)) != config[k]}
     if changed:
         settings = ", ".join(f"{k}={config[k]} (was {saved.get(k)})" for k in sorted(changed))
         sys.exit(f"error: --resume with different settings: {settings}")

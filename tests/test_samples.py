@@ -340,3 +340,32 @@ def test_a_weighted_record_used_twice_gets_other_variations(tiny):
     assert [s["id"] for s in first] == [s["id"] for s in second] and [s["target"] for s in first] != [s["target"] for s in second]
     once = SampleGenerator(sourced, indices, Augment(alias=0.5, shuffle=0.5), seed=0).epoch(0)[0]
     assert once == samples[:len(once)]  # copy 0 is the unweighted epoch
+
+
+def test_question_mention_finds_how_the_question_names_an_item():
+    from grisp.samples import question_mention
+    assert question_mention("where is shawn johnson gymnast from?", ["Shawn Johnson East"]) == "Shawn Johnson"
+    assert question_mention("what do you call russian currency?", ["Russia"]) == "Russian"  # a near form
+    assert question_mention("how many mlb teams are there?", ["Major League Baseball", "MLB"]) == "MLB"  # an alias, its casing
+    assert question_mention("what did hitler do bad?", ["Adolf Hitler"]) == "Hitler"  # not "did hitler": no stopword edge
+    assert question_mention("who wrote the bible?", ["The Bible"]) == "The Bible"  # unless the name has it
+    assert question_mention("what was james madison's job?", ["James Madison"]) == "James Madison"
+    assert question_mention("who is the ceo?", ["Apple Inc."]) is None  # not named in the question
+
+
+def test_mention_names_the_reranked_entity_by_the_questions_words(tiny):
+    """With `mention`, the entity to re-rank is shown and searched by the question's words for it: the
+    search then still finds the gold item (target its identifier) or misses it (target None)."""
+    indices, _, _ = tiny
+    sparql = (f"PREFIX wd: <{WD}> PREFIX wdt: <http://www.wikidata.org/prop/direct/> "
+              "SELECT ?x WHERE { wd:Q1 wdt:P10 ?x . }")  # Alpha Berlin, birth relation
+    records = [{"id": f"m{j}", "question": "who was born in berlin?", "sparql": sparql} for j in range(60)]
+    augment = Augment(alias=0.0, drop_gold=0.0, shuffle=0.0, drop_infos=0.0, max_k=4)
+    plain = [s for s in SampleGenerator(records, indices, augment, seed=0).epoch(0)[0] if s["task"] == "rerank"]
+    worded, stats = SampleGenerator(records, indices, Augment(**{**augment.__dict__, "mention": 1.0}), seed=0).epoch(0)
+    worded = [s for s in worded if s["task"] == "rerank"]
+    entity = [s for s in worded if "<rep>Berlin</rep>" in sparql_line(s)]
+    assert stats["mention"] == len(entity) > 10  # every sample marking the entity, none marking the property
+    assert all("<rep>Alpha Berlin</rep>" not in sparql_line(s) for s in worded)
+    assert all(s["iri"] == WD + "Q1" and s["target"] == "A" for s in entity)  # "Berlin" still finds it first
+    assert not any("<rep>Berlin</rep>" in sparql_line(s) for s in plain)  # off by default

@@ -603,3 +603,13 @@ def test_precomputed_samples_must_match_the_prompt_format(model_dir, tmp_path):
         train.main(train_args(model_dir, tmp_path, samples))
     train.main(train_args(model_dir, tmp_path, samples, "--prompt-format", "v1", "--epochs", "1"))
     assert json.loads((tmp_path / "runs" / "grisp" / "adapter" / "grisp_config.json").read_text())["prompt_format"] == "v1"
+
+
+def test_a_run_saved_before_a_later_setting_resumes_with_its_old_value():
+    from grisp.trainer import LATER_SETTINGS, check_same_run
+    config = {"lr": 1e-4, "mention": 0.0, "data_sha256": "x"}
+    saved = {"lr": 1e-4, "data_sha256": "x"}  # written before --mention existed
+    assert LATER_SETTINGS["mention"] == 0.0
+    check_same_run(saved, config)  # no exit: it made its samples as mention 0 does
+    with pytest.raises(SystemExit, match="different settings: mention=0.5 \\(was None\\)"):
+        check_same_run(saved, {**config, "mention": 0.5})
