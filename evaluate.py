@@ -70,8 +70,8 @@ KNOBS = ("num_beams", "num_skeletons", "top_k", "none_margin", "time_budget", "s
 # grisp.pipeline.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
-RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "index",
-            "endpoint", "skeletons_from", "system", "agent")  # a resumed run must agree with the saved config on these
+RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "rerank_adapter",
+            "index", "endpoint", "skeletons_from", "system", "agent")  # a resumed run must agree with the saved config on these
 GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # what decides stage 1's output
 SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index")  # the same for --skeleton-only
 
@@ -91,8 +91,9 @@ def load_pipeline(args: argparse.Namespace, options: dict, generate_only: bool =
     try:
         if generate_only:  # --skeleton-only: the model alone, no index, no endpoint
             return pipeline.Grisp.generator(args.model_dir, adapter, Options(**options), device=args.device)
+        rerank_adapter = getattr(args, "rerank_adapter", None)
         return pipeline.Grisp(args.model_dir, adapter, args.index, args.endpoint, Options(**options),
-                           device=args.device)
+                              device=args.device, rerank_adapter_dir=rerank_adapter)
     except GrispError as error:  # a missing model, adapter or index: a message, no traceback
         raise ValueError(str(error)) from None
 
@@ -298,9 +299,9 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     `skeletons(question) -> (kept, trace)`). Resumable like a full run; returns the summary."""
     import search
     from grisp import skeleton_score
-    if args.score_only or args.oracle_skeleton or args.skeletons_from:
+    if args.score_only or args.oracle_skeleton or args.skeletons_from or getattr(args, "rerank_adapter", None):
         raise ValueError("--skeleton-only generates and scores skeletons itself; drop --score-only, "
-                         "--oracle-skeleton and --skeletons-from")
+                         "--oracle-skeleton, --skeletons-from and --rerank-adapter")
     options = pipeline_options(args)
     if resolution := sorted(set(options) - set(GENERATION_OPTIONS)):
         raise ValueError(f"--skeleton-only scores skeleton generation only, and {', '.join(resolution)} change "
@@ -384,8 +385,10 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     suffix = args.ablation + ("-oracle" if args.oracle_skeleton else "")
     system = getattr(args, "system", "grisp")
     if system == "agent":  # the GRASP agent (agent.py) instead of GRISP; same scoring
-        if args.oracle_skeleton or args.skeletons_from or args.ablation != "none":
-            raise ValueError("--oracle-skeleton, --skeletons-from and --ablation are GRISP's; not with --system agent")
+        if (args.oracle_skeleton or args.skeletons_from or args.ablation != "none"
+                or getattr(args, "rerank_adapter", None)):
+            raise ValueError("--oracle-skeleton, --skeletons-from, --ablation and --rerank-adapter are GRISP's; not "
+                             "with --system agent")
         from agent import build_agent  # the model stack only for the agent
         from grasp import evaluation
         agent_settings, make_agent = evaluation.eval_setup(args.agent_config, args.endpoint, args.index, build_agent)
@@ -394,6 +397,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "oracle_skeleton": args.oracle_skeleton, "model_dir": absolute(args.model_dir),
               "adapter": absolute(args.adapter), "index": absolute(args.index), "endpoint": args.endpoint,
+              "rerank_adapter": absolute(args.rerank_adapter) if getattr(args, "rerank_adapter", None) else None,
               "device": args.device, "cpu": cpu_name(), "limit": args.limit, "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     if system == "agent":
@@ -463,6 +467,10 @@ if __name__ == "__main__":
     parser.add_argument("--model-dir", type=Path, default=defaults.MODEL_DIR, help="base model directory")
     parser.add_argument("--adapter", default=str(defaults.ADAPTER_DIR),
                         help="LoRA adapter directory (PEFT layout), or 'none' for the base model")
+    parser.add_argument("--rerank-adapter", default=None, metavar="DIR",
+                        help="re-rank with the base model and this adapter instead of --adapter's (a second model "
+                             "in memory; e.g. an adapter trained further on re-ranking alone); the skeletons "
+                             "stay --adapter's")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, mps")
     # pipeline: ablations (paper table 5) and knobs; unset knobs keep the options.Options defaults
     parser.add_argument("--ablation", default="none", choices=list(ABLATIONS),

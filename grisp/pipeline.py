@@ -59,9 +59,14 @@ class Answer:
 
 class Grisp:
     def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None, index_dir: str | Path,
-                 endpoint_url: str, options: Options, device: str = "auto"):
+                 endpoint_url: str, options: Options, device: str = "auto",
+                 rerank_adapter_dir: str | Path | None = None):
+        """`rerank_adapter_dir`: re-rank with a second model, the base with this adapter (e.g. one trained
+        further on re-ranking alone; the reference's `--selection-run`), instead of the skeletons' model."""
         model_dir, index_dir = Path(model_dir).expanduser(), Path(index_dir).expanduser()
         _check_model(model_dir, adapter_dir)
+        if rerank_adapter_dir is not None:
+            _check_model(model_dir, rerank_adapter_dir)
         if not (index_dir / "manifest.json").exists():
             raise GrispError(f"no search index at {index_dir}; build it with build_index.py or pass --index")
         self.client = SparqlClient(endpoint_url)
@@ -69,7 +74,13 @@ class Grisp:
             self.client.query("ASK { }", deadline=time.monotonic() + options.time_budget)
         self._load_model(model_dir, adapter_dir, options, device)
         self.indices = load_indices(index_dir)
-        reranker = ModelReranker(self.model, self.tokenizer, prompt_format=self.prompt_format) if options.rerank else None
+        reranker = None
+        if options.rerank and rerank_adapter_dir is None:
+            reranker = ModelReranker(self.model, self.tokenizer, prompt_format=self.prompt_format)
+        elif options.rerank:
+            rerank_model = peft_format.load_for_inference(model_dir, rerank_adapter_dir, self.precision, self.device)
+            reranker = ModelReranker(rerank_model, self.tokenizer,
+                                     prompt_format=self._prompt_format(rerank_adapter_dir))
         self.resolver = Resolver(self.indices, self.client, reranker, options)
 
     @classmethod
@@ -92,9 +103,13 @@ class Grisp:
         # the adapter folded into the weights: inference runs at base speed
         self.model = peft_format.load_for_inference(model_dir, adapter_dir, self.precision, self.device)
         self.skeleton_prompts = PromptCache(self.model)  # every skeleton prompt starts alike (the instructions)
-        # the re-ranking prompt format the adapter was trained on (docs/method.md section 3.3)
+        self.prompt_format = self._prompt_format(adapter_dir)
+
+    @staticmethod
+    def _prompt_format(adapter_dir: str | Path | None) -> str:
+        """The re-ranking prompt format the adapter was trained on (docs/method.md section 3.3)."""
         try:
-            self.prompt_format = peft_format.read_prompt_format(adapter_dir)
+            return peft_format.read_prompt_format(adapter_dir)
         except ValueError as error:
             raise GrispError(str(error)) from None
 

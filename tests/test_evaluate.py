@@ -167,6 +167,37 @@ def test_oracle_mode_feeds_the_gold_skeleton_with_index_labels(bench, tmp_path, 
     assert "wd:" not in skeleton and summary["f1"] == 1.0
 
 
+def test_a_rerank_adapter_reranks_the_skeletons_of_the_run_adapter(bench, tmp_path, endpoint_url, monkeypatch):
+    """--rerank-adapter: the pipeline gets a second adapter for re-ranking; the run records it, and the
+    skeletons reused from a run of --adapter stay acceptable (they are --adapter's)."""
+    class Generating(FakePipeline):
+        def answer(self, question):
+            return Answer(BORN, skeletons=[(f"skeleton of {question}", -1.5)], timings={"generate": 5.0},
+                          trace=[{"event": "skeleton", "skeleton": "S", "verdict": "kept"}])
+    evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=1), pipeline=Generating())
+    made = {}
+
+    class Resolving(Generating):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+            made.update(adapter=args[1], rerank_adapter=kwargs["rerank_adapter_dir"])
+
+        def answer_from_skeletons(self, question, skeletons, trace=None):
+            next(iter(skeletons))
+            return Answer(BORN, trace=trace or [], timings={"resolve": 0.3})
+    from grisp import pipeline
+    monkeypatch.setattr(pipeline, "Grisp", Resolving)
+    rerank_adapter = tmp_path / "rerank-adapter"
+    evaluate.main(make_args(bench, tmp_path / "reranked", endpoint_url, limit=1, rerank_adapter=str(rerank_adapter),
+                            skeletons_from=str(tmp_path / "full")))
+    assert made == {"adapter": str(defaults.ADAPTER_DIR), "rerank_adapter": str(rerank_adapter)}
+    config = json.loads((tmp_path / "reranked" / "config.json").read_text())
+    assert config["rerank_adapter"] == str(rerank_adapter) and config["adapter"] == str(defaults.ADAPTER_DIR)
+    with pytest.raises(ValueError, match=r"holds a run with other settings \(rerank_adapter\)"):
+        evaluate.main(make_args(bench, tmp_path / "reranked", endpoint_url, limit=1,
+                                skeletons_from=str(tmp_path / "full")))
+
+
 def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path, endpoint_url, monkeypatch):
     class Generating(FakePipeline):
         def answer(self, question):

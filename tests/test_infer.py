@@ -143,6 +143,28 @@ def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint,
         Grisp(tiny_model, tmp_path / "missing", demo_index, demo_endpoint, Options())
 
 
+def test_a_rerank_adapter_gives_the_reranker_its_own_model(tiny_model, demo_index, demo_endpoint, tmp_path):
+    model = Transformer.from_pretrained(tiny_model)
+    lora.inject_lora(model, r=4, alpha=8)
+    for layer in lora.lora_layers(model).values():
+        torch.nn.init.normal_(layer.lora_B, std=0.5)
+    peft_format.save_adapter(model, tmp_path / "rerank-adapter")
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        expected = model(tokens)
+    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(precision="float32"),
+                  rerank_adapter_dir=tmp_path / "rerank-adapter")
+    reranker_model = grisp.resolver.reranker.model
+    assert reranker_model is not grisp.model
+    with torch.no_grad():
+        assert torch.allclose(reranker_model(tokens), expected, atol=1e-4)  # the adapter's
+        assert not torch.allclose(grisp.model(tokens), expected, atol=1e-2)  # the skeletons: the base model's
+    plain = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(precision="float32"))
+    assert plain.resolver.reranker.model is plain.model
+    with pytest.raises(GrispError, match="no adapter"):
+        Grisp(tiny_model, None, demo_index, demo_endpoint, Options(), rerank_adapter_dir=tmp_path / "missing")
+
+
 @pytest.mark.slow  # the real 0.5B model with the shipped adapter: ~30 s
 def test_shipped_adapter_answers_the_readme_question(demo_endpoint):
     if not (defaults.MODEL_DIR / "config.json").exists() or not (defaults.DEMO_INDEX_DIR / "manifest.json").exists():
