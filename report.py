@@ -35,8 +35,8 @@ def load_summary(run_dir: Path) -> dict:
 
 
 def system_name(summary: dict, with_adapter: bool) -> str:
-    """The ablation's name, then what else sets the run apart: gold skeletons, changed knobs, the adapter
-    (for an agent run: the agent and its model)."""
+    """The ablation's name, then what else sets the run apart: gold skeletons, changed knobs, the adapter,
+    another re-ranker's adapter (for an agent run: the agent and its model)."""
     config = summary["config"]
     if config.get("system") == "agent":
         return f"GRASP agent ({agent_model(config)})"
@@ -44,6 +44,7 @@ def system_name(summary: dict, with_adapter: bool) -> str:
     preset = ABLATIONS.get(config["ablation"], {})
     notes += [f"{k}={v}" for k, v in sorted((config.get("options") or {}).items()) if preset.get(k, object()) != v]
     notes += [adapter_name(config["adapter"])] if with_adapter else []
+    notes += [f"re-ranker {adapter_name(config['rerank_adapter'])}"] if config.get("rerank_adapter") else []
     name = SYSTEM_NAMES.get(config["ablation"], config["ablation"])
     return f"{name} ({', '.join(notes)})" if notes else name
 

@@ -44,6 +44,11 @@ def test_systems_table_names_what_else_differs(tmp_path):
     lines = report.systems_table([a, b])
     assert lines[2].startswith("| GRISP (all mechanisms) (beam_ranking=length-normalised, a) |")
     assert lines[3].startswith("| GRISP (all mechanisms) (mix) |")
+    c = system_run(tmp_path, "c", "none", [None])
+    config = json.loads((c / "summary.json").read_text())
+    config["config"]["rerank_adapter"] = "/cache/mention/runs/worded/adapter"
+    (c / "summary.json").write_text(json.dumps(config))
+    assert report.systems_table([c])[2].startswith("| GRISP (all mechanisms) (re-ranker worded) |")
 
 
 def test_shapes_table_splits_f1_by_the_gold_querys_shape(tmp_path):

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The --mention experiment (README Results, "Re-ranking's None and the question's wording"): the shipped
+# adapter trained 30 steps further on re-ranking samples alone, once with 120 of its 240 samples naming
+# the entity by the question's words (--mention) and once on the same samples in their plain form (the
+# control); then each re-ranks the shipped adapter's own skeletons (--rerank-adapter, --skeletons-from)
+# on wwq-dev-full and the demo. Needs the full-system runs of both (PRECISION=bfloat16 bash
+# runs/results.sh demo wwq-dev-full). About 35 min of training and 25 of evaluation on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=${WORK:-$HOME/.cache/grisp/mention}
+O=${O:-$HOME/.cache/grisp/eval/grisp-mix-0.5b-bfloat16}
+mkdir -p "$work"
+for m in 0 1; do
+  [ -f "$work/all-$m.jsonl" ] || python gen_data.py --data wwq,qald10,qald7,lcquad2,sq,spinach --epochs 1 \
+    --mention $m --out "$work/all-$m.jsonl"
+done
+python runs/matched_rerank_sets.py "$work/all-0.jsonl" "$work/all-1.jsonl" "$work"
+for arm in mention control; do
+  [ -d "$work/runs/$arm/adapter" ] || python train.py --samples "$work/train-$arm.jsonl" --val-data "$work/val.jsonl" \
+    --init-adapter adapters/grisp-mix-0.5b --epochs 1 --runs-dir "$work/runs" --name $arm --checkpoint-every 10
+done
+for arm in mention control; do
+  python evaluate.py --benchmark wwq-dev-full --endpoint http://127.0.0.1:7880/query \
+    --index ~/.cache/grisp/indices/wikidata-items --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
+    --skeletons-from "$O/wwq-dev-full-none" --out "$O/wwq-dev-full-rerank-$arm"
+  python evaluate.py --benchmark demo --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
+    --skeletons-from "$O/demo-none" --out "$O/demo-rerank-$arm"
+done
+python report.py systems "$O"/wwq-dev-full-{none,no-rerank,rerank-mention,rerank-control}
+python report.py systems "$O"/demo-{none,no-rerank,rerank-mention,rerank-control}
