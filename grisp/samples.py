@@ -14,7 +14,8 @@ of each task:
   search missed it (as the reference; `gold_missing="insert"` puts it in instead, the first adapter's).
   Augmentations, each with its own probability (defaults: the reference's): k uniform in 2..10, drop
   the infos, drop the gold item (target = None; the next hit takes its place, so the list length tells
-  nothing), shuffle the alternatives (else they keep the index's order).
+  nothing), shuffle the alternatives (else they keep the index's order), and (ours, `mention`, off by
+  default) name an entity to re-rank by the question's words for it, as the model names it at inference.
 Each epoch also adds `compose` x records two-hop records made from pairs of one-hop ones (compose.py;
 ours, not the paper's: WWQ has few chained questions).
 
@@ -113,18 +114,18 @@ MENTION_EDGE_STOPWORDS = set("a an the of in on at to for from by with and or is
 
 def question_mention(question: str, names: list[str]) -> str | None:
     """How `question` names the item with these `names` (label first, then aliases): among its spans of
-    at most one word more than the longest name, not starting or ending with a stopword the name does
-    not start or end with, and at least MENTION_SIMILARITY like a name (difflib's ratio, lower case), the
+    at most one word more than a name, not starting or ending with a stopword that name does not start
+    or end with, and at least MENTION_SIMILARITY like a name (difflib's ratio, lower case), the
     one sharing the largest share of words with a name (Jaccard), then the most similar, then the
     shortest; its words cased as in that name, others capitalized if the name is. None if there is none.
 
         question_mention("where is shawn johnson gymnast from?", ["Shawn Johnson East"])  # "Shawn Johnson"
     """
     words = re.findall(r"\w+(?:[-.]\w+)*", question.replace("'s", ""))
+    edge_ok = lambda word, edge: word not in MENTION_EDGE_STOPWORDS or word == edge
     best, best_key = None, None
-    for name in names:
+    for name in filter(str.strip, names):
         name_words = name.lower().split()
-        edge_ok = lambda word, edge: word not in MENTION_EDGE_STOPWORDS or word == edge
         for n in range(1, min(len(name_words) + 1, len(words)) + 1):
             for start in range(len(words) - n + 1):
                 span = [word.lower() for word in words[start:start + n]]
