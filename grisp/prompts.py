@@ -9,6 +9,7 @@ Training (samples.py, for gen_data.py and train.py) and inference (grisp/pipelin
 for re-ranking) both build their prompts here, so the model always sees exactly the text it was
 trained on. Prompts are chat messages; tokenizer.chat_prompt turns them into Qwen's chat format.
 """
+import re
 from dataclasses import dataclass, field
 
 from grisp.skeleton import with_variant
@@ -70,6 +71,11 @@ def to_alternative(item, variant: str | None = None, kind: str = "entity") -> Al
 def mark_current(text: str, ph) -> str:
     """The query with placeholder `ph` (a skeleton.Placeholder) written `<rep>label</rep>`: the one to re-rank."""
     return text[:ph.start] + "<rep>" + ph.text[len("<iri>"):-len("</iri>")] + "</rep>" + text[ph.end:]
+
+
+def marked_placeholder(text: str) -> str:
+    """What mark_current marked in `text` (a query or a whole re-ranking prompt): the inside of `<rep>...</rep>`."""
+    return re.search(r"<rep>(.*?)</rep>", text).group(1)
 
 
 def skeleton_messages(question: str) -> list[dict]:

@@ -124,17 +124,19 @@ def question_mention(question: str, names: list[str]) -> str | None:
     words = re.findall(r"\w+(?:[-.]\w+)*", question.replace("'s", ""))
     edge_ok = lambda word, edge: word not in MENTION_EDGE_STOPWORDS or word == edge
     best, best_key = None, None
+    lower = [word.lower() for word in words]
     for name in filter(str.strip, names):
         name_words = name.lower().split()
+        name_text, name_set = " ".join(name_words), set(name_words)
         for n in range(1, min(len(name_words) + 1, len(words)) + 1):
             for start in range(len(words) - n + 1):
-                span = [word.lower() for word in words[start:start + n]]
+                span = lower[start:start + n]
                 if not (edge_ok(span[0], name_words[0]) and edge_ok(span[-1], name_words[-1])):
                     continue
-                ratio = difflib.SequenceMatcher(None, " ".join(span), " ".join(name_words)).ratio()
+                ratio = difflib.SequenceMatcher(None, " ".join(span), name_text).ratio()
                 if ratio < MENTION_SIMILARITY:
                     continue
-                jaccard = len(set(span) & set(name_words)) / len(set(span) | set(name_words))
+                jaccard = len(set(span) & name_set) / len(set(span) | name_set)
                 key = (jaccard, ratio, -n)
                 if best_key is None or key > best_key:
                     best, best_key = (span, name), key

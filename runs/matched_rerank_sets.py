@@ -11,14 +11,17 @@ samples, all plain) and OUT_DIR/val.jsonl (V worded + V plain others, in their w
 import argparse
 import json
 import random
-import re
+import sys
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from grisp.prompts import marked_placeholder  # noqa: E402
+
 
 def marked(sample: dict) -> str:
-    """The placeholder a re-ranking sample marks (`<rep>...</rep>`)."""
-    return re.search(r"<rep>(.*?)</rep>", sample["messages"][1]["content"]).group(1)
+    """The placeholder a re-ranking sample marks (`<rep>...</rep>` in its user message)."""
+    return marked_placeholder(sample["messages"][1]["content"])
 
 
 def rerank_samples(path: Path) -> list[dict]:

@@ -8,7 +8,6 @@ often it is at A and above None (README Results, "Re-ranking's None and the ques
 """
 import argparse
 import random
-import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -25,14 +24,11 @@ from grisp.samples import Augment, SampleGenerator  # noqa: E402
 from llm.cpu_speed import pick_precision  # noqa: E402
 from llm.tokenizer import Tokenizer, chat_prompt  # noqa: E402
 from search import load_indices  # noqa: E402
+from matched_rerank_sets import marked  # noqa: E402  (runs/, beside this file)
 
 PLAIN = dict(vary_k=0, drop_infos=0, drop_gold=0, shuffle=0, alias=0, compose=0)
 SETTINGS = {"search order": Augment(**PLAIN), "shuffled": Augment(**PLAIN | dict(shuffle=1)),
             "question wording": Augment(**PLAIN | dict(mention=1)), "gold dropped": Augment(**PLAIN | dict(drop_gold=1))}
-
-
-def marked(sample: dict) -> str:
-    return re.search(r"<rep>(.*?)</rep>", sample["messages"][1]["content"]).group(1)
 
 
 def main(args: argparse.Namespace) -> None:
@@ -46,9 +42,10 @@ def main(args: argparse.Namespace) -> None:
     print(f"precision {precision} ({why})")
     model = load_for_inference(args.model_dir, args.adapter, precision, "cpu")
     token_of = dict(zip(IDENTIFIERS, identifier_token_ids(tokenizer, IDENTIFIERS)))
+    prompt_format = read_prompt_format(args.adapter)
     plain = {}  # record id -> the placeholder marked in search order
     for name, augment in SETTINGS.items():
-        generator = SampleGenerator(records, indices, augment, seed=args.seed, prompt_format=read_prompt_format(args.adapter))
+        generator = SampleGenerator(records, indices, augment, seed=args.seed, prompt_format=prompt_format)
         counts = Counter()
         for sample in (s for s in generator.epoch(0)[0] if s["task"] == "rerank"):
             if name == "search order":

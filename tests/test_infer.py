@@ -127,15 +127,21 @@ def test_oracle_skeletons_move_on_to_the_next_skeleton(tiny_model, demo_index, d
     assert answer.queries == answer.queries_answered > 0  # constraint and final queries, all answered
 
 
-def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint, tmp_path):
+def save_random_adapter(tiny_model, out_dir):
+    """An adapter with random (non-zero) LoRA B on the tiny model, saved to out_dir; returns some tokens
+    and the adapted model's logits for them."""
     model = Transformer.from_pretrained(tiny_model)
     lora.inject_lora(model, r=4, alpha=8)
     for layer in lora.lora_layers(model).values():
         torch.nn.init.normal_(layer.lora_B, std=0.5)
-    peft_format.save_adapter(model, tmp_path / "adapter")
+    peft_format.save_adapter(model, out_dir)
     tokens = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():
-        expected = model(tokens)
+        return tokens, model(tokens)
+
+
+def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint, tmp_path):
+    tokens, expected = save_random_adapter(tiny_model, tmp_path / "adapter")
     grisp = Grisp(tiny_model, tmp_path / "adapter", demo_index, demo_endpoint, Options())
     with torch.no_grad():
         assert torch.allclose(grisp.model(tokens), expected, atol=1e-4)
@@ -144,14 +150,7 @@ def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint,
 
 
 def test_a_rerank_adapter_gives_the_reranker_its_own_model(tiny_model, demo_index, demo_endpoint, tmp_path):
-    model = Transformer.from_pretrained(tiny_model)
-    lora.inject_lora(model, r=4, alpha=8)
-    for layer in lora.lora_layers(model).values():
-        torch.nn.init.normal_(layer.lora_B, std=0.5)
-    peft_format.save_adapter(model, tmp_path / "rerank-adapter")
-    tokens = torch.tensor([[5, 6, 7, 8]])
-    with torch.no_grad():
-        expected = model(tokens)
+    tokens, expected = save_random_adapter(tiny_model, tmp_path / "rerank-adapter")
     grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(precision="float32"),
                   rerank_adapter_dir=tmp_path / "rerank-adapter")
     reranker_model = grisp.resolver.reranker.model
