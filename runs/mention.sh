@@ -5,26 +5,31 @@
 # control); then each re-ranks the shipped adapter's own skeletons (--rerank-adapter, --skeletons-from)
 # on wwq-dev-full and the demo. Needs the full-system runs of both (PRECISION=bfloat16 bash
 # runs/results.sh demo wwq-dev-full). About 35 min of training and 25 of evaluation on 2 cores.
+#
+# N=480 WORK=~/.cache/grisp/mention2 ARMS=mention bash runs/mention.sh   # the longer run: 120 steps, no control
 set -euo pipefail
 cd "$(dirname "$0")/.."
+N=${N:-120}                                   # worded training samples, as many plain beside them
+ARMS=${ARMS:-mention control}
 work=${WORK:-$HOME/.cache/grisp/mention}
 O=${O:-$HOME/.cache/grisp/eval/grisp-mix-0.5b-bfloat16}
+tag=$([ "$N" = 120 ] && echo "" || echo "-$((2 * N))")   # eval dirs: rerank-mention, rerank-mention-960
 mkdir -p "$work"
 for m in 0 1; do
   [ -f "$work/all-$m.jsonl" ] || python gen_data.py --data wwq,qald10,qald7,lcquad2,sq,spinach --epochs 1 \
     --mention $m --out "$work/all-$m.jsonl"
 done
-python runs/matched_rerank_sets.py "$work/all-0.jsonl" "$work/all-1.jsonl" "$work"
-for arm in mention control; do
+python runs/matched_rerank_sets.py "$work/all-0.jsonl" "$work/all-1.jsonl" "$work" --n-worded "$N" --n-plain "$N"
+for arm in $ARMS; do
   [ -d "$work/runs/$arm/adapter" ] || python train.py --samples "$work/train-$arm.jsonl" --val-data "$work/val.jsonl" \
     --init-adapter adapters/grisp-mix-0.5b --epochs 1 --runs-dir "$work/runs" --name $arm --checkpoint-every 10
 done
-for arm in mention control; do
+for arm in $ARMS; do
   python evaluate.py --benchmark wwq-dev-full --endpoint http://127.0.0.1:7880/query \
     --index ~/.cache/grisp/indices/wikidata-items --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
-    --skeletons-from "$O/wwq-dev-full-none" --out "$O/wwq-dev-full-rerank-$arm"
+    --skeletons-from "$O/wwq-dev-full-none" --out "$O/wwq-dev-full-rerank-$arm$tag"
   python evaluate.py --benchmark demo --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
-    --skeletons-from "$O/demo-none" --out "$O/demo-rerank-$arm"
+    --skeletons-from "$O/demo-none" --out "$O/demo-rerank-$arm$tag"
 done
-python report.py systems "$O"/wwq-dev-full-{none,no-rerank,rerank-mention,rerank-control}
-python report.py systems "$O"/demo-{none,no-rerank,rerank-mention,rerank-control}
+python report.py systems "$O"/wwq-dev-full-{none,no-rerank} $(for a in $ARMS; do echo "$O/wwq-dev-full-rerank-$a$tag"; done)
+python report.py systems "$O"/demo-{none,no-rerank} $(for a in $ARMS; do echo "$O/demo-rerank-$a$tag"; done)
