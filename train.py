@@ -128,7 +128,8 @@ def load_data(args, tokenizer: Tokenizer):
         by_epoch = samples.read_samples(args.samples)
         check_prompt_format(args.samples, by_epoch, args.prompt_format)
         epochs = sorted(by_epoch)
-        train_epoch = lambda e: prepare([s for s in by_epoch[epochs[e % len(epochs)]] if not is_val(s["id"])])
+        train_epoch = lambda e: prepare([s for s in by_epoch[epochs[(e + args.first_epoch) % len(epochs)]]
+                                         if not is_val(s["id"])])
         val = [s for s in by_epoch[epochs[0]] if is_val(s["id"])]
     else:  # fresh samples per epoch from (seed, epoch, record), the records drawn by the mixture's weights
         data = mixture.read(args.data)
@@ -137,7 +138,7 @@ def load_data(args, tokenizer: Tokenizer):
         if os.environ.get("RANK", "0") == "0":
             print(data.table(is_val if args.val_data is None else None))
         train = generator([r for r in data.usable if not is_val(r["id"])], data.weights)
-        train_epoch = lambda e: prepare(train.epoch(e)[0])
+        train_epoch = lambda e: prepare(train.epoch(e + args.first_epoch)[0])
         # validation: every held-out record once at most (a weight above 1 repeats nothing new)
         val = generator([r for r in data.usable if is_val(r["id"])], {k: min(1.0, w) for k, w in data.weights.items()})
         val = val.epoch(0)[0]
@@ -267,6 +268,7 @@ def check_args(args: argparse.Namespace, world: int) -> None:
                                                          f"of the {world} processes"),
         (args.micro_batch_size < 1, f"--micro-batch-size must be at least 1, got {args.micro_batch_size}"),
         (args.epochs < 1, f"--epochs must be at least 1, got {args.epochs}"),
+        (args.first_epoch < 0, f"--first-epoch must be at least 0, got {args.first_epoch}"),
         (not 0 <= args.val_fraction < 1, f"--val-fraction must be in [0, 1), got {args.val_fraction}"),
         (args.lr <= 0 or not 0 <= args.warmup < 1,
          f"need --lr > 0 and 0 <= --warmup < 1, got {args.lr}, {args.warmup}"),
@@ -333,6 +335,10 @@ def make_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("optimisation")
     group.add_argument("--epochs", type=int, default=None, help="passes over the training records; unset: 2 on a CPU, "
                        "4 on a GPU (the paper's)")
+    group.add_argument("--first-epoch", type=int, default=0,
+                       help="draw the run's epoch e as epoch e + N of its samples: a continuation of a run that "
+                            "trained N epochs (--init-adapter) sees new samples and keeps --seed, and with it the "
+                            "validation split; with --samples, the file's epochs from the (N+1)-th")
     group.add_argument("--batch-size", type=int, default=8, help="samples per optimiser step (over all processes)")
     group.add_argument("--micro-batch-size", type=int, default=None,
                        help="samples per forward pass (the batch is accumulated from these); more costs memory and "

@@ -613,3 +613,17 @@ def test_a_run_saved_before_a_later_setting_resumes_with_its_old_value():
     check_same_run(saved, config)  # no exit: it made its samples as mention 0 does
     with pytest.raises(SystemExit, match="different settings: mention=0.5 \\(was None\\)"):
         check_same_run(saved, {**config, "mention": 0.5})
+
+
+def test_first_epoch_continues_the_sample_stream_and_keeps_the_validation_split(model_dir, tiny):
+    """A continuation (--first-epoch N) draws epoch e as the stream's epoch e + N and validates on the same samples."""
+    indices, records_file, _ = tiny
+    flags = ["--data", str(records_file), "--index", str(indices.directory), "--model-dir", str(model_dir),
+             "--val-fraction", "0.1", "--max-length", "4096"]
+    stream = lambda *extra: train.load_data(train.make_parser().parse_args(flags + list(extra)), Tokenizer(model_dir))
+    (epoch, val), (continued, continued_val) = stream(), stream("--first-epoch", "1")
+    assert continued(0) == epoch(1) and continued(1) == epoch(2) and continued(0) != epoch(0)
+    assert continued_val == val and len(val) > 0  # the same held-out records, split by (seed, id)
+    with pytest.raises(SystemExit, match="--first-epoch must be at least 0"):
+        train.check_args(train.make_parser().parse_args(
+            flags + ["--first-epoch", "-1", "--epochs", "1", "--micro-batch-size", "1"]), world=1)
