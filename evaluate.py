@@ -384,6 +384,8 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     options = pipeline_options(args)
     suffix = args.ablation + ("-oracle" if args.oracle_skeleton else "")
     system = getattr(args, "system", "grisp")
+    if system == "grisp" and options.get("rerank", True):  # saved where it acts: a run from before it differs
+        options["retry"] = not getattr(args, "no_retry", False)
     if system == "agent":  # the GRASP agent (agent.py) instead of GRISP; same scoring
         if (args.oracle_skeleton or args.skeletons_from or args.ablation != "none"
                 or getattr(args, "rerank_adapter", None)):
@@ -486,6 +488,7 @@ if __name__ == "__main__":
                         help="no endpoint: score the top-1 generated skeleton against the gold query's "
                              "skeleton (structure and label match by question shape; labels from --index)")
     add_flags(parser, KNOBS, unset=True)
+    add_flags(parser, ["retry"])
     # the GRASP agent instead of GRISP (agent.py, evaluation.py): its model and options come from a config file
     parser.add_argument("--system", choices=["grisp", "agent"], default="grisp",
                         help="what answers the questions: GRISP, or the GRASP agent over --endpoint and --index")

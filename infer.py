@@ -64,6 +64,9 @@ def describe(event: dict) -> str:
                                         else f"boolean {event['boolean']}" if event.get("boolean") is not None
                                         else f"{event['rows']} rows")
         return f"  validate: {outcome} ({detail})"
+    if kind == "retry":
+        skeletons = ", ".join(str(n + 1) for n in event["skeletons"])
+        return f"every skeleton dead-ended: skeleton(s) {skeletons} once more, every hit in the re-ranked order"
     if kind == "endpoint_lost":
         return f"  endpoint lost: {event['error']}"
     return f"  {kind}"

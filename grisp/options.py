@@ -68,6 +68,9 @@ class Options:
     none_margin: float = option(0.0, "re-ranking keeps the alternatives that score above None's score minus this "
                                 "(logits) as the placeholder's choice and backtracking's later options; 0 = "
                                 "strictly above None (the paper); inf = all of them, in the re-ranked order")
+    retry: bool = option(True, "no second pass: a question whose skeletons all dead-end fails, as in the paper (by "
+                         "default, with re-ranking on, those skeletons are resolved once more keeping every hit "
+                         "in the re-ranked order, None's cut lifted; ours)")
     rerank: bool = option(True, "take the index order, no model re-ranking")
     constrained: bool = option(True, "search without KG constraints")
     kg_guidance: bool = option(True, "no constraints and no final validation")
@@ -75,7 +78,7 @@ class Options:
     # seconds per skeleton for resolution (after generation, whose cost is hardware-bound), as in the
     # reference: a skeleton out of time fails and the next one gets a fresh budget (docs/method.md 6.7)
     time_budget: float = option(60.0, "seconds per skeleton for resolving it, then the next skeleton (at most "
-                                "num_skeletons x this per question); also a hard limit on every endpoint query "
+                                "num_skeletons x this per question, twice that with a retry); also a hard limit on every endpoint query "
                                 "(generation not counted)")
 
     def __post_init__(self):

@@ -201,9 +201,11 @@ class Grisp:
         from `skeletons` (a list, or answer()'s lazy stream): the first that resolves to a valid query
         wins. `trace`: the list the answer's trace continues (the stream appends its beams to it). Each skeleton has its own time budget, as in the reference: a
         skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
-        (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget; every
+        (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget (twice that with a retry); every
         endpoint query ends within its skeleton's budget (and by `deadline`, an optional overall cap).
-        Once the endpoint has failed every query of the question, no further skeleton is tried."""
+        Once the endpoint has failed every query of the question, no further skeleton is tried. If every
+        skeleton dead-ends, options.retry resolves the dead ones once more with None's cut lifted (every
+        hit in the re-ranked order; a "retry" trace event; ours, not the paper's)."""
         if self.resolver is None:
             raise GrispError("this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
                              "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)")
@@ -211,15 +213,36 @@ class Grisp:
         client = self.resolver.client
         client.tally = Tally()  # this question's queries
         answer = Answer(question, None, None, [], trace if trace is not None else [], failure="no_skeleton")
-        for number, item in enumerate(skeletons):
-            skeleton, score = item if isinstance(item, tuple) else (item, 0.0)
-            answer.skeletons.append((skeleton, score))
+
+        def numbered(items):  # the skeletons as they come, each kept in the answer
+            for number, item in enumerate(items):
+                skeleton, score = item if isinstance(item, tuple) else (item, 0.0)
+                answer.skeletons.append((skeleton, score))
+                yield number, skeleton
+
+        failed = self._resolve_in_turn(question, numbered(skeletons), self.resolver, answer, deadline, listener)
+        dead = [(number, skeleton) for number, skeleton, failure in failed if failure == "dead_end"]
+        if answer.sparql is None and dead and self.options.retry and self.resolver.reranker is not None:
+            answer.trace.append({"event": "retry", "skeletons": [n for n, _ in dead]})
+            if listener is not None:
+                listener(answer.trace[-1])
+            relaxed = self.resolver.relaxed(none_margin=float("inf"))
+            self._resolve_in_turn(question, dead, relaxed, answer, deadline, listener)
+        answer.timings["resolve"] = time.perf_counter() - start
+        return judge_endpoint(answer, client.tally)
+
+    def _resolve_in_turn(self, question: str, skeletons: Iterable[tuple[int, str]], resolver: Resolver,
+                         answer: Answer, deadline: float, listener: Listener | None) -> list[tuple[int, str, str]]:
+        """Resolve the (number, skeleton) pairs one after the other into `answer` until one yields a valid
+        query; returns the failed ones as (number, skeleton, failure), none if the endpoint was lost."""
+        client, failed = resolver.client, []
+        for number, skeleton in skeletons:
             answer.trace.append({"event": "resolve", "skeleton": skeleton, "number": number,
                                  "placeholders": len(find_placeholders(skeleton))})
             if listener is not None:
                 listener(answer.trace[-1])
             budget_end = min(time.monotonic() + self.options.time_budget, deadline)
-            resolution = self.resolver.resolve(question, skeleton, budget_end, listener)
+            resolution = resolver.resolve(question, skeleton, budget_end, listener)
             answer.trace.extend(resolution.trace)
             answer.backtracks += resolution.backtracks
             for name, seconds in resolution.timings.items():
@@ -228,11 +251,11 @@ class Grisp:
             if resolution.sparql is not None:
                 answer.sparql, answer.result = with_prefixes(resolution.sparql), resolution.result
                 answer.verified = resolution.verified
-                break
+                return failed
+            failed.append((number, skeleton, resolution.failure))
             if resolution.failure == "endpoint_error" or (client.tally.faults and not client.tally.answered):
-                break  # the endpoint is lost or has answered nothing: another skeleton would fare no better
-        answer.timings["resolve"] = time.perf_counter() - start
-        return judge_endpoint(answer, client.tally)
+                return []  # the endpoint is lost or has answered nothing: another skeleton would fare no better
+        return failed
 
 
 def judge_endpoint(answer: Answer, tally: Tally) -> Answer:

@@ -19,7 +19,7 @@ The search is an explicit stack of frames (no recursion); every step is recorded
     resolution = resolver.resolve("where was the pulp fiction director born?", skeleton)
 """
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from grisp.constraints import allowed_items, constraint_query
@@ -66,6 +66,10 @@ class Resolver:
 
     def __init__(self, indices: Indices, client: SparqlClient, reranker: Reranker | None, options: Options):
         self.indices, self.client, self.reranker, self.options = indices, client, reranker, options
+
+    def relaxed(self, none_margin: float) -> "Resolver":
+        """The same search with another None cut (the pipeline's second pass over dead skeletons)."""
+        return Resolver(self.indices, self.client, self.reranker, replace(self.options, none_margin=none_margin))
 
     def resolve(self, question: str, skeleton: str, deadline: float = float("inf"),
                 listener: Listener | None = None) -> Resolution:

@@ -140,6 +140,21 @@ def test_resume_refuses_other_settings(bench, tmp_path, endpoint_url):
                       pipeline=FakePipeline())
 
 
+def test_a_run_records_the_retry_where_it_can_act(bench, tmp_path, endpoint_url):
+    """Runs from before the retry saved no "retry": resuming one with the retry on (the default) is refused."""
+    def config(run):
+        return json.loads((tmp_path / run / "config.json").read_text())["options"]
+    evaluate.main(make_args(bench, tmp_path / "paper", endpoint_url, limit=1, no_retry=True), pipeline=FakePipeline())
+    assert config("paper")["retry"] is False
+    with pytest.raises(ValueError, match="other settings \\(options\\)"):
+        evaluate.main(make_args(bench, tmp_path / "paper", endpoint_url, limit=1), pipeline=FakePipeline())
+    evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=1), pipeline=FakePipeline())
+    assert config("full")["retry"] is True
+    evaluate.main(make_args(bench, tmp_path / "plain", endpoint_url, limit=1, ablation="no-rerank"),
+                  pipeline=FakePipeline())
+    assert "retry" not in config("plain")  # nothing to retry without re-ranking: such runs from before stay valid
+
+
 def test_oracle_mode_feeds_the_gold_skeleton_with_index_labels(bench, tmp_path, endpoint_url):
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps(r) + "\n" for r in [

@@ -127,6 +127,37 @@ def test_oracle_skeletons_move_on_to_the_next_skeleton(tiny_model, demo_index, d
     assert answer.queries == answer.queries_answered > 0  # constraint and final queries, all answered
 
 
+def test_dead_skeletons_get_a_second_pass_without_the_none_cut(tiny_model, demo_index, demo_endpoint):
+    """The re-ranker puts the genre first and None above the film: the genre has no director, so under the
+    paper's cut both skeletons dead-end; the retry resolves them once more and the film is left to try."""
+    film, genre, director = (f"http://www.wikidata.org/entity/{id}" for id in ("Q104123", "Q351718", "P57"))
+    skeleton = "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }"
+    skeletons = [skeleton, skeleton.replace("Pulp Fiction", "Pulp Fiction film")]
+
+    def reranker(question, marked_query, alternatives, resolved):
+        return [{genre: 9.0, film: 5.0, director: 9.0}.get(a.iri, 1.0) for a in alternatives] + [7.0]  # None: 7
+
+    def answer(**options):
+        grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=5, **options))
+        grisp.resolver.reranker = reranker
+        return grisp.answer_from_skeletons("who directed pulp fiction?", skeletons)
+
+    strict = answer(retry=False)
+    assert strict.sparql is None and strict.failure == "dead_end"
+    assert [e["event"] for e in strict.trace].count("retry") == 0
+    assert [e["number"] for e in strict.trace if e["event"] == "resolve"] == [0, 1]
+    relaxed = answer()
+    assert relaxed.sparql.endswith("SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x . }") and relaxed.failure is None
+    assert relaxed.verified is True
+    assert [e for e in relaxed.trace if e["event"] == "retry"] == [{"event": "retry", "skeletons": [0, 1]}]
+    assert [e["number"] for e in relaxed.trace if e["event"] == "resolve"] == [0, 1, 0]  # the first resolves now
+    assert [s for s, _ in relaxed.skeletons] == skeletons  # each kept once
+    chosen = [e["iri"] for e in relaxed.trace if e["event"] == "choose"]
+    assert chosen[-2:] == [film, director] and chosen[0] == genre
+    margin = answer(none_margin=3.0)  # the film within the margin: answered in the first pass, no retry
+    assert margin.sparql is not None and [e["event"] for e in margin.trace].count("retry") == 0
+
+
 def save_random_adapter(tiny_model, out_dir):
     """An adapter with random (non-zero) LoRA B on the tiny model, saved to out_dir; returns some tokens
     and the adapted model's logits for them."""

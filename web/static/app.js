@@ -306,6 +306,12 @@ const drawers = {
               el("div", {class: "head"}, e.ok ? "✓ validated: " : "✗ rejected: ", detail),
               el("details", {}, el("summary", {}, "query"), el("pre", {}, e.query)));
   },
+  retry(e) {  // every skeleton dead-ended: the dead ones once more, None's cut lifted (options.retry)
+    const which = e.skeletons.map((n) => n + 1).join(", ");
+    return el("div", {class: "step backtrack"},
+              el("div", {class: "head"}, `↻ every skeleton dead-ended: skeleton(s) ${which} once more, `,
+                 "every hit in the re-ranked order"));
+  },
   exhausted() { return el("div", {class: "step stop"}, el("div", {class: "head"}, "dead end: every alternative failed")); },
   timeout() { return el("div", {class: "step stop"}, el("div", {class: "head"}, "time budget used up")); },
   endpoint_lost(e) { return el("div", {class: "step stop"}, el("div", {class: "head"}, `endpoint lost: ${e.error}`)); },
