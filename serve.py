@@ -33,6 +33,7 @@ shared with agent.py stay in one place; the agent's and /v1's routes are in thei
 import argparse
 import asyncio
 import json
+import math
 import socket
 import sys
 import time
@@ -91,6 +92,9 @@ def parse_options(values: object, base: Options) -> Options:
                 isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float))):
             problems.append(f"{name} must be a JSON {'boolean' if kind is bool else 'whole number' if kind is int else 'number'}"
                             f", not {json.dumps(value)}")
+        elif kind is float and not math.isfinite(value):  # Python's json reads Infinity; JSON has no such number
+            problems.append(f"{name} must be a finite number, not {value} (JSON has no infinity; a large "
+                            f"number such as 1000 does the same here)")
         elif name in CAPS and value > CAPS[name]:
             problems.append(f"{name} = {value} is over this server's limit of {CAPS[name]}")
     if problems:
@@ -281,6 +285,10 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(srv.threads)
     try:
         options = from_flags(args)
+        if infinite := [f.name for f in fields(Options) if isinstance(getattr(options, f.name), float)
+                        and not math.isfinite(getattr(options, f.name))]:
+            raise GrispError(f"{', '.join(infinite)} must be finite here: the web page and the API speak JSON, "
+                             f"which has no infinity (a large number such as 1000 does the same)")
         examples = example_questions(srv.examples)
         start = time.perf_counter()
         # always load the re-ranker: a request may turn re-ranking on even if the default is off

@@ -201,11 +201,11 @@ class Grisp:
         from `skeletons` (a list, or answer()'s lazy stream): the first that resolves to a valid query
         wins. `trace`: the list the answer's trace continues (the stream appends its beams to it). Each skeleton has its own time budget, as in the reference: a
         skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
-        (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget (twice that with a retry); every
+        (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget (one budget more with a retry); every
         endpoint query ends within its skeleton's budget (and by `deadline`, an optional overall cap).
         Once the endpoint has failed every query of the question, no further skeleton is tried. If every
         skeleton dead-ends, options.retry resolves the dead ones once more with None's cut lifted (every
-        hit in the re-ranked order; a "retry" trace event; ours, not the paper's)."""
+        hit in the re-ranked order, all within one time budget; a "retry" trace event; ours, not the paper's)."""
         if self.resolver is None:
             raise GrispError("this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
                              "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)")
@@ -227,7 +227,8 @@ class Grisp:
             if listener is not None:
                 listener(answer.trace[-1])
             relaxed = self.resolver.relaxed(none_margin=float("inf"))
-            self._resolve_in_turn(question, dead, relaxed, answer, deadline, listener)
+            shared_budget_end = min(time.monotonic() + self.options.time_budget, deadline)  # one budget for them all
+            self._resolve_in_turn(question, dead, relaxed, answer, shared_budget_end, listener)
         answer.timings["resolve"] = time.perf_counter() - start
         return judge_endpoint(answer, client.tally)
 

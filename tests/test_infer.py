@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 import time
+from math import inf
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from grisp import peft_format
 from grisp.generate import Hypothesis
 from grisp.options import Options
 from grisp.pipeline import Answer, Grisp, GrispError, answer_to_json
-from grisp.resolve import Resolution
+from grisp.resolve import Resolution, Resolver
 from grisp.sparql import Result, SparqlClient, parse_results
 from model import Transformer
 from tests.tiny import make_model_dir
@@ -225,6 +226,26 @@ def test_each_skeleton_gets_its_own_time_budget(tiny_model, demo_index, demo_end
     seen.clear()
     answer = grisp.answer_from_skeletons("q", ["slow", "slow"], deadline=time.monotonic() + 1.0)  # an overall cap
     assert len(seen) == 2 and all(left <= 1.0 for _, left in seen) and answer.failure == "timeout"
+
+
+def test_the_retry_shares_one_time_budget(tiny_model, demo_index, demo_endpoint, monkeypatch):
+    """Each skeleton of the first pass has a budget of its own; the second pass (no None cut, which can
+    search far longer) gets one budget for all its skeletons."""
+    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(time_budget=2.0))
+    seen = []
+
+    def resolve(self, question, skeleton, deadline, listener=None):
+        seen.append((self.options.none_margin, skeleton, deadline - time.monotonic()))
+        time.sleep(0.3)
+        return Resolution(None, None, 0, "dead_end")
+
+    monkeypatch.setattr(Resolver, "resolve", resolve)
+    answer = grisp.answer_from_skeletons("q", ["a", "b"])
+    assert [(margin, skeleton) for margin, skeleton, _ in seen] == [(0.0, "a"), (0.0, "b"), (inf, "a"), (inf, "b")]
+    first, second, retry_a, retry_b = (left for _, _, left in seen)
+    assert 1.8 < first <= 2.0 and 1.8 < second <= 2.0 and 1.8 < retry_a <= 2.0  # fresh budgets
+    assert retry_b < retry_a - 0.25, "the second pass's skeletons share one budget"
+    assert answer.failure == "dead_end" and answer.sparql is None
 
 
 # ---------------------------------------------------------------------------- --skeleton-only (generate-only)

@@ -165,6 +165,7 @@ def test_generate_mode_gives_skeletons_without_resolution(grisp, server):
     (b'{"question": "q?", "options": {"precision": "bfloat16"}}', "; it cannot answer in bfloat16"),
     (b'{"question": "q?", "options": {"skeleton_dedupe": 1}}', "skeleton_dedupe = 1 must be one of exact, merge"),
     (b'{"question": "q?", "options": [1]}', "options must be a JSON object"),
+    (b'{"question": "q?", "options": {"none_margin": Infinity}}', "none_margin must be a finite number"),
     (b'{"question": "q?", "mode": "fast"}', "mode must be one of answer, generate"),
     (b'{"question": "q?", "extra": 1}', "unknown field extra"),
     (b"x" * (70 * 1024), "over 64 KB"),
@@ -286,6 +287,7 @@ def test_help_and_setup_errors_are_clear(tmp_path, capsys):
     assert "get_model.py" in run_main("--port", "0")
     assert "server.time_limit_s = 0.0 must be > 0" in run_main("--time-limit", "0")
     assert "top_k = 13" in run_main("--port", "0", "--top-k", "13")
+    assert "none_margin must be finite here" in run_main("--port", "0", "--none-margin", "inf")
 
 
 def test_example_questions_take_one_of_each_shape_first():
