@@ -68,8 +68,15 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
         f = s["failures"]
         lines.append(f"| {system_name(s, several_adapters)} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
                      f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {s['backtracks_per_sample']:.2f} | "
-                     f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']} | {s['scored']} |")
+                     f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']}{others(f)} | {s['scored']} |")
     return lines
+
+
+def others(failures: dict) -> str:
+    """The failures the systems table has no column for (timeouts, endpoint errors, ...), e.g. " (2 timeout)"."""
+    shown = ("dead_end", "wrong_answer", "correct")
+    rest = [f"{n} {kind.replace('_', ' ')}" for kind, n in failures.items() if n and kind not in shown]
+    return f" ({', '.join(rest)})" if rest else ""
 
 
 def column_heads(run_dirs: list[Path]) -> list[str]:

@@ -3,7 +3,7 @@
 # adapter trained 30 steps further on re-ranking samples alone, once with 120 of its 240 samples naming
 # the entity by the question's words (--mention) and once on the same samples in their plain form (the
 # control); then each re-ranks the shipped adapter's own skeletons (--rerank-adapter, --skeletons-from)
-# on wwq-dev-full and the demo. Needs the full-system runs of both (PRECISION=bfloat16 bash
+# on wwq-dev-full and the demo, under None's cut alone (--no-retry: what the re-rankers' None does). Needs the full-system runs of both (PRECISION=bfloat16 bash
 # runs/results.sh demo wwq-dev-full). About 35 min of training and 25 of evaluation on 2 cores.
 #
 # N=480 WORK=~/.cache/grisp/mention2 ARMS=mention bash runs/mention.sh   # the longer run: 120 steps, no control
@@ -27,9 +27,9 @@ done
 for arm in $ARMS; do
   python evaluate.py --benchmark wwq-dev-full --endpoint http://127.0.0.1:7880/query \
     --index ~/.cache/grisp/indices/wikidata-items --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
-    --skeletons-from "$O/wwq-dev-full-none" --out "$O/wwq-dev-full-rerank-$arm$tag"
+    --no-retry --skeletons-from "$O/wwq-dev-full-none" --out "$O/wwq-dev-full-rerank-$arm$tag"
   python evaluate.py --benchmark demo --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
-    --skeletons-from "$O/demo-none" --out "$O/demo-rerank-$arm$tag"
+    --no-retry --skeletons-from "$O/demo-none" --out "$O/demo-rerank-$arm$tag"
 done
 python report.py systems "$O"/wwq-dev-full-{none,no-rerank} $(for a in $ARMS; do echo "$O/wwq-dev-full-rerank-$a$tag"; done)
 python report.py systems "$O"/demo-{none,no-rerank} $(for a in $ARMS; do echo "$O/demo-rerank-$a$tag"; done)

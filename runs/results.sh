@@ -8,6 +8,7 @@
 #   bash runs/results.sh skeletons demo        # some groups
 #   ADAPTER=adapters/grisp-wwq-0.5b PRECISION=float32 bash runs/results.sh skeletons   # another adapter
 #   OUT=/tmp/smoke EVALUATE_FLAGS="--limit 2" bash runs/results.sh demo   # a smoke test, runs kept apart
+#   OUT=~/.cache/grisp/eval/paper-cut EVALUATE_FLAGS=--no-retry bash runs/results.sh demo   # None's cut alone
 #
 # Groups (in the default order): skeletons (--skeleton-only on demo, qald10-dev and wwq-dev; each alone
 # as demo-skeletons etc.), demo, wwq-dev-kg, wwq-dev-full (the full system, then `-ablations`: every

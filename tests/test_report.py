@@ -36,6 +36,8 @@ def test_systems_table_rows_follow_the_summaries(tmp_path):
     assert lines[2] == "| GRISP (all mechanisms) | 50.0 | 50.0 | 3.5 / 3.5 | 0.50 | 1 / 1 / 2 | 4 |"
     # the ablation's own preset is not repeated in the name
     assert lines[3] == "| w/o re-ranking | 75.0 | 75.0 | 3.5 / 3.5 | 0.50 | 0 / 1 / 3 | 4 |"
+    slow = system_run(tmp_path, "slow", "none", [None, "timeout", "timeout", "dead_end"])
+    assert report.systems_table([slow])[2].endswith("| 1 / 0 / 1 (2 timeout) | 4 |")  # no column of its own
 
 
 def test_systems_table_names_what_else_differs(tmp_path):
