@@ -78,8 +78,8 @@ class Options:
     # seconds per skeleton for resolution (after generation, whose cost is hardware-bound), as in the
     # reference: a skeleton out of time fails and the next one gets a fresh budget (docs/method.md 6.7)
     time_budget: float = option(60.0, "seconds per skeleton for resolving it, then the next skeleton (at most "
-                                "num_skeletons x this per question, one more for a retry); also a hard limit on every endpoint query "
-                                "(generation not counted)")
+                                "num_skeletons x this per question, one more for a retry); also a hard limit on "
+                                "every endpoint query (generation not counted)")
 
     def __post_init__(self):
         problems = [f"{name} = {value} must be {rule}" for name, value, ok, rule in [

@@ -199,10 +199,11 @@ class Grisp:
                               trace: list[dict] | None = None) -> Answer:
         """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one), taken one at a time
         from `skeletons` (a list, or answer()'s lazy stream): the first that resolves to a valid query
-        wins. `trace`: the list the answer's trace continues (the stream appends its beams to it). Each skeleton has its own time budget, as in the reference: a
-        skeleton that runs out of time fails with "timeout" and the next one starts with a fresh budget
-        (docs/method.md section 6.7), so a question takes at most num_skeletons x time_budget (one budget more with a retry); every
-        endpoint query ends within its skeleton's budget (and by `deadline`, an optional overall cap).
+        wins. `trace`: the list the answer's trace continues (the stream appends its beams to it). Each
+        skeleton has its own time budget, as in the reference: a skeleton that runs out of time fails with
+        "timeout" and the next one starts with a fresh budget (docs/method.md section 6.7), so a question
+        takes at most num_skeletons x time_budget (one budget more with a retry); every endpoint query
+        ends within its skeleton's budget (and by `deadline`, an optional overall cap).
         Once the endpoint has failed every query of the question, no further skeleton is tried. If every
         skeleton dead-ends, options.retry resolves the dead ones once more with None's cut lifted (every
         hit in the re-ranked order, all within one time budget; a "retry" trace event; ours, not the paper's)."""
