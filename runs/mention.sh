@@ -3,8 +3,9 @@
 # adapter trained 30 steps further on re-ranking samples alone, once with 120 of its 240 samples naming
 # the entity by the question's words (--mention) and once on the same samples in their plain form (the
 # control); then each re-ranks the shipped adapter's own skeletons (--rerank-adapter, --skeletons-from)
-# on wwq-dev-full and the demo, under None's cut alone (--no-retry: what the re-rankers' None does). Needs the full-system runs of both (PRECISION=bfloat16 bash
-# runs/results.sh demo wwq-dev-full). About 35 min of training and 25 of evaluation on 2 cores.
+# on wwq-dev-full and the demo, under None's cut alone (--no-retry: what the re-rankers' None does).
+# Needs the full-system runs of both (PRECISION=bfloat16 bash runs/results.sh demo wwq-dev-full).
+# About 35 min of training and 25 of evaluation on 2 cores.
 #
 # N=480 WORK=~/.cache/grisp/mention2 ARMS=mention bash runs/mention.sh   # the longer run: 120 steps, no control
 set -euo pipefail
