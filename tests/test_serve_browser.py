@@ -70,7 +70,7 @@ def test_page_asks_and_shows_the_live_search_and_the_answer(browser, tmp_path_fa
     merged = GOLD.replace("<iri>Pulp Fiction</iri>", "<iri>zzqx<sep>Pulp Fiction</iri>")
     grisp = scripted_grisp(tmp_path_factory, demo_endpoint, {QUESTION: [GOLD], "hold " + QUESTION: [merged]})
     with running(make_app(grisp, {"model": "tiny", "adapter": None, "index": "demo", "endpoint": demo_endpoint},
-                          Options(), [QUESTION])) as url:
+                          Options(retry=False), [QUESTION])) as url:  # the paper's cut: a dead end to draw
         browser.get(url + "/")
         find = lambda selector: browser.find_elements(By.CSS_SELECTOR, selector)  # noqa: E731
         example = wait_for(lambda: find("#examples button"), "the example questions")[0]
