@@ -226,7 +226,8 @@ def main(args: argparse.Namespace) -> None:
                            "data_sha256": data_sha256(first_epoch + val),
                            "trainable_parameters": sum(p.numel() for p in params)}
     config = json.loads(json.dumps(config, default=str))
-    state, source = resume(run, config, model, optimizer) if args.resume else (TrainState(), "the base model")
+    fresh = f"the adapter {args.init_adapter}" if args.init_adapter else "the base model"
+    state, source = resume(run, config, model, optimizer) if args.resume else (TrainState(), fresh)
     start_run_dir(run, config, state, source)
 
     # --- loop

@@ -488,6 +488,8 @@ def test_init_adapter_starts_from_a_trained_adapter(model_dir, tmp_path):
                           "--init-adapter", str(tmp_path / "runs" / "first" / "adapter")))
     second = load_file(tmp_path / "runs" / "second" / "adapter" / "adapter_model.safetensors")
     assert first.keys() == second.keys() and all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
+    start = json.loads((tmp_path / "runs" / "second" / "stretches.jsonl").read_text().splitlines()[0])
+    assert start["from"] == f"the adapter {tmp_path / 'runs' / 'first' / 'adapter'}"  # where its stretch began
     # ... and so does one from the first run's last checkpoint
     train.main(train_args(model_dir, tmp_path, samples, "--epochs", "1", "--lr", "1e-12", "--name", "from-checkpoint",
                           "--init-adapter", str(tmp_path / "runs" / "first" / "checkpoint-0000004")))
