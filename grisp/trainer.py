@@ -10,7 +10,8 @@ checkpoint, or from a portable copy on another machine) and the loop (docs/metho
 - `TrainingLoop`: epochs -> optimiser steps -> micro-batches (gradient accumulation, DDP), validation
   with best/, early stopping, checkpoints (and portable copies), log.jsonl lines.
 
-    state, source = resume(run, config, model, optimizer) if args.resume else (TrainState(), "the base model")  # or --init-adapter
+    fresh = f"the adapter {args.init_adapter}" if args.init_adapter else "the base model"
+    state, source = resume(run, config, model, optimizer) if args.resume else (TrainState(), fresh)
     TrainingLoop(run, model, optimizer, params, pad_id, train_epoch, first_epoch, val, config, state, total).train()
 Tests: python -m pytest tests/test_train.py
 """
