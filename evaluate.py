@@ -275,6 +275,16 @@ def read_predictions(path: Path) -> list[dict]:
     return read_jsonl(path, appended=True)
 
 
+def select_questions(args: argparse.Namespace) -> list[dict]:
+    """The benchmark's questions this run evaluates: those whose gold query has one of --shapes'
+    shapes (skeleton_score.shape), then the first --limit of them."""
+    samples = benchmarks.load_benchmark(args.benchmark)
+    if getattr(args, "shapes", None):
+        from grisp.skeleton_score import shape
+        samples = [sample for sample in samples if shape(sample["sparql"]).replace(" ", "-") in args.shapes]
+    return samples[: args.limit]
+
+
 def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict]) -> tuple[Path, list[dict]]:
     """Create the run directory and save `config` there (a run already there must agree on `keys`);
     return the predictions file and the samples it does not hold yet (runs resume)."""
@@ -307,7 +317,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
         raise ValueError(f"--skeleton-only scores skeleton generation only, and {', '.join(resolution)} change "
                          f"resolution: drop them (--ablation none or no-beam-search)")
     args.benchmark = args.benchmark or "demo"
-    samples = benchmarks.load_benchmark(args.benchmark)[: args.limit]
+    samples = select_questions(args)
     lookup = search.load_indices(args.index).get  # IRI -> the gold item's labels and aliases, or None
     name = Path(args.benchmark).stem if args.benchmark.endswith(".jsonl") else args.benchmark
     suffix = "skeletons" + ("" if args.ablation == "none" else f"-{args.ablation}")
@@ -315,7 +325,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "model_dir": absolute(args.model_dir), "adapter": absolute(args.adapter),
               "index": absolute(args.index), "device": args.device, "cpu": cpu_name(), "limit": args.limit,
-              "out": str(out)}
+              "shapes": getattr(args, "shapes", None), "out": str(out)}
     print(f"config: {json.dumps(config)}")
     predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples)
     if todo:
@@ -339,12 +349,26 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     return summary
 
 
+def parse_shapes(text: str | list[str] | None) -> list[str] | None:
+    """--shapes "two-hop,intersection" -> ["two-hop", "intersection"] (skeleton_score.SHAPES, a space as
+    "-"); a ValueError names the known shapes."""
+    if text is None or isinstance(text, list):
+        return text
+    from grisp.skeleton_score import SHAPES
+    known = [s.replace(" ", "-") for s in SHAPES]
+    shapes = [part.strip() for part in text.split(",") if part.strip()]
+    if not shapes or set(shapes) - set(known):
+        raise ValueError(f"--shapes takes question shapes from {', '.join(known)}, comma-separated; got {text!r}")
+    return shapes
+
+
 def main(args: argparse.Namespace, pipeline=None) -> dict:
     """Run (or only score) an evaluation; returns the summary. `pipeline` replaces grisp.pipeline.Grisp
     (anything with `answer(question)` and `answer_from_skeletons(question, skeletons)`)."""
     # --- setup
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be positive, not {args.limit}")
+    args.shapes = parse_shapes(getattr(args, "shapes", None))
     if getattr(args, "skeleton_only", False):
         return evaluate_skeletons(args, pipeline)
     if args.skeletons_from and args.oracle_skeleton:
@@ -359,7 +383,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
             saved_run = json.loads((path.parent / "config.json").read_text())
     args.benchmark = args.benchmark or saved_run.get("benchmark") or "demo"
     args.endpoint = args.endpoint or saved_run.get("endpoint") or defaults.ENDPOINT_URL
-    samples = benchmarks.load_benchmark(args.benchmark)[: args.limit]
+    samples = select_questions(args)
     gold_by_id = {sample["id"]: sample["sparql"] for sample in samples}
     client = sparql.SparqlClient(args.endpoint, read_timeout_s=args.query_timeout)
     if execute(sparql.SparqlClient(args.endpoint, retries=0), "ASK {}")[0] is None:
@@ -400,7 +424,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
               "oracle_skeleton": args.oracle_skeleton, "model_dir": absolute(args.model_dir),
               "adapter": absolute(args.adapter), "index": absolute(args.index), "endpoint": args.endpoint,
               "rerank_adapter": absolute(args.rerank_adapter) if getattr(args, "rerank_adapter", None) else None,
-              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "out": str(out),
+              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "shapes": getattr(args, "shapes", None), "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     if system == "agent":
         config |= {"system": "agent", "agent": agent_settings}
@@ -454,6 +478,10 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=None,
                         help="run directory; default ~/.cache/grisp/eval/<benchmark>-<ablation>[-oracle]")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--shapes", default=None,
+                        help="evaluate only the questions whose gold query has one of these shapes, comma-separated: "
+                             "ask, aggregate, filter/order, qualifier, other, two-hop, intersection, one-triple "
+                             "(docs/method.md 7.6; e.g. two-hop,intersection)")
     parser.add_argument("--score-only", default=None, metavar="PREDICTIONS",
                         help="re-score this predictions.jsonl (gold and predicted queries are "
                              "executed again) without loading the model")

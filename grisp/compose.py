@@ -1,6 +1,7 @@
-"""Two-hop training records composed from pairs of one-hop records (ours, not the paper's;
-docs/method.md section 3.5): samples.py adds them at the rate `Augment.compose`, the `--compose` flag of
-gen_data.py and train.py.
+"""Training records of query shapes the data lacks, composed from one-hop records (ours, not the paper's;
+docs/method.md section 3.5): per epoch samples.py adds `Augment.compose` x weight x records records of
+each shape in `Augment.compose_shapes` (the flags `--compose` and `--compose-shapes` of gen_data.py and
+train.py; by default only chains).
 
 WWQ teaches few chains (22 of its 2,431 train queries), so a model trained on it alone writes
 "where was the Pulp Fiction director born?" as one hop. compose_records makes chained records from
@@ -10,6 +11,11 @@ work -> person property "director", "where was the director of pulp fiction born
 { wd:Q104123 wdt:P57 ?y . ?y wdt:P19 ?x . }. Types come from the properties (SUBJECT_TYPES); only
 fitting pairs are joined. The composed facts need not hold: a sample teaches the shape of the query
 and the re-ranking of its IRIs, not an answer.
+
+The other shapes take their entities the same way (a one-hop record's subject, named as its question
+names it) and their wording from RELATIONS: yes/no questions (ask: "was brad pitt born in paris?"),
+two constraints on one variable (intersection: "which films directed by x and starring y?"), the first
+or latest of them by date (superlative), how many (count) and those before or after a year (filter).
 """
 import random
 import re
@@ -44,6 +50,68 @@ SUBJECT_TYPES = {  # more properties whose subject type is clear, for the one-ho
 SUBJECT_TYPE = {p: kind for kind, props in SUBJECT_TYPES.items() for p in props.split()}
 SUBJECT_TYPE |= {p: subject_type for p, (subject_type, _, _) in NOUN_PHRASES.items()}
 
+# property -> (subject type, object type, yes/no questions whether {s} has {o} as P, phrases that describe
+# a subject with {o} as P: "which films <directed by x>?", plural nouns for such subjects)
+FILMS, PEOPLE = ["movies", "films"], ["people", "persons"]
+RELATIONS = {
+    "P57": ("work", "person", ["did {o} direct {s}?", "was {s} directed by {o}?"], ["directed by {o}"], FILMS),
+    "P58": ("work", "person", ["did {o} write the screenplay of {s}?", "was {s} written by {o}?"], ["written by {o}"], FILMS),
+    "P86": ("work", "person", ["did {o} compose the music for {s}?", "is {o} the composer of {s}?"],
+            ["with music by {o}", "scored by {o}"], FILMS),
+    "P161": ("work", "person", ["was {o} in {s}?", "did {o} star in {s}?", "did {o} act in {s}?"],
+             ["starring {o}", "with {o} in the cast"], FILMS + ["shows"]),
+    "P50": ("work", "person", ["did {o} write {s}?", "is {o} the author of {s}?"], ["written by {o}", "by {o}"],
+            ["books", "novels", "works"]),
+    "P170": ("work", "person", ["did {o} create {s}?"], ["created by {o}"], ["works"]),
+    "P495": ("work", "place", ["is {s} from {o}?"], ["from {o}", "made in {o}"], FILMS + ["works"]),
+    "P19": ("person", "place", ["was {s} born in {o}?", "is {o} the birthplace of {s}?"], ["born in {o}"], PEOPLE),
+    "P20": ("person", "place", ["did {s} die in {o}?"], ["who died in {o}"], PEOPLE),
+    "P27": ("person", "place", ["is {s} a citizen of {o}?", "does {s} have citizenship of {o}?"],
+            ["with citizenship of {o}", "who are citizens of {o}"], PEOPLE),
+    "P26": ("person", "person", ["was {s} married to {o}?", "is {o} the spouse of {s}?"], ["married to {o}"], PEOPLE),
+    "P22": ("person", "person", ["is {o} the father of {s}?", "is {o} {s}'s father?"], ["whose father is {o}"], PEOPLE),
+    "P25": ("person", "person", ["is {o} the mother of {s}?"], ["whose mother is {o}"], PEOPLE),
+    "P36": ("place", "place", ["is {o} the capital of {s}?"], ["whose capital is {o}"], ["countries", "states"]),
+    "P17": ("place", "place", ["is {s} in {o}?", "is {s} located in the country {o}?"], ["in {o}"], ["places", "cities"]),
+    "P47": ("place", "place", ["does {s} border {o}?"], ["bordering {o}", "that share a border with {o}"],
+            ["countries", "places"]),
+    "P112": ("organization", "person", ["did {o} found {s}?", "was {s} founded by {o}?"], ["founded by {o}"],
+             ["organizations", "companies"]),
+    "P159": ("organization", "place", ["is {s} headquartered in {o}?"], ["headquartered in {o}", "based in {o}"],
+             ["organizations", "companies"]),
+}
+# subject type -> its date property, words for the earliest / latest, for superlatives and filters
+DATES = {"work": ("P577", ["first", "earliest", "oldest"], ["latest", "last", "newest", "most recent"],
+                  ["came out", "were released", "were published"]),
+         "person": ("P569", ["oldest"], ["youngest"], ["were born"])}
+INTERSECTION = ["which {noun} {a} and {b}?", "what {noun} {a} and {b}?", "name the {noun} {a} and {b}.",
+                "list {noun} {a} and {b}."]
+SUPERLATIVE = ["what was the {which} {noun_one} {a}?", "which is the {which} {noun_one} {a}?",
+               "what is the {which} of the {noun} {a}?"]
+COUNT = ["how many {noun} {a}?", "how many {noun} {a} are there?", "what is the number of {noun} {a}?"]
+FILTER = ["which {noun} {a} {verb} {side} {year}?", "what {noun} {a} {verb} {side} {year}?"]
+SINGULAR = {"movies": "movie", "films": "film", "shows": "show", "works": "work", "books": "book", "novels": "novel",
+            "people": "person", "persons": "person"}
+PROLOGUE = f"PREFIX wd: <{WD}> PREFIX wdt: <{WDT}> "
+XSD_PROLOGUE = f"PREFIX xsd: <{PREFIXES['xsd']}> " + PROLOGUE
+SHAPES = ("chain", "ask", "intersection", "superlative", "count", "filter")
+
+
+def parse_shapes(text: str) -> dict[str, float]:
+    """`--compose-shapes`: "chain,ask:0.5" -> {"chain": 1.0, "ask": 0.5}, each shape's share of `--compose`."""
+    shapes = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        shape, _, weight = part.partition(":")
+        if shape not in SHAPES:
+            raise ValueError(f"--compose-shapes: unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+        try:
+            shapes[shape] = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"--compose-shapes: {part!r} needs a number after ':'") from None
+        if not shapes[shape] > 0:
+            raise ValueError(f"--compose-shapes: the weight of {shape} must be > 0, got {weight}")
+    return shapes
+
 
 def mention(question: str, item) -> str | None:
     """How `question` names `item` (its label or an alias, any case, whole words), or None."""
@@ -54,12 +122,10 @@ def mention(question: str, item) -> str | None:
     return None
 
 
-def compose_records(records: list[dict], indices: Indices, rate: float, rng: random.Random) -> list[dict]:
-    """About rate * len(records) two-hop records. Each takes a one-hop record's subject S as named in
-    its question (e.g. "pulp fiction", a work), a property P of S's type with a noun phrase ("the
-    director of pulp fiction", a person) and a one-hop record about a subject of P's object type
-    ("where was brad pitt born?"), whose subject's name the noun phrase replaces."""
-    named = {}  # subject type -> [(record, subject, property, how its question names the subject)]
+def named_subjects(records: list[dict], indices: Indices) -> dict[str, list[tuple]]:
+    """Subject type -> [(record, subject id, property, how its question names the subject)] of the
+    one-hop records whose property tells the subject's type and whose question names the subject."""
+    named = {}
     for record in records:
         match = ONE_HOP.search(record["sparql"])
         if not match or match.group(2) not in SUBJECT_TYPE:
@@ -71,10 +137,28 @@ def compose_records(records: list[dict], indices: Indices, rate: float, rng: ran
             continue
         if name:
             named.setdefault(SUBJECT_TYPE[prop], []).append((record, subject, prop, name))
+    return named
+
+
+def compose_records(records: list[dict], indices: Indices, rate: float, rng: random.Random,
+                    shape: str = "chain") -> list[dict]:
+    """About rate * len(records) records of `shape` (one of SHAPES), with entities from `records`."""
+    if shape not in SHAPES:
+        raise ValueError(f"unknown composed shape {shape!r}; one of {', '.join(SHAPES)}")
+    named = named_subjects(records, indices)
+    count = round(rate * len(records))
+    return compose_chains(named, count, rng) if shape == "chain" else compose_shape(shape, named, count, rng)
+
+
+def compose_chains(named: dict[str, list[tuple]], count: int, rng: random.Random) -> list[dict]:
+    """Two-hop records. Each takes a one-hop record's subject S as named in its question (e.g. "pulp
+    fiction", a work), a property P of S's type with a noun phrase ("the director of pulp fiction", a
+    person) and a one-hop record about a subject of P's object type ("where was brad pitt born?"), whose
+    subject's name the noun phrase replaces."""
     joins = [p for p, (subject_type, object_type, _) in NOUN_PHRASES.items()
              if named.get(subject_type) and named.get(object_type)]
     composed = []
-    for _ in range(round(rate * len(records)) if joins else 0):
+    for _ in range(count if joins else 0):
         prop = rng.choice(joins)
         subject_type, object_type, phrases = NOUN_PHRASES[prop]
         head, subject, _, name = rng.choice(named[subject_type])
@@ -85,8 +169,60 @@ def compose_records(records: list[dict], indices: Indices, rate: float, rng: ran
             phrase = phrase[len("the "):]
         elif before.endswith("the ") and phrase.startswith(name + "'s"):  # "the [x's birthplace]"
             before = before[:-len("the ")]
-        sparql = (f"PREFIX wd: <{WD}> PREFIX wdt: <{WDT}> SELECT DISTINCT ?x "
-                  f"WHERE {{ wd:{subject} wdt:{prop} ?y . ?y wdt:{tail_prop} ?x . }}")
+        sparql = PROLOGUE + f"SELECT DISTINCT ?x WHERE {{ wd:{subject} wdt:{prop} ?y . ?y wdt:{tail_prop} ?x . }}"
         composed.append({"id": f"composed:{prop}:{head['id']}+{tail['id']}", "question": before + phrase + after,
                          "sparql": sparql, "paraphrases": [], "info": {"composed_from": [head["id"], tail["id"]]}})
+    return composed
+
+
+def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: random.Random) -> list[dict]:
+    """`count` records of an ask, intersection, superlative, count or filter shape. Each picks relations
+    of RELATIONS whose types have named entities, the entities from `named`, a wording at random."""
+    fits = [p for p, (subject_type, object_type, *_) in RELATIONS.items()
+            if named.get(object_type) and (shape != "ask" or named.get(subject_type))
+            and (shape not in ("superlative", "filter") or subject_type in DATES)]
+    composed = []
+    for _ in range(count if fits else 0):
+        prop = rng.choice(fits)
+        subject_type, object_type, questions, phrases, nouns = RELATIONS[prop]
+        source, o, _, o_name = rng.choice(named[object_type])
+        used = [source["id"]]
+        a = rng.choice(phrases).format(o=o_name)
+        noun = rng.choice(nouns)
+        if shape == "ask":
+            head, s, _, s_name = rng.choice(named[subject_type])
+            if s == o:  # "was paris born in paris?"
+                continue
+            used.insert(0, head["id"])
+            question = rng.choice(questions).format(s=s_name, o=o_name)
+            sparql = PROLOGUE + f"ASK {{ wd:{s} wdt:{prop} wd:{o} . }}"
+        elif shape == "intersection":
+            second = rng.choice([p for p in fits if RELATIONS[p][0] == subject_type])
+            other, o2, _, o2_name = rng.choice(named[RELATIONS[second][1]])
+            if (second, o2) == (prop, o):  # the same constraint twice
+                continue
+            used.append(other["id"])
+            b = rng.choice(RELATIONS[second][3]).format(o=o2_name)
+            question = rng.choice(INTERSECTION).format(noun=noun, a=a, b=b)
+            sparql = PROLOGUE + f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{second} wd:{o2} . }}"
+        elif shape == "superlative":
+            date, earliest, latest, _ = DATES[subject_type]
+            first = rng.random() < 0.5
+            which = rng.choice(earliest if first else latest)
+            question = rng.choice(SUPERLATIVE).format(which=which, noun=noun, noun_one=SINGULAR[noun], a=a)
+            order = "?y" if first else "DESC ( ?y )"
+            sparql = PROLOGUE + f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{date} ?y . }} ORDER BY {order} LIMIT 1"
+        elif shape == "count":
+            question = rng.choice(COUNT).format(noun=noun, a=a)
+            sparql = PROLOGUE + f"SELECT ( COUNT ( DISTINCT ?x ) AS ?count ) WHERE {{ ?x wdt:{prop} wd:{o} . }}"
+        else:  # filter
+            date, _, _, verbs = DATES[subject_type]
+            year, after = rng.randint(1900, 2020), rng.random() < 0.5
+            question = rng.choice(FILTER).format(noun=noun, a=a, verb=rng.choice(verbs), side="after" if after else "before",
+                                                 year=year)
+            bound = f'"{year + 1 if after else year}-01-01T00:00:00Z" ^^ xsd:dateTime'
+            sparql = XSD_PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{date} ?y . "
+                                     f"FILTER ( ?y {'>=' if after else '<'} {bound} ) }}")
+        composed.append({"id": f"composed:{shape}:{prop}:{'+'.join(used)}", "question": question, "sparql": sparql,
+                         "paraphrases": [], "info": {"composed_from": used}})
     return composed

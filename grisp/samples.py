@@ -16,8 +16,8 @@ of each task:
   the infos, drop the gold item (target = None; the next hit takes its place, so the list length tells
   nothing), shuffle the alternatives (else they keep the index's order), and (ours, `mention`, off by
   default) name an entity to re-rank by the question's words for it, as the model names it at inference.
-Each epoch also adds `compose` x records two-hop records made from pairs of one-hop ones (compose.py;
-ours, not the paper's: WWQ has few chained questions).
+Each epoch also adds `compose` x weight x records records of each shape of `compose_shapes`, composed
+from one-hop ones (compose.py; ours, not the paper's: by default two-hop chains, which WWQ has few of).
 
 A sample is a pure function of (seed, epoch, record, copy) (and the endpoint's answers for constrained
 ones), so online generation (train.py) is reproducible and resumable, and gen_data.py can precompute N
@@ -67,7 +67,8 @@ class Augment:
     drop_gold: float = 0.1  # remove the gold item, the next hit takes its place: the target becomes None
     shuffle: float = 0.1  # shuffle the alternatives (else they keep the search order)
     constrain: float = 0.1  # search within the constraint query's answers (needs an endpoint)
-    compose: float = 0.1  # extra two-hop records per record, composed from two one-hop ones (ours, not the paper's)
+    compose: float = 0.1  # extra records of each composed shape per record, made from one-hop ones (ours, not the paper's)
+    compose_shapes: str = "chain"  # the composed shapes (compose.SHAPES), comma-separated, each with an optional :weight
     mention: float = 0.0  # an entity to re-rank is named by the question's words for it, as at inference (ours)
     min_k: int = 2
     max_k: int = 10
@@ -92,7 +93,13 @@ def add_generation_args(group: argparse._ArgumentGroup) -> None:
              "shuffle": "probability of shuffling the alternatives (else: search order)",
              "constrain": "probability that a re-ranking sample searches within its constraint query's answers, as at "
                           "inference (needs --endpoint; without one no sample is constrained)",
-             "compose": "two-hop records composed from pairs of one-hop records, per record (0 = off; ours, not the paper's)",
+             "compose": "records of each --compose-shapes shape composed from one-hop records, per record (0 = off; "
+                        "ours, not the paper's)",
+             "compose_shapes": "composed shapes, comma-separated: chain (two-hop: 'where was the director of x born?'), "
+                               "ask ('was x born in y?'), intersection ('which films directed by x and starring y?'), "
+                               "superlative ('what was the first film directed by x?'), count ('how many films "
+                               "directed by x?'), filter ('which films directed by x came out after 2005?'); "
+                               "shape:w makes w x --compose of that shape per record (e.g. chain,ask:0.5)",
              "mention": "probability that the entity to re-rank is named by the question's words for it (the question span "
                         "most like its label or an alias, e.g. 'Shawn Johnson' for 'Shawn Johnson East') instead of its "
                         "label, and searched with them, as the model names it at inference (ours, not the paper's)",
@@ -161,6 +168,7 @@ class SampleGenerator:
             raise ValueError(f"need 1 <= min-k <= max-k < {len(IDENTIFIERS)}, got {augment.min_k}..{augment.max_k}")
         if augment.gold_missing not in GOLD_MISSING:
             raise ValueError(f"--rerank-gold-missing must be one of {', '.join(GOLD_MISSING)}, got {augment.gold_missing!r}")
+        self.compose_shapes = compose.parse_shapes(augment.compose_shapes) if augment.compose else {}
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"--prompt-format must be one of {', '.join(PROMPT_FORMATS)}, got {prompt_format!r}")
         self.records, self.indices, self.augment, self.seed = records, indices, augment, seed
@@ -173,8 +181,13 @@ class SampleGenerator:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the query encoder runs one short text at a time: threads only cost here
         try:
-            composed = compose.compose_records(self.records, self.indices, self.augment.compose,
-                                               random.Random(f"{self.seed}:{epoch}:compose"))
+            composed = []
+            for shape, weight in self.compose_shapes.items():
+                stream = "compose" if shape == "chain" else f"compose:{shape}"  # chains keep their earlier stream
+                shaped = compose.compose_records(self.records, self.indices, self.augment.compose * weight,
+                                                 random.Random(f"{self.seed}:{epoch}:{stream}"), shape)
+                stats[f"composed_{shape}"] += len(shaped)
+                composed += shaped
             stats["composed"] += len(composed)
             chosen = epoch_records(self.records, self.weights, self.seed, epoch) + [(r, 0) for r in composed]
             for record, copy in chosen:  # a record used twice in an epoch gets other variations the second time

@@ -41,7 +41,7 @@ RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "kee
                      "micro_batch_size", "runs_dir", "dtype", "portable_dir", "rewarm_steps"}
 # settings added after runs were saved, with the value that gives such a run's samples (a run saved without
 # one resumes with it)
-LATER_SETTINGS = {"mention": 0.0, "first_epoch": 0}
+LATER_SETTINGS = {"mention": 0.0, "first_epoch": 0, "compose_shapes": "chain"}
 
 
 @dataclass

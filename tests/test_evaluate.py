@@ -487,6 +487,22 @@ def test_skeleton_only_scores_generated_skeletons_without_an_endpoint(skeleton_b
                                 ablation="no-rerank"), pipeline=FakeGenerator())
 
 
+def test_shapes_select_the_questions_of_those_gold_shapes(skeleton_bench, tiny_index, tmp_path):
+    out = tmp_path / "run"
+    generator = FakeGenerator()
+    summary = evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
+                                      shapes="ask"), pipeline=generator)
+    assert generator.asked == ["was douglas adams born in cambridge?"] and summary["questions"] == 1
+    assert json.loads((out / "config.json").read_text())["shapes"] == ["ask"]
+    generator = FakeGenerator()  # the same run directory takes the other shapes' questions, as with --limit
+    summary = evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
+                                      shapes="one-triple,two-hop"), pipeline=generator)
+    assert generator.asked == ["where was douglas adams born?"] and summary["by_shape"].keys() == {"one triple"}
+    with pytest.raises(ValueError, match="--shapes takes question shapes from ask, .*one-triple"):
+        evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
+                                shapes="one triple"), pipeline=FakeGenerator())
+
+
 def test_skeleton_only_end_to_end_with_a_tiny_model(skeleton_bench, tiny_index, tmp_path):
     from tests.tiny import make_model_dir
     model = make_model_dir(tmp_path / "tiny")

@@ -11,7 +11,7 @@ import pytest
 import build_index
 import defaults
 from build_index import open_index
-from grisp import benchmarks, compose
+from grisp import benchmarks, compose, skeleton_score
 from grisp.prompts import NONE_TEXT
 from grisp.samples import Augment, SampleGenerator, validation_split
 
@@ -228,6 +228,95 @@ def test_an_epoch_adds_samples_of_composed_records(tiny, monkeypatch):
                                 r"\?y <iri>death relation \(wdt\)</iri> \?x \. \}", s["target"]), s["target"]
     no_compose = SampleGenerator(records, indices, Augment(compose=0.0, alias=0.0), seed=0).epoch(0)[0]
     assert [s for s in samples if not s["id"].startswith("composed:")] == no_compose
+
+
+COMPOSED_SHAPE = {"ask": "ask", "intersection": "intersection", "superlative": "filter/order", "count": "aggregate",
+                  "filter": "filter/order"}  # compose's shape -> skeleton_score.shape of its queries
+
+
+def typed_records():
+    """One-hop records that name a work, two people and a place (their types from the properties)."""
+    indices = FakeIndices({"Q1": FakeItem("Pulp Fiction"), "Q2": FakeItem("Brad Pitt"), "Q3": FakeItem("Uma Thurman"),
+                           "Q4": FakeItem("Paris")})
+    records = [one_hop("work", "who starred in pulp fiction?", "Q1", "P161"),
+               one_hop("brad", "where was brad pitt born?", "Q2", "P19"),
+               one_hop("uma", "when was uma thurman born?", "Q3", "P569"),
+               one_hop("paris", "what country is paris in?", "Q4", "P17")]
+    return indices, records
+
+
+@pytest.mark.parametrize("shape", COMPOSED_SHAPES := list(COMPOSED_SHAPE))
+def test_composed_shapes_have_their_query_form_and_fitting_entities(shape):
+    indices, records = typed_records()
+    composed = compose.compose_records(records * 25, indices, 0.4, random.Random(0), shape)
+    # 0.4 x 100 records; an intersection never repeats a constraint, an ask never asks about an entity and itself
+    assert len(composed) == 40 if shape not in ("intersection", "ask") else 30 <= len(composed) <= 40
+    names = {"Q1": "pulp fiction", "Q2": "brad pitt", "Q3": "uma thurman", "Q4": "paris"}
+    types = {"Q1": "work", "Q2": "person", "Q3": "person", "Q4": "place"}
+    for record in composed:
+        query = record["sparql"]
+        assert skeleton_score.shape(query) == COMPOSED_SHAPE[shape], query
+        triples = re.findall(r"(wd:Q\d|\?x|;) wdt:(P\d+) (wd:Q\d|\?y)", query)
+        assert triples, query
+        for subject, prop, obj in triples:
+            if prop in ("P577", "P569"):  # the date of a superlative or filter
+                assert obj == "?y" and prop == compose.DATES[compose.RELATIONS[triples[0][1]][0]][0]
+                continue
+            subject_type, object_type, *_ = compose.RELATIONS[prop]
+            assert types[obj[3:]] == object_type and names[obj[3:]] in record["question"]
+            if subject.startswith("wd:"):  # ask: the subject is named too, and is another entity
+                assert types[subject[3:]] == subject_type and names[subject[3:]] in record["question"]
+                assert subject != obj
+    if shape == "intersection":
+        assert all(len(set(re.findall(r"wdt:P\d+ wd:Q\d", r["sparql"]))) == 2 for r in composed)
+    if shape in ("superlative", "filter"):  # only types with a date: works and people
+        assert {compose.RELATIONS[re.search(r"wdt:(P\d+)", r["sparql"]).group(1)][0] for r in composed} <= {"work", "person"}
+    assert composed == compose.compose_records(records * 25, indices, 0.4, random.Random(0), shape)
+
+
+def test_composed_superlatives_and_filters_order_and_bound_as_their_questions_say():
+    indices, records = typed_records()
+    for record in compose.compose_records(records * 50, indices, 0.5, random.Random(1), "superlative"):
+        latest = any(word in record["question"] for word in ("latest", "last", "newest", "most recent", "youngest"))
+        assert record["sparql"].endswith("ORDER BY DESC ( ?y ) LIMIT 1" if latest else "ORDER BY ?y LIMIT 1"), record
+    for record in compose.compose_records(records * 50, indices, 0.5, random.Random(1), "filter"):
+        side, year = re.search(r"(after|before) (\d{4})\?$", record["question"]).groups()
+        bound = int(year) + 1 if side == "after" else int(year)
+        assert f'?y {">=" if side == "after" else "<"} "{bound}-01-01T00:00:00Z" ^^ xsd:dateTime' in record["sparql"]
+
+
+def test_compose_shapes_parse_with_weights_and_reject_unknown_ones():
+    assert compose.parse_shapes("chain") == {"chain": 1.0}
+    assert compose.parse_shapes("chain, ask:0.5,count:2") == {"chain": 1.0, "ask": 0.5, "count": 2.0}
+    for text, message in [("chain,cycle", "unknown shape 'cycle'"), ("ask:x", "needs a number"),
+                          ("ask:0", "must be > 0")]:
+        with pytest.raises(ValueError, match=message):
+            compose.parse_shapes(text)
+
+
+def test_an_epoch_with_more_composed_shapes_keeps_the_chains_and_adds_each_shape(tiny, monkeypatch):
+    indices, _, _ = tiny
+    monkeypatch.setattr(compose, "NOUN_PHRASES", {"P10": ("city", "city", ["the twin of {}"])})
+    monkeypatch.setattr(compose, "SUBJECT_TYPE", {"P10": "city", "P11": "city"})
+    monkeypatch.setattr(compose, "RELATIONS", {"P12": ("city", "city", ["is {o} the twin of {s}?"],
+                                                       ["twinned with {o}"], ["cities"])})
+    records = [one_hop(f"r{i}", f"what is near alpha {c.lower()}?", f"Q{i + 1}", "P11") for i, c in enumerate(CITIES)]
+    chains = SampleGenerator(records, indices, Augment(compose=0.5, alias=0.0), seed=0).epoch(0)[0]
+    augment = Augment(compose=0.5, compose_shapes="chain,ask:0.5,count", alias=0.0)
+    samples, stats = SampleGenerator(records, indices, augment, seed=0).epoch(0)
+    assert (stats["composed_chain"], stats["composed_count"]) == (4, 4)  # 0.5 x 8 records each
+    assert 1 <= stats["composed_ask"] <= 2  # 0.5 x 0.5 x 8, less any that would ask about a city and itself
+    assert [s for s in samples if not s["id"].startswith(("composed:ask", "composed:count"))] == chains
+    # the chains draw from the stream they drew from before other shapes existed: saved runs keep their samples
+    earlier = compose.compose_records(records, indices, 0.5, random.Random("0:0:compose"))
+    assert [s["id"] for s in chains if s["id"].startswith("composed:") and s["task"] == "skeleton"] == [
+        r["id"] for r in earlier]
+    asks = [s for s in samples if s["id"].startswith("composed:ask") and s["task"] == "skeleton"]
+    assert len(asks) == stats["composed_ask"] and all(re.fullmatch(r"is alpha \w+ the twin of alpha \w+\?", s["messages"][1]["content"])
+                                  and re.fullmatch(r"ASK \{ <iri>Alpha \w+</iri> <iri>work relation \(wdt\)</iri> "
+                                                   r"<iri>Alpha \w+</iri> \. \}", s["target"]) for s in asks), asks
+    off = SampleGenerator(records, indices, Augment(compose=0.0, compose_shapes="chain,ask", alias=0.0), seed=0).epoch(0)
+    assert off[1]["composed"] == 0
 
 
 def test_a_missing_wikidata_index_is_built_in_process_with_a_message(tmp_path, monkeypatch, capsys):

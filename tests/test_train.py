@@ -615,6 +615,9 @@ def test_a_run_saved_before_a_later_setting_resumes_with_its_old_value():
     check_same_run(saved, config)  # no exit: it made its samples as mention 0 does
     with pytest.raises(SystemExit, match="different settings: mention=0.5 \\(was None\\)"):
         check_same_run(saved, {**config, "mention": 0.5})
+    check_same_run(saved, {**config, "compose_shapes": "chain"})  # saved before --compose-shapes: chains only
+    with pytest.raises(SystemExit, match="compose_shapes=chain,ask"):
+        check_same_run(saved, {**config, "compose_shapes": "chain,ask"})
 
 
 def test_first_epoch_continues_the_sample_stream_and_keeps_the_validation_split(model_dir, tiny):
