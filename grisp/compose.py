@@ -55,7 +55,8 @@ SUBJECT_TYPE |= {p: subject_type for p, (subject_type, _, _) in NOUN_PHRASES.ite
 FILMS, PEOPLE = ["movies", "films"], ["people", "persons"]
 RELATIONS = {
     "P57": ("work", "person", ["did {o} direct {s}?", "was {s} directed by {o}?"], ["directed by {o}"], FILMS),
-    "P58": ("work", "person", ["did {o} write the screenplay of {s}?", "was {s} written by {o}?"], ["written by {o}"], FILMS),
+    "P58": ("work", "person", ["did {o} write the screenplay of {s}?", "was {s} written by {o}?"], ["written by {o}"],
+            FILMS),
     "P86": ("work", "person", ["did {o} compose the music for {s}?", "is {o} the composer of {s}?"],
             ["with music by {o}", "scored by {o}"], FILMS),
     "P161": ("work", "person", ["was {o} in {s}?", "did {o} star in {s}?", "did {o} act in {s}?"],
@@ -72,7 +73,8 @@ RELATIONS = {
     "P22": ("person", "person", ["is {o} the father of {s}?", "is {o} {s}'s father?"], ["whose father is {o}"], PEOPLE),
     "P25": ("person", "person", ["is {o} the mother of {s}?"], ["whose mother is {o}"], PEOPLE),
     "P36": ("place", "place", ["is {o} the capital of {s}?"], ["whose capital is {o}"], ["countries", "states"]),
-    "P17": ("place", "place", ["is {s} in {o}?", "is {s} located in the country {o}?"], ["in {o}"], ["places", "cities"]),
+    "P17": ("place", "place", ["is {s} in {o}?", "is {s} located in the country {o}?"], ["in {o}"],
+            ["places", "cities"]),
     "P47": ("place", "place", ["does {s} border {o}?"], ["bordering {o}", "that share a border with {o}"],
             ["countries", "places"]),
     "P112": ("organization", "person", ["did {o} found {s}?", "was {s} founded by {o}?"], ["founded by {o}"],
@@ -211,15 +213,16 @@ def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: ra
             which = rng.choice(earliest if first else latest)
             question = rng.choice(SUPERLATIVE).format(which=which, noun=noun, noun_one=SINGULAR[noun], a=a)
             order = "?y" if first else "DESC ( ?y )"
-            sparql = PROLOGUE + f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{date} ?y . }} ORDER BY {order} LIMIT 1"
+            sparql = PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{date} ?y . }} "
+                                 f"ORDER BY {order} LIMIT 1")
         elif shape == "count":
             question = rng.choice(COUNT).format(noun=noun, a=a)
             sparql = PROLOGUE + f"SELECT ( COUNT ( DISTINCT ?x ) AS ?count ) WHERE {{ ?x wdt:{prop} wd:{o} . }}"
         else:  # filter
             date, _, _, verbs = DATES[subject_type]
             year, after = rng.randint(1900, 2020), rng.random() < 0.5
-            question = rng.choice(FILTER).format(noun=noun, a=a, verb=rng.choice(verbs), side="after" if after else "before",
-                                                 year=year)
+            question = rng.choice(FILTER).format(noun=noun, a=a, verb=rng.choice(verbs),
+                                                 side="after" if after else "before", year=year)
             bound = f'"{year + 1 if after else year}-01-01T00:00:00Z" ^^ xsd:dateTime'
             sparql = XSD_PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{date} ?y . "
                                      f"FILTER ( ?y {'>=' if after else '<'} {bound} ) }}")
