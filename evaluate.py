@@ -424,7 +424,8 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
               "oracle_skeleton": args.oracle_skeleton, "model_dir": absolute(args.model_dir),
               "adapter": absolute(args.adapter), "index": absolute(args.index), "endpoint": args.endpoint,
               "rerank_adapter": absolute(args.rerank_adapter) if getattr(args, "rerank_adapter", None) else None,
-              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "shapes": getattr(args, "shapes", None), "out": str(out),
+              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "shapes": getattr(args, "shapes", None),
+              "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     if system == "agent":
         config |= {"system": "agent", "agent": agent_settings}

@@ -1,7 +1,7 @@
 """Training records of query shapes the data lacks, composed from one-hop records (ours, not the paper's;
-docs/method.md section 3.5): per epoch samples.py adds `Augment.compose` x weight x records records of
-each shape in `Augment.compose_shapes` (the flags `--compose` and `--compose-shapes` of gen_data.py and
-train.py; by default only chains).
+docs/method.md section 3.5): per epoch samples.py adds, for each shape of `Augment.compose_shapes`,
+`Augment.compose` x weight x (number of records) of them (the flags `--compose` and `--compose-shapes` of
+gen_data.py and train.py; by default only chains).
 
 WWQ teaches few chains (22 of its 2,431 train queries), so a model trained on it alone writes
 "where was the Pulp Fiction director born?" as one hop. compose_records makes chained records from

@@ -16,8 +16,8 @@ of each task:
   the infos, drop the gold item (target = None; the next hit takes its place, so the list length tells
   nothing), shuffle the alternatives (else they keep the index's order), and (ours, `mention`, off by
   default) name an entity to re-rank by the question's words for it, as the model names it at inference.
-Each epoch also adds `compose` x weight x records records of each shape of `compose_shapes`, composed
-from one-hop ones (compose.py; ours, not the paper's: by default two-hop chains, which WWQ has few of).
+Each epoch also adds, for each shape of `compose_shapes` (by default only two-hop chains, which WWQ has
+few of), compose x weight x (number of records) records composed from one-hop ones (compose.py; ours).
 
 A sample is a pure function of (seed, epoch, record, copy) (and the endpoint's answers for constrained
 ones), so online generation (train.py) is reproducible and resumable, and gen_data.py can precompute N
