@@ -245,7 +245,7 @@ def typed_records():
     return indices, records
 
 
-@pytest.mark.parametrize("shape", COMPOSED_SHAPES := list(COMPOSED_SHAPE))
+@pytest.mark.parametrize("shape", list(COMPOSED_SHAPE))
 def test_composed_shapes_have_their_query_form_and_fitting_entities(shape):
     indices, records = typed_records()
     composed = compose.compose_records(records * 25, indices, 0.4, random.Random(0), shape)
@@ -312,9 +312,11 @@ def test_an_epoch_with_more_composed_shapes_keeps_the_chains_and_adds_each_shape
     assert [s["id"] for s in chains if s["id"].startswith("composed:") and s["task"] == "skeleton"] == [
         r["id"] for r in earlier]
     asks = [s for s in samples if s["id"].startswith("composed:ask") and s["task"] == "skeleton"]
-    assert len(asks) == stats["composed_ask"] and all(re.fullmatch(r"is alpha \w+ the twin of alpha \w+\?", s["messages"][1]["content"])
-                                  and re.fullmatch(r"ASK \{ <iri>Alpha \w+</iri> <iri>work relation \(wdt\)</iri> "
-                                                   r"<iri>Alpha \w+</iri> \. \}", s["target"]) for s in asks), asks
+    assert len(asks) == stats["composed_ask"]
+    for sample in asks:
+        assert re.fullmatch(r"is alpha \w+ the twin of alpha \w+\?", sample["messages"][1]["content"]), sample
+        assert re.fullmatch(r"ASK \{ <iri>Alpha \w+</iri> <iri>work relation \(wdt\)</iri> <iri>Alpha \w+</iri> \. \}",
+                            sample["target"]), sample
     off = SampleGenerator(records, indices, Augment(compose=0.0, compose_shapes="chain,ask", alias=0.0), seed=0).epoch(0)
     assert off[1]["composed"] == 0
 
