@@ -279,7 +279,7 @@ def select_questions(args: argparse.Namespace) -> list[dict]:
     """The benchmark's questions this run evaluates: those whose gold query has one of --shapes'
     shapes (skeleton_score.shape), then the first --limit of them."""
     samples = benchmarks.load_benchmark(args.benchmark)
-    if getattr(args, "shapes", None):
+    if args.shapes:
         from grisp.skeleton_score import shape
         samples = [sample for sample in samples if shape(sample["sparql"]).replace(" ", "-") in args.shapes]
     return samples[: args.limit]
@@ -325,7 +325,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "model_dir": absolute(args.model_dir), "adapter": absolute(args.adapter),
               "index": absolute(args.index), "device": args.device, "cpu": cpu_name(), "limit": args.limit,
-              "shapes": getattr(args, "shapes", None), "out": str(out)}
+              "shapes": args.shapes, "out": str(out)}
     print(f"config: {json.dumps(config)}")
     predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples)
     if todo:
@@ -424,7 +424,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
               "oracle_skeleton": args.oracle_skeleton, "model_dir": absolute(args.model_dir),
               "adapter": absolute(args.adapter), "index": absolute(args.index), "endpoint": args.endpoint,
               "rerank_adapter": absolute(args.rerank_adapter) if getattr(args, "rerank_adapter", None) else None,
-              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "shapes": getattr(args, "shapes", None),
+              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "shapes": args.shapes,
               "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     if system == "agent":
