@@ -8,7 +8,7 @@ WWQ teaches few chains (22 of its 2,431 train queries), so a model trained on it
 two one-hop ones: "who starred in pulp fiction?" (wd:Q104123 wdt:P161 ?x: Pulp Fiction is a work) and
 "where was brad pitt born?" (wd:Q35332 wdt:P19 ?x: its subject is a person) give, through the
 work -> person property "director", "where was the director of pulp fiction born?" with the query
-{ wd:Q104123 wdt:P57 ?y . ?y wdt:P19 ?x . }. Types come from the properties (SUBJECT_TYPES); only
+{ wd:Q104123 wdt:P57 ?y . ?y wdt:P19 ?x . }. Types come from the properties (TYPES, SUBJECT_TYPES); only
 fitting pairs are joined. The composed facts need not hold: a sample teaches the shape of the query
 and the re-ranking of its IRIs, not an answer.
 
@@ -25,21 +25,29 @@ from search import Indices
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
 ONE_HOP = re.compile(r"SELECT DISTINCT \?x WHERE \{ wd:(Q\d+) wdt:(P\d+) \?x \. \}$")
-NOUN_PHRASES = {  # property -> (subject type, object type, noun phrases "the <property> of <subject>")
-    "P57": ("work", "person", ["the director of {}", "the {} director", "{}'s director"]),
-    "P58": ("work", "person", ["the screenwriter of {}", "the {} screenwriter"]),
-    "P86": ("work", "person", ["the composer of {}", "the {} composer"]),
-    "P50": ("work", "person", ["the author of {}", "{}'s author"]),
-    "P170": ("work", "person", ["the creator of {}", "{}'s creator"]),
-    "P112": ("organization", "person", ["the founder of {}", "{}'s founder"]),
-    "P159": ("organization", "place", ["the headquarters of {}"]),
-    "P22": ("person", "person", ["{}'s father", "the father of {}"]),
-    "P25": ("person", "person", ["{}'s mother", "the mother of {}"]),
-    "P26": ("person", "person", ["{}'s spouse", "the spouse of {}"]),
-    "P19": ("person", "place", ["the birthplace of {}", "{}'s birthplace"]),
-    "P20": ("person", "place", ["the place of death of {}", "{}'s place of death"]),
-    "P36": ("place", "place", ["the capital of {}", "{}'s capital"]),
-    "P35": ("place", "person", ["the head of state of {}"]),
+TYPES = {  # property -> (subject type, object type): which entities and properties composed records fit together
+    "P57": ("work", "person"), "P58": ("work", "person"), "P86": ("work", "person"), "P50": ("work", "person"),
+    "P170": ("work", "person"), "P161": ("work", "person"), "P495": ("work", "place"),
+    "P19": ("person", "place"), "P20": ("person", "place"), "P27": ("person", "place"),
+    "P22": ("person", "person"), "P25": ("person", "person"), "P26": ("person", "person"),
+    "P36": ("place", "place"), "P17": ("place", "place"), "P47": ("place", "place"), "P35": ("place", "person"),
+    "P112": ("organization", "person"), "P159": ("organization", "place"),
+}
+NOUN_PHRASES = {  # property -> noun phrases "the <property> of <subject>", for chains
+    "P57": ["the director of {}", "the {} director", "{}'s director"],
+    "P58": ["the screenwriter of {}", "the {} screenwriter"],
+    "P86": ["the composer of {}", "the {} composer"],
+    "P50": ["the author of {}", "{}'s author"],
+    "P170": ["the creator of {}", "{}'s creator"],
+    "P112": ["the founder of {}", "{}'s founder"],
+    "P159": ["the headquarters of {}"],
+    "P22": ["{}'s father", "the father of {}"],
+    "P25": ["{}'s mother", "the mother of {}"],
+    "P26": ["{}'s spouse", "the spouse of {}"],
+    "P19": ["the birthplace of {}", "{}'s birthplace"],
+    "P20": ["the place of death of {}", "{}'s place of death"],
+    "P36": ["the capital of {}", "{}'s capital"],
+    "P35": ["the head of state of {}"],
 }
 SUBJECT_TYPES = {  # more properties whose subject type is clear, for the one-hop records composed from
     "person": "P21 P27 P40 P69 P102 P106 P509 P551 P569 P570 P1412 P3373",
@@ -48,38 +56,34 @@ SUBJECT_TYPES = {  # more properties whose subject type is clear, for the one-ho
     "organization": "P169 P452 P571",
 }
 SUBJECT_TYPE = {p: kind for kind, props in SUBJECT_TYPES.items() for p in props.split()}
-SUBJECT_TYPE |= {p: subject_type for p, (subject_type, _, _) in NOUN_PHRASES.items()}
+SUBJECT_TYPE |= {p: subject_type for p, (subject_type, _) in TYPES.items()}
 
-# property -> (subject type, object type, yes/no questions whether {s} has {o} as P, phrases that describe
-# a subject with {o} as P: "which films <directed by x>?", plural nouns for such subjects)
+# property -> (yes/no questions whether {s} has {o} as P, phrases that describe a subject with {o} as P:
+# "which films <directed by x>?", plural nouns for such subjects), for the shapes other than chains
 FILMS, PEOPLE = ["movies", "films"], ["people", "persons"]
 RELATIONS = {
-    "P57": ("work", "person", ["did {o} direct {s}?", "was {s} directed by {o}?"], ["directed by {o}"], FILMS),
-    "P58": ("work", "person", ["did {o} write the screenplay of {s}?", "was {s} written by {o}?"], ["written by {o}"],
-            FILMS),
-    "P86": ("work", "person", ["did {o} compose the music for {s}?", "is {o} the composer of {s}?"],
+    "P57": (["did {o} direct {s}?", "was {s} directed by {o}?"], ["directed by {o}"], FILMS),
+    "P58": (["did {o} write the screenplay of {s}?", "was {s} written by {o}?"], ["written by {o}"], FILMS),
+    "P86": (["did {o} compose the music for {s}?", "is {o} the composer of {s}?"],
             ["with music by {o}", "scored by {o}"], FILMS),
-    "P161": ("work", "person", ["was {o} in {s}?", "did {o} star in {s}?", "did {o} act in {s}?"],
+    "P161": (["was {o} in {s}?", "did {o} star in {s}?", "did {o} act in {s}?"],
              ["starring {o}", "with {o} in the cast"], FILMS + ["shows"]),
-    "P50": ("work", "person", ["did {o} write {s}?", "is {o} the author of {s}?"], ["written by {o}", "by {o}"],
+    "P50": (["did {o} write {s}?", "is {o} the author of {s}?"], ["written by {o}", "by {o}"],
             ["books", "novels", "works"]),
-    "P170": ("work", "person", ["did {o} create {s}?"], ["created by {o}"], ["works"]),
-    "P495": ("work", "place", ["is {s} from {o}?"], ["from {o}", "made in {o}"], FILMS + ["works"]),
-    "P19": ("person", "place", ["was {s} born in {o}?", "is {o} the birthplace of {s}?"], ["born in {o}"], PEOPLE),
-    "P20": ("person", "place", ["did {s} die in {o}?"], ["who died in {o}"], PEOPLE),
-    "P27": ("person", "place", ["is {s} a citizen of {o}?", "does {s} have citizenship of {o}?"],
+    "P170": (["did {o} create {s}?"], ["created by {o}"], ["works"]),
+    "P495": (["is {s} from {o}?"], ["from {o}", "made in {o}"], FILMS + ["works"]),
+    "P19": (["was {s} born in {o}?", "is {o} the birthplace of {s}?"], ["born in {o}"], PEOPLE),
+    "P20": (["did {s} die in {o}?"], ["who died in {o}"], PEOPLE),
+    "P27": (["is {s} a citizen of {o}?", "does {s} have citizenship of {o}?"],
             ["with citizenship of {o}", "who are citizens of {o}"], PEOPLE),
-    "P26": ("person", "person", ["was {s} married to {o}?", "is {o} the spouse of {s}?"], ["married to {o}"], PEOPLE),
-    "P22": ("person", "person", ["is {o} the father of {s}?", "is {o} {s}'s father?"], ["whose father is {o}"], PEOPLE),
-    "P25": ("person", "person", ["is {o} the mother of {s}?"], ["whose mother is {o}"], PEOPLE),
-    "P36": ("place", "place", ["is {o} the capital of {s}?"], ["whose capital is {o}"], ["countries", "states"]),
-    "P17": ("place", "place", ["is {s} in {o}?", "is {s} located in the country {o}?"], ["in {o}"],
-            ["places", "cities"]),
-    "P47": ("place", "place", ["does {s} border {o}?"], ["bordering {o}", "that share a border with {o}"],
-            ["countries", "places"]),
-    "P112": ("organization", "person", ["did {o} found {s}?", "was {s} founded by {o}?"], ["founded by {o}"],
-             ["organizations", "companies"]),
-    "P159": ("organization", "place", ["is {s} headquartered in {o}?"], ["headquartered in {o}", "based in {o}"],
+    "P26": (["was {s} married to {o}?", "is {o} the spouse of {s}?"], ["married to {o}"], PEOPLE),
+    "P22": (["is {o} the father of {s}?", "is {o} {s}'s father?"], ["whose father is {o}"], PEOPLE),
+    "P25": (["is {o} the mother of {s}?"], ["whose mother is {o}"], PEOPLE),
+    "P36": (["is {o} the capital of {s}?"], ["whose capital is {o}"], ["countries", "states"]),
+    "P17": (["is {s} in {o}?", "is {s} located in the country {o}?"], ["in {o}"], ["places", "cities"]),
+    "P47": (["does {s} border {o}?"], ["bordering {o}", "that share a border with {o}"], ["countries", "places"]),
+    "P112": (["did {o} found {s}?", "was {s} founded by {o}?"], ["founded by {o}"], ["organizations", "companies"]),
+    "P159": (["is {s} headquartered in {o}?"], ["headquartered in {o}", "based in {o}"],
              ["organizations", "companies"]),
 }
 # subject type -> its date property, words for the earliest / latest, for superlatives and filters
@@ -157,12 +161,11 @@ def compose_chains(named: dict[str, list[tuple]], count: int, rng: random.Random
     fiction", a work), a property P of S's type with a noun phrase ("the director of pulp fiction", a
     person) and a one-hop record about a subject of P's object type ("where was brad pitt born?"), whose
     subject's name the noun phrase replaces."""
-    joins = [p for p, (subject_type, object_type, _) in NOUN_PHRASES.items()
-             if named.get(subject_type) and named.get(object_type)]
+    joins = [p for p in NOUN_PHRASES if all(named.get(kind) for kind in TYPES[p])]
     composed = []
     for _ in range(count if joins else 0):
         prop = rng.choice(joins)
-        subject_type, object_type, phrases = NOUN_PHRASES[prop]
+        (subject_type, object_type), phrases = TYPES[prop], NOUN_PHRASES[prop]
         head, subject, _, name = rng.choice(named[subject_type])
         tail, _, tail_prop, tail_name = rng.choice(named[object_type])
         before, after = tail["question"].split(tail_name, 1)
@@ -180,13 +183,13 @@ def compose_chains(named: dict[str, list[tuple]], count: int, rng: random.Random
 def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: random.Random) -> list[dict]:
     """`count` records of an ask, intersection, superlative, count or filter shape. Each picks relations
     of RELATIONS whose types have named entities, the entities from `named`, a wording at random."""
-    fits = [p for p, (subject_type, object_type, *_) in RELATIONS.items()
+    fits = [p for p, (subject_type, object_type) in ((p, TYPES[p]) for p in RELATIONS)
             if named.get(object_type) and (shape != "ask" or named.get(subject_type))
             and (shape not in ("superlative", "filter") or subject_type in DATES)]
     composed = []
     for _ in range(count if fits else 0):
         prop = rng.choice(fits)
-        subject_type, object_type, questions, phrases, nouns = RELATIONS[prop]
+        (subject_type, object_type), (questions, phrases, nouns) = TYPES[prop], RELATIONS[prop]
         source, o, _, o_name = rng.choice(named[object_type])
         used = [source["id"]]
         a = rng.choice(phrases).format(o=o_name)
@@ -199,12 +202,12 @@ def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: ra
             question = rng.choice(questions).format(s=s_name, o=o_name)
             sparql = PROLOGUE + f"ASK {{ wd:{s} wdt:{prop} wd:{o} . }}"
         elif shape == "intersection":
-            second = rng.choice([p for p in fits if RELATIONS[p][0] == subject_type])
-            other, o2, _, o2_name = rng.choice(named[RELATIONS[second][1]])
+            second = rng.choice([p for p in fits if TYPES[p][0] == subject_type])
+            other, o2, _, o2_name = rng.choice(named[TYPES[second][1]])
             if (second, o2) == (prop, o):  # the same constraint twice
                 continue
             used.append(other["id"])
-            b = rng.choice(RELATIONS[second][3]).format(o=o2_name)
+            b = rng.choice(RELATIONS[second][1]).format(o=o2_name)
             question = rng.choice(INTERSECTION).format(noun=noun, a=a, b=b)
             sparql = PROLOGUE + f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{second} wd:{o2} . }}"
         elif shape == "superlative":

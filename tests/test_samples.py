@@ -199,7 +199,7 @@ def test_composed_records_chain_two_one_hop_records_of_fitting_types():
     seen = set()
     for record in composed:
         subject, first, second = pattern.search(record["sparql"]).groups()
-        subject_type, object_type, phrases = compose.NOUN_PHRASES[first]
+        (subject_type, object_type), phrases = compose.TYPES[first], compose.NOUN_PHRASES[first]
         # Q1 is only known as a work, Q2 as a person; the second hop fits the first hop's object type
         assert (subject, subject_type) in {("Q1", "work"), ("Q2", "person")}
         assert compose.SUBJECT_TYPE[second] == object_type
@@ -214,7 +214,8 @@ def test_composed_records_chain_two_one_hop_records_of_fitting_types():
 
 def test_an_epoch_adds_samples_of_composed_records(tiny, monkeypatch):
     indices, _, _ = tiny
-    monkeypatch.setattr(compose, "NOUN_PHRASES", {"P10": ("city", "city", ["the twin of {}"])})
+    monkeypatch.setattr(compose, "TYPES", {"P10": ("city", "city")})
+    monkeypatch.setattr(compose, "NOUN_PHRASES", {"P10": ["the twin of {}"]})
     monkeypatch.setattr(compose, "SUBJECT_TYPE", {"P10": "city", "P11": "city"})
     records = [one_hop(f"r{i}", f"what is near alpha {c.lower()}?", f"Q{i + 1}", "P11") for i, c in enumerate(CITIES)]
     augment = Augment(compose=0.5, alias=0.0)
@@ -260,9 +261,9 @@ def test_composed_shapes_have_their_query_form_and_fitting_entities(shape):
         assert triples, query
         for subject, prop, obj in triples:
             if prop in ("P577", "P569"):  # the date of a superlative or filter
-                assert obj == "?y" and prop == compose.DATES[compose.RELATIONS[triples[0][1]][0]][0]
+                assert obj == "?y" and prop == compose.DATES[compose.TYPES[triples[0][1]][0]][0]
                 continue
-            subject_type, object_type, *_ = compose.RELATIONS[prop]
+            subject_type, object_type = compose.TYPES[prop]
             assert types[obj[3:]] == object_type and names[obj[3:]] in record["question"]
             if subject.startswith("wd:"):  # ask: the subject is named too, and is another entity
                 assert types[subject[3:]] == subject_type and names[subject[3:]] in record["question"]
@@ -270,7 +271,7 @@ def test_composed_shapes_have_their_query_form_and_fitting_entities(shape):
     if shape == "intersection":
         assert all(len(set(re.findall(r"wdt:P\d+ wd:Q\d", r["sparql"]))) == 2 for r in composed)
     if shape in ("superlative", "filter"):  # only types with a date: works and people
-        assert {compose.RELATIONS[re.search(r"wdt:(P\d+)", r["sparql"]).group(1)][0] for r in composed} <= {"work", "person"}
+        assert {compose.TYPES[re.search(r"wdt:(P\d+)", r["sparql"]).group(1)][0] for r in composed} <= {"work", "person"}
     assert composed == compose.compose_records(records * 25, indices, 0.4, random.Random(0), shape)
 
 
@@ -296,10 +297,10 @@ def test_compose_shapes_parse_with_weights_and_reject_unknown_ones():
 
 def test_an_epoch_with_more_composed_shapes_keeps_the_chains_and_adds_each_shape(tiny, monkeypatch):
     indices, _, _ = tiny
-    monkeypatch.setattr(compose, "NOUN_PHRASES", {"P10": ("city", "city", ["the twin of {}"])})
+    monkeypatch.setattr(compose, "TYPES", {"P10": ("city", "city"), "P12": ("city", "city")})
+    monkeypatch.setattr(compose, "NOUN_PHRASES", {"P10": ["the twin of {}"]})
     monkeypatch.setattr(compose, "SUBJECT_TYPE", {"P10": "city", "P11": "city"})
-    monkeypatch.setattr(compose, "RELATIONS", {"P12": ("city", "city", ["is {o} the twin of {s}?"],
-                                                       ["twinned with {o}"], ["cities"])})
+    monkeypatch.setattr(compose, "RELATIONS", {"P12": (["is {o} the twin of {s}?"], ["twinned with {o}"], ["cities"])})
     records = [one_hop(f"r{i}", f"what is near alpha {c.lower()}?", f"Q{i + 1}", "P11") for i, c in enumerate(CITIES)]
     chains = SampleGenerator(records, indices, Augment(compose=0.5, alias=0.0), seed=0).epoch(0)[0]
     augment = Augment(compose=0.5, compose_shapes="chain,ask:0.5,count", alias=0.0)
@@ -460,3 +461,10 @@ def test_mention_names_the_reranked_entity_by_the_questions_words(tiny):
     assert all("<rep>Alpha Berlin</rep>" not in sparql_line(s) for s in worded)
     assert all(s["iri"] == WD + "Q1" and s["target"] == "A" for s in entity)  # "Berlin" still finds it first
     assert not any("<rep>Berlin</rep>" in sparql_line(s) for s in plain)  # off by default
+
+
+def test_every_composing_property_has_its_types():
+    # chains and the other shapes look up a property's subject and object type in one table
+    assert set(compose.NOUN_PHRASES) | set(compose.RELATIONS) <= set(compose.TYPES)
+    listed = {p: kind for kind, props in compose.SUBJECT_TYPES.items() for p in props.split()}
+    assert all(listed.get(p, subject_type) == subject_type for p, (subject_type, _) in compose.TYPES.items())
