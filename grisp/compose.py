@@ -96,6 +96,10 @@ SUPERLATIVE = ["what was the {which} {noun_one} {a}?", "which is the {which} {no
                "what is the {which} of the {noun} {a}?"]
 COUNT = ["how many {noun} {a}?", "how many {noun} {a} are there?", "what is the number of {noun} {a}?"]
 FILTER = ["which {noun} {a} {verb} {side} {year}?", "what {noun} {a} {verb} {side} {year}?"]
+# plural noun -> the class the data's queries type such answers with (?x wdt:P31 / wdt:P279 * wd:Q, WWQ's
+# form); nouns without one (people, works, places, states) stay untyped, as WWQ mostly leaves people
+CLASSES = {"movies": "Q11424", "films": "Q11424", "shows": "Q5398426", "books": "Q47461344", "novels": "Q8261",
+           "countries": "Q6256", "cities": "Q515", "organizations": "Q43229", "companies": "Q783794"}
 SINGULAR = {"movies": "movie", "films": "film", "shows": "show", "works": "work", "books": "book", "novels": "novel",
             "people": "person", "persons": "person"}
 PROLOGUE = f"PREFIX wd: <{WD}> PREFIX wdt: <{WDT}> "
@@ -153,7 +157,17 @@ def compose_records(records: list[dict], indices: Indices, rate: float, rng: ran
         raise ValueError(f"unknown composed shape {shape!r}; one of {', '.join(SHAPES)}")
     named = named_subjects(records, indices)
     count = round(rate * len(records))
-    return compose_chains(named, count, rng) if shape == "chain" else compose_shape(shape, named, count, rng)
+    if shape == "chain":
+        return compose_chains(named, count, rng)
+    return compose_shape(shape, named, count, rng, {noun: q for noun, q in CLASSES.items() if knows(indices, q)})
+
+
+def knows(indices: Indices, item: str) -> bool:
+    try:
+        indices.item(WD + item)
+        return True
+    except KeyError:
+        return False
 
 
 def compose_chains(named: dict[str, list[tuple]], count: int, rng: random.Random) -> list[dict]:
@@ -180,9 +194,11 @@ def compose_chains(named: dict[str, list[tuple]], count: int, rng: random.Random
     return composed
 
 
-def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: random.Random) -> list[dict]:
+def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: random.Random,
+                  classes: dict[str, str]) -> list[dict]:
     """`count` records of an ask, intersection, superlative, count or filter shape. Each picks relations
-    of RELATIONS whose types have named entities, the entities from `named`, a wording at random."""
+    of RELATIONS whose types have named entities, the entities from `named`, a wording at random; the
+    answers are typed by the class of their noun where `classes` has one ("which films ..." -> film)."""
     fits = [p for p, (subject_type, object_type) in ((p, TYPES[p]) for p in RELATIONS)
             if named.get(object_type) and (shape != "ask" or named.get(subject_type))
             and (shape not in ("superlative", "filter") or subject_type in DATES)]
@@ -194,6 +210,8 @@ def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: ra
         used = [source["id"]]
         a = rng.choice(phrases).format(o=o_name)
         noun = rng.choice(nouns)
+        answers = (f"?x wdt:P31 / wdt:P279 * wd:{classes[noun]} ; wdt:{prop} wd:{o}" if noun in classes
+                   else f"?x wdt:{prop} wd:{o}")
         if shape == "ask":
             head, s, _, s_name = rng.choice(named[subject_type])
             if s == o:  # "was paris born in paris?"
@@ -209,25 +227,25 @@ def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: ra
             used.append(other["id"])
             b = rng.choice(RELATIONS[second][1]).format(o=o2_name)
             question = rng.choice(INTERSECTION).format(noun=noun, a=a, b=b)
-            sparql = PROLOGUE + f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{second} wd:{o2} . }}"
+            sparql = PROLOGUE + f"SELECT DISTINCT ?x WHERE {{ {answers} ; wdt:{second} wd:{o2} . }}"
         elif shape == "superlative":
             date, earliest, latest, _ = DATES[subject_type]
             first = rng.random() < 0.5
             which = rng.choice(earliest if first else latest)
             question = rng.choice(SUPERLATIVE).format(which=which, noun=noun, noun_one=SINGULAR[noun], a=a)
             order = "?y" if first else "DESC ( ?y )"
-            sparql = PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{date} ?y . }} "
+            sparql = PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ {answers} ; wdt:{date} ?y . }} "
                                  f"ORDER BY {order} LIMIT 1")
         elif shape == "count":
             question = rng.choice(COUNT).format(noun=noun, a=a)
-            sparql = PROLOGUE + f"SELECT ( COUNT ( DISTINCT ?x ) AS ?count ) WHERE {{ ?x wdt:{prop} wd:{o} . }}"
+            sparql = PROLOGUE + f"SELECT ( COUNT ( DISTINCT ?x ) AS ?count ) WHERE {{ {answers} . }}"
         else:  # filter
             date, _, _, verbs = DATES[subject_type]
             year, after = rng.randint(1900, 2020), rng.random() < 0.5
             question = rng.choice(FILTER).format(noun=noun, a=a, verb=rng.choice(verbs),
                                                  side="after" if after else "before", year=year)
             bound = f'"{year + 1 if after else year}-01-01T00:00:00Z" ^^ xsd:dateTime'
-            sparql = XSD_PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ ?x wdt:{prop} wd:{o} ; wdt:{date} ?y . "
+            sparql = XSD_PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ {answers} ; wdt:{date} ?y . "
                                      f"FILTER ( ?y {'>=' if after else '<'} {bound} ) }}")
         composed.append({"id": f"composed:{shape}:{prop}:{'+'.join(used)}", "question": question, "sparql": sparql,
                          "paraphrases": [], "info": {"composed_from": used}})

@@ -275,6 +275,25 @@ def test_composed_shapes_have_their_query_form_and_fitting_entities(shape):
     assert composed == compose.compose_records(records * 25, indices, 0.4, random.Random(0), shape)
 
 
+@pytest.mark.parametrize("shape", ["intersection", "superlative", "count", "filter"])
+def test_composed_answers_are_typed_by_their_noun_where_the_index_knows_its_class(shape):
+    indices, records = typed_records()
+    indices.items["Q11424"] = FakeItem("film")  # the class of "films" and "movies"; "people" has none
+    composed = compose.compose_records(records * 25, indices, 0.4, random.Random(0), shape)
+    typed = re.compile(r"\{ \?x wdt:P31 / wdt:P279 \* wd:Q11424 ; wdt:P\d+ wd:Q\d")
+    films = [r for r in composed if re.search(r"\b(films|movies|film|movie)\b", r["question"])]
+    others = [r for r in composed if r not in films]
+    assert films and others
+    assert all(typed.search(r["sparql"]) for r in films), films[0]
+    assert not any("P31" in r["sparql"] for r in others), others[0]
+    # (skeleton_score counts the path P31/P279* as a hop: a typed intersection is "two-hop", as in WWQ's gold)
+    assert all(skeleton_score.shape(r["sparql"]) == COMPOSED_SHAPE[shape] for r in others)
+    # an index without the class leaves the answers untyped
+    del indices.items["Q11424"]
+    assert not any("P31" in r["sparql"] for r in compose.compose_records(records * 25, indices, 0.4,
+                                                                        random.Random(0), shape))
+
+
 def test_composed_superlatives_and_filters_order_and_bound_as_their_questions_say():
     indices, records = typed_records()
     for record in compose.compose_records(records * 50, indices, 0.5, random.Random(1), "superlative"):
