@@ -15,7 +15,8 @@ and the re-ranking of its IRIs, not an answer.
 The other shapes take their entities the same way (a one-hop record's subject, named as its question
 names it) and their wording from RELATIONS: yes/no questions (ask: "was brad pitt born in paris?"),
 two constraints on one variable (intersection: "which films directed by x and starring y?"), the first
-or latest of them by date (superlative), how many (count) and those before or after a year (filter).
+or latest of them by date (superlative), how many (count) and those before or after a year (filter);
+their answers are typed by the class of the question's noun ("films" -> film: CLASSES), as WWQ's are.
 """
 import random
 import re
