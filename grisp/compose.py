@@ -160,15 +160,7 @@ def compose_records(records: list[dict], indices: Indices, rate: float, rng: ran
     count = round(rate * len(records))
     if shape == "chain":
         return compose_chains(named, count, rng)
-    return compose_shape(shape, named, count, rng, {noun: q for noun, q in CLASSES.items() if knows(indices, q)})
-
-
-def knows(indices: Indices, item: str) -> bool:
-    try:
-        indices.item(WD + item)
-        return True
-    except KeyError:
-        return False
+    return compose_shape(shape, named, count, rng, {noun: q for noun, q in CLASSES.items() if WD + q in indices})
 
 
 def compose_chains(named: dict[str, list[tuple]], count: int, rng: random.Random) -> list[dict]:

@@ -180,6 +180,9 @@ class FakeIndices:
     def item(self, iri):
         return self.items[iri.rsplit("/", 1)[1]]
 
+    def __contains__(self, iri):
+        return iri.rsplit("/", 1)[1] in self.items
+
 
 def one_hop(record_id, question, subject, prop):
     return {"id": record_id, "question": question, "paraphrases": [], "info": {},
