@@ -192,9 +192,8 @@ def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: ra
     """`count` records of an ask, intersection, superlative, count or filter shape. Each picks relations
     of RELATIONS whose types have named entities, the entities from `named`, a wording at random; the
     answers are typed by the class of their noun where `classes` has one ("which films ..." -> film)."""
-    fits = [p for p, (subject_type, object_type) in ((p, TYPES[p]) for p in RELATIONS)
-            if named.get(object_type) and (shape != "ask" or named.get(subject_type))
-            and (shape not in ("superlative", "filter") or subject_type in DATES)]
+    fits = [p for p in RELATIONS if named.get(TYPES[p][1]) and (shape != "ask" or named.get(TYPES[p][0]))
+            and (shape not in ("superlative", "filter") or TYPES[p][0] in DATES)]
     composed = []
     for _ in range(count if fits else 0):
         prop = rng.choice(fits)
