@@ -50,10 +50,10 @@ NOUN_PHRASES = {  # property -> noun phrases "the <property> of <subject>", for 
     "P36": ["the capital of {}", "{}'s capital"],
     "P35": ["the head of state of {}"],
 }
-SUBJECT_TYPES = {  # more properties whose subject type is clear, for the one-hop records composed from
-    "person": "P21 P27 P40 P69 P102 P106 P509 P551 P569 P570 P1412 P3373",
-    "place": "P6 P17 P30 P37 P38 P47 P122 P131 P150 P206 P421 P1082 P2046",
-    "work": "P144 P161 P175 P364 P495 P577 P840",
+SUBJECT_TYPES = {  # properties beside TYPES' whose subject type is clear, for the one-hop records composed from
+    "person": "P21 P40 P69 P102 P106 P509 P551 P569 P570 P1412 P3373",
+    "place": "P6 P30 P37 P38 P122 P131 P150 P206 P421 P1082 P2046",
+    "work": "P144 P175 P364 P577 P840",
     "organization": "P169 P452 P571",
 }
 SUBJECT_TYPE = {p: kind for kind, props in SUBJECT_TYPES.items() for p in props.split()}
