@@ -233,12 +233,19 @@ def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: ra
             sparql = PROLOGUE + f"SELECT ( COUNT ( DISTINCT ?x ) AS ?count ) WHERE {{ {answers} . }}"
         else:  # filter
             date, _, _, verbs = DATES[subject_type]
-            year, after = rng.randint(1900, 2020), rng.random() < 0.5
-            question = rng.choice(FILTER).format(noun=noun, a=a, verb=rng.choice(verbs),
-                                                 side="after" if after else "before", year=year)
-            bound = f'"{year + 1 if after else year}-01-01T00:00:00Z" ^^ xsd:dateTime'
+            year, side = rng.randint(1900, 2020), rng.choice(["before", "after", "in"])
+            question = rng.choice(FILTER).format(noun=noun, a=a, verb=rng.choice(verbs), side=side, year=year)
+            before = f"?y < {year_start(year if side == 'before' else year + 1)}"
+            after = f"?y >= {year_start(year + 1 if side == 'after' else year)}"
+            # one bound alone; a whole year as WWQ writes it, two parenthesised bounds with the upper one first
+            condition = {"before": before, "after": after, "in": f"( {before} ) && ( {after} )"}[side]
             sparql = XSD_PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ {answers} ; wdt:{date} ?y . "
-                                     f"FILTER ( ?y {'>=' if after else '<'} {bound} ) }}")
+                                     f"FILTER ( {condition} ) }}")
         composed.append({"id": f"composed:{shape}:{prop}:{'+'.join(used)}", "question": question, "sparql": sparql,
                          "paraphrases": [], "info": {"composed_from": used}})
     return composed
+
+
+def year_start(year: int) -> str:
+    """The first instant of a year as a dateTime literal, the bound of a date filter."""
+    return f'"{year}-01-01T00:00:00Z" ^^ xsd:dateTime'

@@ -302,10 +302,18 @@ def test_composed_superlatives_and_filters_order_and_bound_as_their_questions_sa
     for record in compose.compose_records(records * 50, indices, 0.5, random.Random(1), "superlative"):
         latest = any(word in record["question"] for word in ("latest", "last", "newest", "most recent", "youngest"))
         assert record["sparql"].endswith("ORDER BY DESC ( ?y ) LIMIT 1" if latest else "ORDER BY ?y LIMIT 1"), record
+    sides = set()
     for record in compose.compose_records(records * 50, indices, 0.5, random.Random(1), "filter"):
-        side, year = re.search(r"(after|before) (\d{4})\?$", record["question"]).groups()
-        bound = int(year) + 1 if side == "after" else int(year)
-        assert f'?y {">=" if side == "after" else "<"} "{bound}-01-01T00:00:00Z" ^^ xsd:dateTime' in record["sparql"]
+        side, year = re.search(r"(after|before|in) (\d{4})\?$", record["question"]).groups()
+        sides.add(side)
+        year = int(year)
+        condition = {"before": f'?y < "{year}-01-01T00:00:00Z" ^^ xsd:dateTime',
+                     "after": f'?y >= "{year + 1}-01-01T00:00:00Z" ^^ xsd:dateTime',
+                     # a whole year in WWQ's form: two parenthesised bounds, the upper one first
+                     "in": f'( ?y < "{year + 1}-01-01T00:00:00Z" ^^ xsd:dateTime ) && '
+                           f'( ?y >= "{year}-01-01T00:00:00Z" ^^ xsd:dateTime )'}[side]
+        assert record["sparql"].endswith(f"FILTER ( {condition} ) }}"), record
+    assert sides == {"before", "after", "in"}
 
 
 def test_compose_shapes_parse_with_weights_and_reject_unknown_ones():
