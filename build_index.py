@@ -103,6 +103,12 @@ QUERIES = {
 }
 
 
+def count_triples(url: str) -> int:
+    """The number of triples a SPARQL endpoint serves."""
+    rows = SparqlClient(url, read_timeout_s=600).query("SELECT ( COUNT ( * ) AS ?n ) WHERE { ?s ?p ?o }").rows
+    return int(rows[0]["n"]["value"])
+
+
 def fetch_pairs(client, name: str, query: str, page_size: int) -> list[tuple[str, dict]]:
     """All (item IRI, value term) rows of `query`, fetched in pages of `page_size` rows."""
     rows = []
@@ -229,8 +235,8 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
     if items:  # size and time stamp: an edited file is read again
         stat = Path(items).stat()
         source = {"items": str(Path(items).resolve()), "bytes": stat.st_size, "mtime": stat.st_mtime}
-    else:
-        source = {"endpoint": endpoint, "schema": schema, "lang": lang}
+    else:  # the KG behind a URL may change: its triple count tells an edited KG from the one indexed
+        source = {"endpoint": endpoint, "schema": schema, "lang": lang, "triples": count_triples(endpoint)}
     config = {"source": source, "out": str(out), "encoder": encoder, "embed": embed}
     print(json.dumps(config, indent=2))
     started = time.time()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 
+import endpoint
 from build_index import local_name
 from conftest import free_port
 from search import load_indices
@@ -138,6 +139,23 @@ def test_build_from_wikidata_endpoint(oxigraph_server, tmp_path):
     allowed = [WD + "P57", WD + "P214", "http://not/indexed"]
     hits = indices.search("property", "born in", k=5, allowed_ids=allowed)
     assert sorted(h.id for h in hits) == [WD + "P214", WD + "P57"]
+
+
+def test_an_endpoint_index_is_rebuilt_when_the_kg_behind_its_url_changes(tmp_path):
+    kg, store, out = tmp_path / "kg.ttl", tmp_path / "store", tmp_path / "index"
+    kg.write_text(WIKIDATA_TTL)
+    url = endpoint.start([kg], store, port=free_port())
+    try:
+        assert run("--endpoint", url, "--out", str(out), "--embed", "none").returncode == 0
+        again = run("--endpoint", url, "--out", str(out), "--embed", "none")
+        assert again.returncode == 0 and again.stdout.count("reusing") == 4
+        kg.write_text(WIKIDATA_TTL + '\nwd:Q7 rdfs:label "Added item"@en .\n')  # same URL, one item more
+        assert endpoint.start([kg], store, port=int(url.split(":")[2].split("/")[0])) == url
+        edited = run("--endpoint", url, "--out", str(out), "--embed", "none")
+        assert edited.returncode == 0 and "reusing" not in edited.stdout, edited.stdout
+        assert load_indices(out).item(WD + "Q7").label == "Added item"
+    finally:
+        endpoint.stop(store)
 
 
 def test_build_from_generic_endpoint(oxigraph_server, tmp_path):
