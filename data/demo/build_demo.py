@@ -77,7 +77,8 @@ STATEMENT = re.compile(rf"\{{ wd:(Q\d+) p:(P\d+) (\?\w+) \. \3 ps:\2 {TERM} ; pq
 
 def dev_facts(sample: dict) -> set[tuple[str, ...]]:
     """Facts that one WWQ dev question's gold answers assert: (s, p, o) for `wd:S wdt:P ?x`,
-    `?x wdt:P wd:O` (optionally typed, before or after, with `?x wdt:P31/wdt:P279* wd:C`), and (s, p, o) plus
+    `?x wdt:P wd:O` (optionally typed, before or after, with `?x wdt:P31/wdt:P279* wd:C`, which also asserts
+    (s, P31, C): Wikidata has C by P31/P279*, the demo writes it as the direct type), and (s, p, o) plus
     (s, p, o, qualifier, value) for `wd:S p:P ?st . ?st ps:P o ; pq:Q v` with one of o, v the
     answer. Ids are bare (Q42); other query shapes assert nothing here."""
     select, _, where = " ".join(sample["sparql"].split()).partition(" WHERE ")
@@ -95,6 +96,8 @@ def dev_facts(sample: dict) -> set[tuple[str, ...]]:
             facts |= {(bare(subject, a), prop, bare(obj, a)) for a in answers}
     elif (match := TYPED.fullmatch(where)) and match.group(1) == variable:
         facts |= {(a, match.group(2), match.group(3)) for a in answers}
+        if kind := re.search(r"wdt:P31 / wdt:P279 \* wd:(Q\d+)", where):  # each answer has the type (a path)
+            facts |= {(a, "P31", kind.group(1)) for a in answers}
     elif match := STATEMENT.fullmatch(where):
         subject, prop, _, value, qualifier, qualifier_value = match.groups()
         if variable in (value, qualifier_value):
