@@ -10,7 +10,8 @@ and `build` writes into one directory:
     entities/   items + prefix/     prefix-keyword index (+ embedding/ with embed="all")
     properties/ items + prefix/ + embedding/
 
-Finished parts are reused when built again with the same settings (force=True rebuilds).
+Finished parts are reused when built again with the same settings and source (an items file's size and
+time stamp, an endpoint's triple count; force=True rebuilds).
 Item ids are full IRIs; a Wikidata property's id is its entity IRI (wd:P19), whatever variant
 (wdt:, p:, ps:, pq:) the KG uses in triples. Popularity: Wikidata sitelinks when present, else the
 number of triples an entity occurs in; properties: number of triples using them, external-id
@@ -105,8 +106,11 @@ QUERIES = {
 
 def count_triples(url: str) -> int:
     """The number of triples a SPARQL endpoint serves."""
-    rows = SparqlClient(url, read_timeout_s=600).query("SELECT ( COUNT ( * ) AS ?n ) WHERE { ?s ?p ?o }").rows
-    return int(rows[0]["n"]["value"])
+    client = SparqlClient(url, read_timeout_s=600)
+    try:
+        return int(client.query("SELECT ( COUNT ( * ) AS ?n ) WHERE { ?s ?p ?o }").rows[0]["n"]["value"])
+    finally:
+        client.close()
 
 
 def fetch_pairs(client, name: str, query: str, page_size: int) -> list[tuple[str, dict]]:
