@@ -96,8 +96,8 @@ def dev_facts(sample: dict) -> set[tuple[str, ...]]:
             facts |= {(bare(subject, a), prop, bare(obj, a)) for a in answers}
     elif (match := TYPED.fullmatch(where)) and match.group(1) == variable:
         facts |= {(a, match.group(2), match.group(3)) for a in answers}
-        if kind := re.search(r"wdt:P31 / wdt:P279 \* wd:(Q\d+)", where):  # each answer has the type (a path)
-            facts |= {(a, "P31", kind.group(1)) for a in answers}
+        if typed := re.search(TYPE, where):  # each answer has the type (by the path; see the docstring)
+            facts |= {(a, "P31", typed.group(0).rsplit(":", 1)[1]) for a in answers}
     elif match := STATEMENT.fullmatch(where):
         subject, prop, _, value, qualifier, qualifier_value = match.groups()
         if variable in (value, qualifier_value):
