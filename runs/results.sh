@@ -12,7 +12,7 @@
 #
 # Groups (in the default order): skeletons (--skeleton-only on demo, qald10-dev and wwq-dev; each alone
 # as demo-skeletons etc.), demo, wwq-dev-kg, wwq-dev-full (the full system, then `-ablations`: every
-# ablation row and the gold-skeleton row; `demo-ablations` etc. also work alone).
+# ablation row, the paper's "re-ranking only" and the gold-skeleton row; `demo-ablations` etc. also work alone).
 # Settings: ADAPTER (relative to the current directory), PRECISION, OUT (where the runs land; default
 # ~/.cache/grisp/eval/<adapter name>-<precision>, the adapter's name being its directory's, or its
 # run's for a training run's `adapter/`), EVALUATE_FLAGS (added to every evaluate.py run: flags that
@@ -73,9 +73,11 @@ ablations() {  # $1 = KG setting; the resolution-only rows reuse the full system
     evaluate "${kg[@]}" --ablation $ablation --skeletons-from "$run-none" --out "$run-$ablation"
   done
   evaluate "${kg[@]}" --ablation no-beam-search --out "$run-no-beam-search"
-  evaluate "${kg[@]}" --ablation all-disabled --skeletons-from "$run-no-beam-search" --out "$run-all-disabled"
+  for ablation in all-disabled rerank-only; do  # the paper's stripped-down rows: plain index search, + re-ranking
+    evaluate "${kg[@]}" --ablation $ablation --skeletons-from "$run-no-beam-search" --out "$run-$ablation"
+  done
   evaluate "${kg[@]}" --oracle-skeleton --out "$run-oracle"
-  python report.py systems "$run"-{none,no-rerank,no-beam-search,no-kg-guidance,no-constrained,no-backtracking,all-disabled}
+  python report.py systems "$run"-{none,no-rerank,no-beam-search,no-kg-guidance,no-constrained,no-backtracking,all-disabled,rerank-only}
   python report.py systems "$run-oracle"
 }
 
