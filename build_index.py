@@ -266,7 +266,7 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
         if not is_built(out / sub / "prefix", source, force):
             with new_part(out / sub / "prefix", source) as tmp:
                 PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
-        settings = source | {"encoder": encoder}
+        settings = source | {"encoder": encoder, "encoder_precision": "float64"}  # earlier float32 vectors: rebuilt
         wanted = embed == "all" or (embed == "properties" and kind == "property")
         if wanted and not is_built(out / sub / "embedding", settings, force):
             from llm.encoder import load_encoder  # torch only when embedding

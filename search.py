@@ -375,16 +375,18 @@ class EmbeddingIndex:
             items = allowed[self.item_ptr[allowed + 1] > self.item_ptr[allowed]]
         if len(items) == 0:
             return []
-        q = np.asarray(self._encode([query])[0], dtype=np.float32)
+        q = np.asarray(self._encode([query])[0], dtype=np.float64)
         q /= max(float(np.linalg.norm(q)), 1e-12)
         starts, ends = self.item_ptr[items], self.item_ptr[items + 1]
+        # float64 products of float32 vectors, rounded to 9 decimals: the same ranking on every CPU
+        # (a float32 sum's last bits depend on the CPU's kernel and flip near ties)
         if allowed_ids is None:  # all rows: one matrix product, no gather
-            sims = self.vectors @ q
+            sims = np.round(self.vectors @ q, 9)
             best = np.maximum.reduceat(sims, starts)
         else:
-            sims = self.vectors[_concat_ranges(starts, ends)] @ q
+            sims = np.round(self.vectors[_concat_ranges(starts, ends)] @ q, 9)
             best = np.maximum.reduceat(sims, np.cumsum(ends - starts) - (ends - starts))
-        return _top_k(items, best.astype(np.float64), self.popularity, k)
+        return _top_k(items, best, self.popularity, k)
 
 
 # ---------------------------------------------------------------------------- the index directory API

@@ -374,8 +374,11 @@ def make_parser() -> argparse.ArgumentParser:
                        "for LoRA r=32 on 24 blocks), small enough to commit to git; --resume continues from it where "
                        "the run directory is missing or behind it (e.g. on a fresh clone)")
     group.add_argument("--rewarm-steps", type=int, default=20, help="after continuing from a portable copy, raise the "
-                                                                    "lr "
-                       "linearly over this many steps while AdamW's moments fill again")
+                       "lr linearly over this many steps while AdamW's moments fill again")
+    group.add_argument("--accept-new-samples", action="store_true",
+                       help="with --resume: continue although the samples differ from the run's (data_sha256), e.g. "
+                       "after a fix to the code that makes them; the stretch's start line in stretches.jsonl records "
+                       "both fingerprints, and later resumes check against the new samples")
     # CPU
     group = parser.add_argument_group("CPU / device")
     group.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")

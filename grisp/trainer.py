@@ -38,7 +38,7 @@ from llm import cpu_speed
 # --micro-batch-size or precision only changes float rounding and peak memory: a run may move to a machine of
 # the other kind; --runs-dir: a run moved elsewhere)
 RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "keep_checkpoints", "device",
-                     "micro_batch_size", "runs_dir", "dtype", "portable_dir", "rewarm_steps"}
+                     "micro_batch_size", "runs_dir", "dtype", "portable_dir", "rewarm_steps", "accept_new_samples"}
 # settings added after runs were saved, with the value that gives such a run's samples (a run saved without
 # one resumes with it)
 LATER_SETTINGS = {"mention": 0.0, "first_epoch": 0, "compose_shapes": "chain"}
@@ -133,23 +133,30 @@ def resume(run: Run, config: dict, model, optimizer) -> tuple[TrainState, str]:
         sys.exit(f"error: --resume but {run.run_dir} has no checkpoint{copy}; drop --resume to start the run")
     step_of = lambda path: json.loads((path / "state.json").read_text())["step"] if path else -1
     if step_of(portable) > step_of(local):
-        check_same_run(json.loads((portable / "config.json").read_text()), config)
-        return continue_portable(run, portable, model, local), f"portable copy {portable}"
-    check_same_run(json.loads((local / "config.json").read_text()), config)
-    return TrainState(**checkpoint.load(local, model, optimizer, run.rank, run.device)), f"checkpoint {local}"
+        note = check_same_run(json.loads((portable / "config.json").read_text()), config, run.args.accept_new_samples)
+        return continue_portable(run, portable, model, local), f"portable copy {portable}{note}"
+    note = check_same_run(json.loads((local / "config.json").read_text()), config, run.args.accept_new_samples)
+    return TrainState(**checkpoint.load(local, model, optimizer, run.rank, run.device)), f"checkpoint {local}{note}"
 
 
-def check_same_run(saved: dict, config: dict) -> None:
-    """Exit if a setting outside RESUMABLE_CHANGES, or the samples (data_sha256), differ from the run's."""
+def check_same_run(saved: dict, config: dict, accept_new_samples: bool = False) -> str:
+    """Exit if a setting outside RESUMABLE_CHANGES, or the samples (data_sha256), differ from the run's; other
+    samples may be accepted (--accept-new-samples): then the note for the stretch's start line, else ''."""
     checked = config.keys() - RESUMABLE_CHANGES - {"data_sha256"}  # the fingerprint is checked below
     changed = {k for k in checked if saved.get(k, LATER_SETTINGS.get(k)) != config[k]}
     if changed:
         settings = ", ".join(f"{k}={config[k]} (was {saved.get(k)})" for k in sorted(changed))
         sys.exit(f"error: --resume with different settings: {settings}")
-    if saved.get("data_sha256", config["data_sha256"]) != config["data_sha256"]:  # (runs from before it: unchecked)
+    was, now = saved.get("data_sha256", config["data_sha256"]), config["data_sha256"]  # (older runs: unchecked)
+    if was == now:
+        return ""
+    if not accept_new_samples:
         sys.exit("error: --resume with the same settings but other samples than the run's (epoch 0 and validation, "
-                 "data_sha256): the data files, the code that makes samples or, with --endpoint, the endpoint's "
-                 "answers changed since the run started")
+                 "data_sha256): the data files, the code that makes samples, the search index or, with "
+                 "--endpoint, the endpoint's answers changed since the run started (--accept-new-samples "
+                 "continues with the new ones)")
+    print(f"warning: the samples changed (data_sha256 {was[:12]} -> {now[:12]}); continuing with the new ones")
+    return f"; samples changed, accepted: data_sha256 {was[:12]} -> {now[:12]}"
 
 
 def continue_portable(run: Run, portable: Path, model, local: Path | None = None) -> TrainState:

@@ -154,7 +154,11 @@ class Bert(nn.Module):
 
 
 class SentenceEncoder:
-    """Callable `texts -> float32 [n, C]` unit vectors: BERT, mean over real tokens, L2-normalise."""
+    """Callable `texts -> float32 [n, C]` unit vectors: BERT, mean over real tokens, L2-normalise.
+
+    It computes in float64 and rounds only the result to float32, so a text gets the same vector on every
+    CPU: float32 kernels sum in an order of their own (AVX2, AVX-512, AMD, Intel), and those last-bit
+    differences flip near-tied search results, which changed the training samples between machines."""
 
     def __init__(self, model_dir: Path, max_length: int = 256, batch_size: int = 64):
         model_dir = Path(model_dir)
@@ -169,6 +173,7 @@ class SentenceEncoder:
         ]:  # the [CLS] pooler; mean pooling ignores it
             del state[key]
         self.model.load_state_dict(state, strict=True)
+        self.model.double()
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length)
         self.tokenizer.enable_padding(
@@ -190,7 +195,7 @@ class SentenceEncoder:
             ids = torch.tensor([e.ids for e in encodings])
             mask = torch.tensor([e.attention_mask for e in encodings])
             hidden = self.model(ids, mask)  # [B, T, C]
-            weights = mask[:, :, None].float()
+            weights = mask[:, :, None].double()
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(
                 min=1.0
             )  # mean over real tokens

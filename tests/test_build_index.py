@@ -111,6 +111,22 @@ def test_build_from_items_jsonl_and_reuse(tmp_path):
     assert load_indices(out).item(WD + "Q2").label == "Douglas spruce"
 
 
+def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path):
+    """Indices from before the float64 encoder (their build stamp has no encoder precision) embed again."""
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"id": "P19", "label": "place of birth", "aliases": ["born in"], "count": 3}) + "\n")
+    out = tmp_path / "index"
+    assert run("--items", str(items), "--out", str(out)).returncode == 0
+    stamp = out / "properties" / "embedding" / "build.json"
+    assert json.loads(stamp.read_text())["encoder_precision"] == "float64"
+    again = run("--items", str(items), "--out", str(out))
+    assert again.stdout.count("reusing") == 5  # items + prefix of 2 kinds, the embedding
+    stamp.write_text(json.dumps({k: v for k, v in json.loads(stamp.read_text()).items() if k != "encoder_precision"}))
+    old = run("--items", str(items), "--out", str(out))
+    reused = [line for line in old.stdout.splitlines() if line.startswith("reusing")]
+    assert old.returncode == 0 and len(reused) == 4 and not any(line.endswith("/embedding") for line in reused)
+
+
 def test_build_from_wikidata_endpoint(oxigraph_server, tmp_path):
     kg = tmp_path / "kg.ttl"
     kg.write_text(WIKIDATA_TTL)

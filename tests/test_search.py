@@ -192,6 +192,28 @@ def test_embedding_index_top_k_dedup_allowed_round_trip(tmp_path):
     assert loaded.search("birthplace", k=10) == hits
 
 
+def test_embedding_ranking_ignores_last_bit_differences():
+    """Another CPU's kernel sums a product in another order and changes its last bits; a tie (the same name
+    twice) stays a tie, decided by popularity, instead of going to whichever row rounded up."""
+    index = EmbeddingIndex.build([["spouse"], ["spouse"], ["date of birth"]], np.array([1, 5, 9]), bag_of_letters, "l")
+    assert [row for row, _ in index.search("spouse", k=2)] == [1, 0]  # tied: the more popular first
+    index.vectors = index.vectors.astype(np.float64)
+    index.vectors[0] *= 1 + 1e-14  # row 0's product a few float64 bits larger
+    assert [row for row, _ in index.search("spouse", k=2)] == [1, 0]
+
+
+def test_minilm_vectors_do_not_depend_on_the_batch():
+    """Encoded alone or beside longer texts (more padding), a text gets the same float32 vector, bit for bit:
+    the encoder computes in float64 (in float32 the padded batch's kernels change the last bits)."""
+    from llm.encoder import load_encoder
+
+    torch.set_num_threads(1)
+    texts = ["place of birth", "country of citizenship", "located in the administrative territorial entity"]
+    encoder = load_encoder()
+    alone = np.stack([encoder([t])[0] for t in texts])
+    assert np.array_equal(alone, encoder(texts))
+
+
 def test_item_store_and_load_indices(tmp_path):
     items = [
         {

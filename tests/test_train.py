@@ -18,6 +18,7 @@ import lora
 import train
 from grisp import checkpoint, loss, peft_format, trainer
 from grisp.prompts import Alternative, rerank_messages, skeleton_messages
+from jsonl import read_jsonl
 from llm.tokenizer import Tokenizer
 from model import Transformer
 from tests.conftest import free_port
@@ -437,6 +438,22 @@ def test_resume_refuses_other_samples_under_the_same_settings(model_dir, tmp_pat
     checkpoint_config.write_text(json.dumps({k: v for k, v in config.items() if k != "data_sha256"}))
     train.main(train_args(model_dir, tmp_path, samples, "--resume", "--stop-after", "2"))
     assert [r["step"] for r in log(tmp_path)] == [1, 2]
+
+
+def test_other_samples_continue_when_accepted_and_the_stretch_says_so(model_dir, tmp_path):
+    rows = make_samples(2)
+    samples = write_jsonl(tmp_path / "s.jsonl", rows)
+    train.main(train_args(model_dir, tmp_path, samples, "--stop-after", "1"))
+    was = json.loads((tmp_path / "runs" / "grisp" / "config.json").read_text())["data_sha256"]
+    write_jsonl(samples, [{**rows[0], "target": rows[0]["target"] + " ."}, *rows[1:]])
+    train.main(train_args(model_dir, tmp_path, samples, "--resume", "--accept-new-samples", "--stop-after", "2"))
+    run = tmp_path / "runs" / "grisp"
+    now = json.loads((run / "config.json").read_text())["data_sha256"]
+    start = [r for r in read_jsonl(run / "stretches.jsonl") if r["event"] == "start"][-1]
+    assert now != was and start["from"].endswith(f"samples changed, accepted: data_sha256 {was[:12]} -> {now[:12]}")
+    # later resumes check against the new samples, without the flag
+    train.main(train_args(model_dir, tmp_path, samples, "--resume", "--stop-after", "3"))
+    assert [r["step"] for r in log(tmp_path)] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("lora_layers", ["0", "1"])  # every block (layers_to_transform None), the last one
