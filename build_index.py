@@ -137,12 +137,13 @@ def local_name(iri: str) -> str:
 
 def items_from_endpoint(url: str, schema: str, lang: str, page_size: int) -> dict[str, list[dict]]:
     """Items of both kinds from a SPARQL endpoint, as {"entity": [...], "property": [...]}."""
-    client = SparqlClient(url, read_timeout_s=600)
     names = ["usage", "occurrences", "labels", "aliases", "descriptions"]
     names += ["sitelinks", "external_ids"] if schema == "wikidata" else []
-    pairs = {
-        n: fetch_pairs(client, n, QUERIES[n].replace("{lang}", lang), page_size) for n in names
-    }
+    client = SparqlClient(url, read_timeout_s=600)
+    try:
+        pairs = {n: fetch_pairs(client, n, QUERIES[n].replace("{lang}", lang), page_size) for n in names}
+    finally:
+        client.close()
     texts = {n: defaultdict(list) for n in ("labels", "aliases", "descriptions")}
     for n, table in texts.items():  # language-tagged text first, untagged after
         for iri, term in sorted(pairs[n], key=lambda p: "xml:lang" not in p[1]):
