@@ -1,6 +1,6 @@
-"""Where a run dead-ends on questions another run answers (README Results, "Re-ranking's None and the
-question's wording"): for each question run A (e.g. w/o re-ranking) answers correctly and run B (e.g. the
-full system) gives up on, the placeholder at which B's first skeleton ran out of alternatives, sorted into
+"""Where a run dead-ends on questions another run answers (README Results, docs/results-mention.md): for
+each question run A (e.g. w/o re-ranking) answers correctly and run B (e.g. the full system) gives up on,
+the placeholder at which B's first skeleton ran out of alternatives, sorted into
 
   property, KG lacks it  B resolved the entity A's query uses, then the property placeholder's constrained
                          candidates (re-run on the endpoint) do not include the property the skeleton names:

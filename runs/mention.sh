@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The --mention experiment (README Results, "Re-ranking's None and the question's wording"): the shipped
+# The --mention experiment (docs/results-mention.md): the shipped
 # adapter trained 30 steps further on re-ranking samples alone, once with 120 of its 240 samples naming
 # the entity by the question's words (--mention) and once on the same samples in their plain form (the
 # control); then each re-ranks the shipped adapter's own skeletons (--rerank-adapter, --skeletons-from)

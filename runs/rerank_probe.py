@@ -2,7 +2,7 @@
 with every augmentation off, k = 10): the gold item in search order, the lists shuffled, the entity named
 by the question's words (--mention 1; only the samples whose wording changed), the gold item dropped.
 Prints, per setting, the samples, top-1 correct, None on top, and for those with the gold item present how
-often it is at A and above None (README Results, "Re-ranking's None and the question's wording").
+often it is at A and above None (docs/results-mention.md).
 
     python runs/rerank_probe.py --adapter adapters/grisp-mix-0.5b --benchmark wwq-dev --limit 150
 """
