@@ -51,7 +51,7 @@ from grisp.skeleton import split_variant
 from grisp.sparql import SparqlClient, SparqlError
 from grisp.sparql_syntax import PREFIXES
 from jsonl import iter_jsonl
-from search import EmbeddingIndex, Indices, ItemStore, KINDS, PrefixIndex, load_indices
+from search import KINDS, VECTORS_FROM, EmbeddingIndex, Indices, ItemStore, PrefixIndex, load_indices
 
 WD_ENTITY = PREFIXES["wd"]  # Wikidata items and properties: wd:Q42, wd:P19
 WIKIDATA_ID = re.compile(r"[QP]\d+")
@@ -267,7 +267,7 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
         if not is_built(out / sub / "prefix", source, force):
             with new_part(out / sub / "prefix", source) as tmp:
                 PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
-        settings = source | {"encoder": encoder, "encoder_precision": "float64"}  # earlier float32 vectors: rebuilt
+        settings = source | {"encoder": encoder, "vectors_from": VECTORS_FROM}  # earlier (float32) vectors: rebuilt
         wanted = embed == "all" or (embed == "properties" and kind == "property")
         if wanted and not is_built(out / sub / "embedding", settings, force):
             from llm.encoder import load_encoder  # torch only when embedding
@@ -301,12 +301,23 @@ def open_index(index: str | None, data: str) -> Indices:
     """Load the index `index` (None: the default for `data`); the Wikidata index is built here, in this
     process, if missing (`build` over the Wikidata items file: a few minutes of CPU, once)."""
     directory = Path(index).expanduser() if index else default_index_dir(data)
-    if not (directory / "manifest.json").exists() and directory == defaults.WIKIDATA_INDEX_DIR:
+    missing = not (directory / "manifest.json").exists()
+    if directory == defaults.WIKIDATA_INDEX_DIR and (missing or not current_embedding(directory)):
         items = benchmarks.cached_file(benchmarks.ITEMS_FILE)
-        print(f"no index at {directory}: building the Wikidata index there from {items} "
+        why = "no index" if missing else "an index of float32 encoder vectors"
+        print(f"{why} at {directory}: building the Wikidata index there from {items} "
               "(once, a few minutes of CPU)", file=sys.stderr)
         build(directory, items=items)
+    elif not missing and not current_embedding(directory):
+        print(f"warning: {directory} holds float32 encoder vectors, whose property rankings may differ between "
+              "CPUs; build_index.py --force rebuilds it", file=sys.stderr)
     return load_indices(directory)
+
+
+def current_embedding(directory: Path) -> bool:
+    """Whether every embedding part of the index at `directory` holds the float64 encoder's vectors."""
+    parts = [directory / sub / "embedding" for sub in KINDS.values()]
+    return all(EmbeddingIndex.is_current(part) for part in parts if part.exists())
 
 
 # ---------------------------------------------------------------------------- command line

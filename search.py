@@ -55,6 +55,9 @@ import jsonl
 # ---------------------------------------------------------------------------- the indices
 MIN_KEYWORD_LEN = 3  # shorter query keywords only refine candidates found by longer ones
 MAX_WORD_BYTES = 64  # vocabulary words are compared on their first 64 UTF-8 bytes
+# embedding indices: vectors from the float64 encoder (an index's config says so; older ones are float32's)
+VECTORS_FROM = "float64 encoder"
+FLOAT32_MARGIN = 1e-4  # above any float32 rounding of a 384-dim unit-vector dot product (<= 384 x 6e-8)
 EXACT, PREFIX, UNMATCHED_KEYWORD, UNMATCHED_WORD = 1.0, 0.75, -0.5, -0.25  # docs/method.md section 5.2
 
 # Letters that Unicode decomposition (NFKD) does not reduce to ASCII, plus typographic punctuation.
@@ -346,8 +349,16 @@ class EmbeddingIndex:
         save_arrays(
             Path(directory),
             arrays,
-            {"type": "embedding", "encoder": self.encoder_name, "dim": self.vectors.shape[1]},
+            {"type": "embedding", "encoder": self.encoder_name, "dim": self.vectors.shape[1],
+             "vectors_from": VECTORS_FROM},
         )
+
+    @staticmethod
+    def is_current(directory: Path) -> bool:
+        """Whether the index at `directory` holds the float64 encoder's vectors (older ones: float32's,
+        whose last bits depend on the CPU that built them)."""
+        config = Path(directory) / "config.json"
+        return config.exists() and json.loads(config.read_text()).get("vectors_from") == VECTORS_FROM
 
     @classmethod
     def load(cls, directory: Path, encoder=None) -> "EmbeddingIndex":
@@ -377,16 +388,21 @@ class EmbeddingIndex:
             return []
         q = np.asarray(self._encode([query])[0], dtype=np.float64)
         q /= max(float(np.linalg.norm(q)), 1e-12)
+        # float32 scores find the candidates: every item within a margin of the k-th best, a margin above
+        # float32 rounding, so the top k is among them whatever the CPU's kernel summed in which order
+        best = self._best_scores(items, q.astype(np.float32), all_rows=allowed_ids is None)
+        if len(items) > k:
+            items = items[best >= np.partition(best, -k)[-k] - FLOAT32_MARGIN]
+        # float64 scores of the candidates, rounded to 9 decimals, rank them: CPUs agree but at a rare boundary
+        return _top_k(items, np.round(self._best_scores(items, q), 9), self.popularity, k)
+
+    def _best_scores(self, items: np.ndarray, q: np.ndarray, all_rows: bool = False) -> np.ndarray:
+        """Each item's best cosine over its names, computed in q's precision. [len(items)]"""
         starts, ends = self.item_ptr[items], self.item_ptr[items + 1]
-        # float64 products of float32 vectors, rounded to 9 decimals: the same ranking on every CPU
-        # (a float32 sum's last bits depend on the CPU's kernel and flip near ties)
-        if allowed_ids is None:  # all rows: one matrix product, no gather
-            sims = np.round(self.vectors @ q, 9)
-            best = np.maximum.reduceat(sims, starts)
-        else:
-            sims = np.round(self.vectors[_concat_ranges(starts, ends)] @ q, 9)
-            best = np.maximum.reduceat(sims, np.cumsum(ends - starts) - (ends - starts))
-        return _top_k(items, best, self.popularity, k)
+        if all_rows:  # every embedded item: one matrix product, no gather
+            return np.maximum.reduceat(self.vectors @ q, starts)
+        sims = self.vectors[_concat_ranges(starts, ends)].astype(q.dtype) @ q
+        return np.maximum.reduceat(sims, np.cumsum(ends - starts) - (ends - starts))
 
 
 # ---------------------------------------------------------------------------- the index directory API

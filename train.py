@@ -376,9 +376,11 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--rewarm-steps", type=int, default=20, help="after continuing from a portable copy, raise the "
                        "lr linearly over this many steps while AdamW's moments fill again")
     group.add_argument("--accept-new-samples", action="store_true",
-                       help="with --resume: continue although the samples differ from the run's (data_sha256), e.g. "
-                       "after a fix to the code that makes them; the stretch's start line in stretches.jsonl records "
-                       "both fingerprints, and later resumes check against the new samples")
+                       help="with --resume: continue although the samples differ from the run's (data_sha256; their "
+                       "number must not change), e.g. after a fix to the code that makes them; the rest of the epoch "
+                       "follows the new samples' plan (a few samples may repeat or be skipped), the stretch's start "
+                       "line in stretches.jsonl records both fingerprints' prefixes, and resumes from the next "
+                       "checkpoint on check against the new samples")
     # CPU
     group = parser.add_argument_group("CPU / device")
     group.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")

@@ -47,9 +47,10 @@ class ExampleIndex:
 
     @classmethod
     def open(cls, source: str, directory: Path, encoder=None) -> "ExampleIndex":
-        """The index at `directory`, built first from `source` (a benchmark name or JSONL file) if missing."""
+        """The index at `directory`, built first from `source` (a benchmark name or JSONL file) if missing
+        or made of float32 encoder vectors."""
         directory = Path(directory).expanduser()
-        if not (directory / "embedding" / "config.json").exists():
+        if not EmbeddingIndex.is_current(directory / "embedding"):
             samples = benchmarks.load_benchmark(source)
             print(f"building the example index of {source} ({len(samples)} pairs) in {directory}")
             cls.build(samples, directory, encoder)

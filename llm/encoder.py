@@ -157,8 +157,9 @@ class SentenceEncoder:
     """Callable `texts -> float32 [n, C]` unit vectors: BERT, mean over real tokens, L2-normalise.
 
     It computes in float64 and rounds only the result to float32, so a text gets the same vector in any
-    batch and on any CPU: float32 kernels sum in an order of their own (padding, AVX2, AVX-512, AMD,
-    Intel), and those last-bit differences flip near-tied search results (docs/method.md section 5.3)."""
+    batch and, but for a rare rounding boundary, on any CPU: float32 kernels sum in an order of their own
+    (padding, AVX2, AVX-512), and those last-bit differences flip near-tied search results
+    (docs/method.md section 5.3)."""
 
     def __init__(self, model_dir: Path, max_length: int = 256, batch_size: int = 64):
         model_dir = Path(model_dir)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 
 import endpoint
-from build_index import local_name
+from build_index import current_embedding, local_name, open_index
 from conftest import free_port
-from search import load_indices
+from search import EmbeddingIndex, load_indices
 
 ROOT = Path(__file__).resolve().parents[1]
 WD = "http://www.wikidata.org/entity/"
@@ -111,20 +111,28 @@ def test_build_from_items_jsonl_and_reuse(tmp_path):
     assert load_indices(out).item(WD + "Q2").label == "Douglas spruce"
 
 
-def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path):
-    """Indices from before the float64 encoder (their build stamp has no encoder precision) embed again."""
+def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path, capsys):
+    """Indices from before the float64 encoder (no `vectors_from` in their stamp and config) embed again:
+    build_index.py by its stamps, open_index for the default Wikidata index by the config."""
     items = tmp_path / "items.jsonl"
     items.write_text(json.dumps({"id": "P19", "label": "place of birth", "aliases": ["born in"], "count": 3}) + "\n")
     out = tmp_path / "index"
     assert run("--items", str(items), "--out", str(out)).returncode == 0
-    stamp = out / "properties" / "embedding" / "build.json"
-    assert json.loads(stamp.read_text())["encoder_precision"] == "float64"
+    part = out / "properties" / "embedding"
+    assert EmbeddingIndex.is_current(part) and current_embedding(out)
     again = run("--items", str(items), "--out", str(out))
     assert again.stdout.count("reusing") == 5  # items + prefix of 2 kinds, the embedding
-    stamp.write_text(json.dumps({k: v for k, v in json.loads(stamp.read_text()).items() if k != "encoder_precision"}))
+
+    for name in ("build.json", "config.json"):  # as an index built before the float64 encoder
+        saved = json.loads((part / name).read_text())
+        (part / name).write_text(json.dumps({k: v for k, v in saved.items() if k != "vectors_from"}))
+    assert not EmbeddingIndex.is_current(part) and not current_embedding(out)
+    open_index(str(out), "wwq")  # not the default Wikidata index: used as it is, with a warning
+    assert "holds float32 encoder vectors" in capsys.readouterr().err
     old = run("--items", str(items), "--out", str(out))
     reused = [line for line in old.stdout.splitlines() if line.startswith("reusing")]
     assert old.returncode == 0 and len(reused) == 4 and not any(line.endswith("/embedding") for line in reused)
+    assert EmbeddingIndex.is_current(part)
 
 
 def test_build_from_wikidata_endpoint(oxigraph_server, tmp_path):

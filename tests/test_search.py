@@ -202,6 +202,35 @@ def test_embedding_ranking_ignores_last_bit_differences():
     assert [row for row, _ in index.search("spouse", k=2)] == [1, 0]
 
 
+def test_embedding_search_equals_float64_brute_force():
+    """The float32 pass only picks candidates: the result is the float64 scores' top k (rounded to 9 decimals,
+    ties by popularity, then row) over every allowed item, with many near ties and exact ties."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(40, 384))  # 40 directions; the names are small perturbations of them: near ties
+    names = [[f"{i}.{j}" for j in range(rng.integers(0, 4))] for i in range(300)]
+    texts = [t for item in names for t in item]
+    vectors = {t: base[int(t.split(".")[0]) % 40] + rng.normal(scale=1e-5, size=384) for t in texts}
+    vectors |= {"q0": base[3], "q1": base[7] + base[8]}
+    encode = lambda batch: np.stack([vectors[t] for t in batch]).astype(np.float32)
+    popularity = rng.integers(0, 3, size=300).astype(np.float32)  # many popularity ties too
+    index = EmbeddingIndex.build(names, popularity, encode, "random")
+
+    def brute_force(query, k, allowed):
+        q = encode([query])[0].astype(np.float64)
+        q /= np.linalg.norm(q)
+        rows = [i for i in allowed if index.item_ptr[i + 1] > index.item_ptr[i]]
+        best = {i: round(max(index.vectors[j].astype(np.float64) @ q for j in range(index.item_ptr[i],
+                                                                                      index.item_ptr[i + 1])), 9)
+                for i in rows}
+        return sorted(best, key=lambda i: (-best[i], -popularity[i], i))[:k]
+
+    for query in ("q0", "q1"):
+        for k in (1, 5, 25):
+            assert [i for i, _ in index.search(query, k)] == brute_force(query, k, range(300))
+            allowed = rng.choice(300, size=120, replace=False)
+            assert [i for i, _ in index.search(query, k, allowed)] == brute_force(query, k, allowed)
+
+
 def test_minilm_vectors_do_not_depend_on_the_batch():
     """Encoded alone or beside longer texts (more padding), a text gets the same float32 vector, bit for bit:
     the encoder computes in float64 (in float32 the padded batch's kernels change the last bits)."""
