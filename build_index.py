@@ -299,7 +299,8 @@ def default_index_dir(data: str) -> Path:
 
 def open_index(index: str | None, data: str) -> Indices:
     """Load the index `index` (None: the default for `data`); the Wikidata index is built here, in this
-    process, if missing (`build` over the Wikidata items file: a few minutes of CPU, once)."""
+    process, if missing or made of float32 encoder vectors (`build` over the Wikidata items file: a few minutes
+    of CPU, once); another index of float32 encoder vectors is used with a warning."""
     directory = Path(index).expanduser() if index else default_index_dir(data)
     missing = not (directory / "manifest.json").exists()
     if directory == defaults.WIKIDATA_INDEX_DIR and (missing or not current_embedding(directory)):
