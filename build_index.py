@@ -303,13 +303,14 @@ def open_index(index: str | None, data: str) -> Indices:
     of CPU, once); another index of float32 encoder vectors is used with a warning."""
     directory = Path(index).expanduser() if index else default_index_dir(data)
     missing = not (directory / "manifest.json").exists()
-    if directory == defaults.WIKIDATA_INDEX_DIR and (missing or not current_embedding(directory)):
+    stale = not missing and not current_embedding(directory)
+    if directory == defaults.WIKIDATA_INDEX_DIR and (missing or stale):
         items = benchmarks.cached_file(benchmarks.ITEMS_FILE)
-        why = "no index" if missing else "an index of float32 encoder vectors"
+        why = "an index of float32 encoder vectors" if stale else "no index"
         print(f"{why} at {directory}: building the Wikidata index there from {items} "
               "(once, a few minutes of CPU)", file=sys.stderr)
         build(directory, items=items)
-    elif not missing and not current_embedding(directory):
+    elif stale:
         print(f"warning: {directory} holds float32 encoder vectors, whose property rankings may differ between "
               "CPUs; build_index.py --force rebuilds it", file=sys.stderr)
     return load_indices(directory)

@@ -390,8 +390,8 @@ class EmbeddingIndex:
         q /= max(float(np.linalg.norm(q)), 1e-12)
         # float32 scores find the candidates: every item within a margin of the k-th best, a margin above
         # float32 rounding, so the top k is among them whatever the CPU's kernel summed in which order
-        best = self._best_scores(items, q.astype(np.float32), all_rows=allowed_ids is None)
         if len(items) > k:
+            best = self._best_scores(items, q.astype(np.float32), all_rows=allowed_ids is None)
             items = items[best >= np.partition(best, -k)[-k] - FLOAT32_MARGIN]
         # float64 scores of the candidates, rounded to 9 decimals, rank them: CPUs agree but at a rare boundary
         return _top_k(items, np.round(self._best_scores(items, q), 9), self.popularity, k)
