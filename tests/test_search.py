@@ -231,6 +231,31 @@ def test_embedding_search_equals_float64_brute_force():
             assert [i for i, _ in index.search(query, k, allowed)] == brute_force(query, k, allowed)
 
 
+def test_embedding_search_keeps_items_float32_ranks_below_the_kth():
+    """Two names a few float32 ulps apart: find a query whose float32 scores order them one way and whose
+    float64 scores the other. The float32 pass must keep the float64 winner as a candidate (its margin),
+    or the float32 rounding, which differs between CPUs, decides the top 1."""
+    rng = np.random.default_rng(1)
+    for _ in range(2000):  # an inversion turns up within a few dozen tries
+        base = rng.normal(size=384)
+        vectors = {"a": base + rng.normal(scale=3e-7, size=384), "b": base + rng.normal(scale=3e-7, size=384),
+                   "far": rng.normal(size=384), "q": base + rng.normal(scale=0.5, size=384)}
+        encode = lambda batch: np.stack([vectors[t] for t in batch]).astype(np.float32)
+        index = EmbeddingIndex.build([["a"], ["b"], ["far"]], np.zeros(3), encode, "near")
+        q = encode(["q"])[0].astype(np.float64)
+        q /= np.linalg.norm(q)
+        in_float32 = index.vectors @ q.astype(np.float32)
+        in_float64 = np.round(index.vectors.astype(np.float64) @ q, 9)
+        if in_float32[0] != in_float32[1] and in_float64[0] != in_float64[1]:
+            if (in_float32[0] > in_float32[1]) != (in_float64[0] > in_float64[1]):
+                break
+    else:
+        pytest.fail("no float32/float64 inversion found")
+    winner = int(in_float64[1] > in_float64[0])
+    assert [row for row, _ in index.search("q", k=1)] == [winner]
+    assert [row for row, _ in index.search("q", k=2)] == [winner, 1 - winner]
+
+
 def test_minilm_vectors_do_not_depend_on_the_batch():
     """Encoded alone or beside longer texts (more padding), a text gets the same float32 vector, bit for bit:
     the encoder computes in float64 (in float32 the padded batch's kernels change the last bits)."""
