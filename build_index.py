@@ -51,7 +51,7 @@ from grisp.skeleton import split_variant
 from grisp.sparql import SparqlClient, SparqlError
 from grisp.sparql_syntax import PREFIXES
 from jsonl import iter_jsonl
-from search import KINDS, VECTORS_FROM, EmbeddingIndex, Indices, ItemStore, PrefixIndex, load_indices
+from search import KINDS, EmbeddingIndex, Indices, ItemStore, PrefixIndex, load_indices
 
 WD_ENTITY = PREFIXES["wd"]  # Wikidata items and properties: wd:Q42, wd:P19
 WIKIDATA_ID = re.compile(r"[QP]\d+")
@@ -267,9 +267,10 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
         if not is_built(out / sub / "prefix", source, force):
             with new_part(out / sub / "prefix", source) as tmp:
                 PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
-        settings = source | {"encoder": encoder, "vectors_from": VECTORS_FROM}  # earlier (float32) vectors: rebuilt
+        settings = source | {"encoder": encoder}
         wanted = embed == "all" or (embed == "properties" and kind == "property")
-        if wanted and not is_built(out / sub / "embedding", settings, force):
+        current = EmbeddingIndex.is_current(out / sub / "embedding")  # earlier (float32) vectors: rebuilt
+        if wanted and not (current and is_built(out / sub / "embedding", settings, force)):
             from llm.encoder import load_encoder  # torch only when embedding
 
             text_encoder = text_encoder or load_encoder(encoder)

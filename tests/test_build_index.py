@@ -112,8 +112,8 @@ def test_build_from_items_jsonl_and_reuse(tmp_path):
 
 
 def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path, capsys):
-    """Indices from before the float64 encoder (no `vectors_from` in their stamp and config) embed again:
-    build_index.py by its stamps, open_index for the default Wikidata index by the config."""
+    """Indices from before the float64 encoder (no `vectors_from` in their config) embed again, in
+    build_index.py and, for the default Wikidata index, in open_index; another index is used with a warning."""
     items = tmp_path / "items.jsonl"
     items.write_text(json.dumps({"id": "P19", "label": "place of birth", "aliases": ["born in"], "count": 3}) + "\n")
     out = tmp_path / "index"
@@ -123,9 +123,8 @@ def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path, capsys):
     again = run("--items", str(items), "--out", str(out))
     assert again.stdout.count("reusing") == 5  # items + prefix of 2 kinds, the embedding
 
-    for name in ("build.json", "config.json"):  # as an index built before the float64 encoder
-        saved = json.loads((part / name).read_text())
-        (part / name).write_text(json.dumps({k: v for k, v in saved.items() if k != "vectors_from"}))
+    saved = json.loads((part / "config.json").read_text())  # as an index built before the float64 encoder
+    (part / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "vectors_from"}))
     assert not EmbeddingIndex.is_current(part) and not current_embedding(out)
     open_index(str(out), "wwq")  # not the default Wikidata index: used as it is, with a warning
     assert "holds float32 encoder vectors" in capsys.readouterr().err
