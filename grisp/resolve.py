@@ -31,6 +31,10 @@ from grisp.sparql import EndpointUnreachable, QueryTimeout, Result, ServerError,
 from grisp.tracing import Listener, Trace
 from search import Hit, Indices
 
+# the least time the final query gets to answer, even where it starts at the end of the time budget (the
+# reference's read timeout for it): a query cut after a moment is not one a busy KG failed to answer
+FINAL_QUERY_WAIT_S = 6.0
+
 # (question, marked query, alternatives, items resolved so far) -> scores for the alternatives + a final
 # None alternative (higher is better); rerank.ModelReranker is one
 Reranker = Callable[[str, str, list[Alternative], list[Alternative]], list[float]]
@@ -94,16 +98,22 @@ class Resolver:
             verified = None if sparql is None or not self.options.kg_guidance else result is not None
             return Resolution(sparql, result, backtracks, failure, trace.events, trace.timings, verified)
 
-        if time.monotonic() > deadline:  # earlier skeletons used up the time budget
+        def out_of_time() -> bool:  # the skeleton's time budget is used up (recorded in the trace)
+            if time.monotonic() < deadline:
+                return False
             trace.event("timeout")
+            return True
+
+        if out_of_time():  # earlier skeletons used up the time budget
             return finish(None, None, "timeout")
         if not find_placeholders(skeleton):  # nothing to resolve: only validate
             ok, result = self.validate(skeleton, trace, deadline) if self.options.kg_guidance else (True, None)
+            if not ok and out_of_time():
+                return finish(None, None, "timeout")
             return finish(skeleton if ok else None, result, None if ok else "dead_end")
         stack = [self.candidates(question, skeleton, trace, deadline)]
         while stack:
-            if time.monotonic() > deadline:
-                trace.event("timeout")
+            if out_of_time():
                 return finish(None, None, "timeout")
             frame = stack[-1]
             if frame.alternatives:  # take the best alternative left
@@ -120,6 +130,8 @@ class Resolver:
                 ok, result = self.validate(text, trace, deadline)  # final validation
                 if ok:
                     return finish(text, result)
+                if out_of_time():  # the budget ended while the query ran: no time to backtrack
+                    return finish(None, None, "timeout")
                 # an invalid query: back to this placeholder's next alternative
             elif self.next_wording(question, frame, trace):  # used up, but the placeholder has other words
                 continue
@@ -241,10 +253,11 @@ class Resolver:
         """Final validation: the query must execute and return something (an ASK answer counts). As in
         the reference, a timeout or server error is accepted: the KG was busy, not the query wrong. Such
         a query is unverified (no result); grisp/pipeline.py keeps it only if the endpoint answered other queries
-        of the question."""
+        of the question. The query gets at least FINAL_QUERY_WAIT_S to answer, past `deadline` if need be:
+        a timeout is accepted only after the KG had a fair time to answer."""
         with trace.timed("validate"):
             try:
-                result = self.client.query(sparql, deadline=deadline)
+                result = self.client.query(sparql, deadline=max(deadline, time.monotonic() + FINAL_QUERY_WAIT_S))
                 ok, fields = not result.is_empty, {"rows": len(result.rows), "boolean": result.boolean}
             except EndpointUnreachable:
                 raise

@@ -93,8 +93,9 @@ class Result:
 
     @property
     def is_empty(self) -> bool:
-        """No rows; an ASK answer (true or false) counts as non-empty (GRISP's final validation)."""
-        return self.boolean is None and not self.rows
+        """No row binds a value (`MAX` over no match gives one row with nothing bound); an ASK answer,
+        true or false, counts as non-empty (GRISP's final validation)."""
+        return self.boolean is None and not any(self.rows)
 
     def iris(self, variable: str | None = None) -> list[str]:
         """The distinct IRIs bound to `variable` (default: the first column), in row order."""

@@ -2,6 +2,7 @@
 scripted re-ranker standing in for the model: each test asserts the exact final query and the trace."""
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -10,7 +11,7 @@ from grisp.options import GrispError, Options
 from grisp.prompts import mark_current
 from grisp.resolve import Resolver
 from grisp.skeleton import find_placeholders
-from grisp.sparql import BadQuery, QueryTimeout, ServerError, SparqlClient
+from grisp.sparql import BadQuery, QueryTimeout, Result, ServerError, SparqlClient
 from search import load_indices
 
 WD = "http://www.wikidata.org/entity/"
@@ -202,6 +203,21 @@ def test_final_validation_rejects_an_empty_result(indices, client):
     assert resolution.backtracks == 1
 
 
+def test_final_validation_rejects_a_row_with_nothing_bound(indices, client):
+    # MAX over no match answers one row that binds nothing: empty, as metrics.py scores it
+    class UnboundOnDeathplace:
+        def query(self, sparql, deadline=None):
+            if "wdt:P20" in sparql and "<" not in sparql:  # the resolved query; constraints pass through
+                return Result(variables=["x"], rows=[{}])
+            return client.query(sparql, deadline)
+
+    skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
+    reranker = ScriptedReranker({TARANTINO: 9.0, DEATHPLACE: 9.0, BIRTHPLACE: 8.0})
+    resolution = Resolver(indices, UnboundOnDeathplace(), reranker, Options(constrained=False)).resolve("q", skeleton)
+    assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }"
+    assert [v["ok"] for v in events(resolution, "validate")] == [False, True]
+
+
 @pytest.mark.parametrize("error", [QueryTimeout("read timed out"), ServerError("HTTP 503")])
 def test_final_validation_accepts_a_busy_endpoint(indices, client, error):
     # as in the reference: a timeout or 5xx on the final query means the KG was busy, not the query wrong
@@ -218,6 +234,31 @@ def test_final_validation_accepts_a_busy_endpoint(indices, client, error):
     assert resolution.verified is False  # accepted without a result: unverified
     [validation] = events(resolution, "validate")
     assert validation["ok"] and type(error).__name__ in validation["accepted_error"]
+
+
+def test_final_query_at_the_end_of_the_budget_gets_a_fair_wait(indices, client):
+    # the final query comes back empty 0.3 s after the time budget's end. Cut at the budget's end, its
+    # timeout would pass as a busy KG's; with its least wait it is seen to be empty: the skeleton times out
+    budget_end = time.monotonic() + 1.0
+
+    class EmptyJustAfterTheBudget:
+        def query(self, sparql, deadline=None):
+            if "wdt:P19" in sparql and "<" not in sparql:  # the resolved query; constraints pass through
+                answer_at = budget_end + 0.3
+                time.sleep(max(min(answer_at, deadline) - time.monotonic(), 0))
+                if deadline < answer_at:
+                    raise QueryTimeout("no answer within the rest of the time budget")
+                return Result(variables=["x"], rows=[])
+            return client.query(sparql, deadline)
+
+    skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
+    reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
+    resolver = Resolver(indices, EmptyJustAfterTheBudget(), reranker, Options(constrained=False))
+    resolution = resolver.resolve("q", skeleton, deadline=budget_end)
+    assert resolution.sparql is None and resolution.failure == "timeout"
+    [validation] = events(resolution, "validate")
+    assert not validation["ok"] and validation["rows"] == 0
+    assert resolution.trace[-1] == {"event": "timeout"}
 
 
 def test_final_validation_rejects_a_bad_query(indices, client):

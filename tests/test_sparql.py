@@ -47,6 +47,9 @@ def test_select_ask_and_terms_against_oxigraph(kg_url):
                           "datatype": "http://www.w3.org/2001/XMLSchema#date"}
     empty = client.query("SELECT ?x WHERE { wd:Q1 wdt:P1 ?x }")
     assert empty.is_empty and not client.query("ASK { wd:Q1 wdt:P1 ?x }").is_empty
+    unbound = client.query("SELECT (MAX(?t) AS ?m) WHERE { wd:Q1 wdt:P577 ?t }")  # one row, nothing bound
+    assert unbound.rows == [{}] and unbound.is_empty
+    assert not client.query("SELECT (COUNT(?t) AS ?n) WHERE { wd:Q1 wdt:P577 ?t }").is_empty  # a count of 0
 
 
 def test_bad_query_carries_server_message(kg_url):
