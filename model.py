@@ -278,7 +278,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                logits_at: int | torch.Tensor | None = None) -> torch.Tensor:
+                logits_at: int | torch.Tensor | None = None, vocab: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for the new tokens `tokens` (LongTensor [B, T]).
 
         mask: [B, T] bool or 0/1, 1 = real token, 0 = padding (default: all real). Rotary positions count
@@ -293,7 +293,10 @@ class Transformer(nn.Module):
             LongTensor [B, K]    -> [B, K, V] K positions per row
             BoolTensor [B, T]    -> [N, V]    the N True positions, row-major (training: answer tokens)
             Each equals the same selection from the full [B, T, V] logits.
-        Returns logits in the model's dtype."""
+        vocab: LongTensor [K] of token ids: only their logits, in float32 (V becomes K above). Re-ranking
+            reads a few identifiers' logits: this skips the rest of the lm_head, and in bf16 the full
+            logits are rounded to steps of 1/16 to 1/8 at the usual sizes, enough to tie close scores.
+        Returns logits in the model's dtype (float32 with `vocab`)."""
         B, T = tokens.shape
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.bool()
         assert mask.shape == (B, T), f"mask {tuple(mask.shape)} does not match tokens {(B, T)}"
@@ -320,7 +323,15 @@ class Transformer(nn.Module):
             index = logits_at if logits_at.dim() == 2 else logits_at[:, None]  # [B, K]
             x = x.gather(1, index[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, C]
             x = x if logits_at.dim() == 2 else x[:, 0]  # [B, C] for a 1-D logits_at
-        return self.lm_head(self.model.norm(x))
+        x = self.model.norm(x)
+        return self.lm_head(x) if vocab is None else self.vocab_logits(x, vocab)
+
+    def vocab_logits(self, x: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
+        """The lm_head's outputs for the token ids `vocab` [K] only, in float32: x [..., C] -> [..., K]."""
+        weight = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
+        if not isinstance(weight, torch.Tensor):  # an int8 lm_head (cpu_speed.py): its rows are not at hand
+            return self.lm_head(x)[..., vocab].float()
+        return x.float() @ weight[vocab].float().T
 
     def new_cache(self, batch_size: int, max_len: int = 256) -> KVCache:
         """An empty KVCache for this model (its dtype and device), room for `max_len` positions."""

@@ -4,9 +4,11 @@ docs/method.md section 6.4).
 The re-ranking prompt (prompts.rerank_messages) lists the alternatives with identifier letters A, B, ...
 and "None of the above" last. An alternative's score is the logit of its identifier's token at the
 position after the prompt: one forward pass scores the whole list. Training uses the same rule
-(loss.py: cross-entropy restricted to these logits), so both share the two helpers below:
-`identifier_token_ids` (letters -> single token ids, or a clear error) and `identifier_logits` (gather
-the identifiers' logits, absent ones masked).
+(loss.py: cross-entropy restricted to these logits). Both map letters to tokens with
+`identifier_token_ids` (single token ids, or a clear error); training gathers the identifiers' logits
+from a batch's full logits with `identifier_logits` (absent ones masked), the re-ranker asks the model
+for those rows of the lm_head only, in float32 (`Transformer.forward(..., vocab=...)`: in bf16 the full
+logits are rounded coarsely enough to tie an alternative with None, and a tie is cut).
 
 `ModelReranker` adds the speed-up: its prompts run through a PromptCache (prompt_cache.py), which
 computes only the tokens after the start a prompt shares with the previous one (tests/test_rerank.py: same scores as a full forward;
@@ -71,15 +73,16 @@ class ModelReranker:
                  resolved: list[Alternative] = ()) -> list[float]:
         messages, identifiers = rerank_messages(question, marked_query, alternatives, self.show_infos, resolved,
                                                 self.prompt_format)
-        logits = self.next_token_logits(self.tokenizer.encode(chat_prompt(messages)))  # [V]
-        ids = torch.tensor([[self.identifier_ids[i] for i in identifiers]], device=logits.device)  # [1, K]
-        return identifier_logits(logits[None], ids)[0].float().tolist()
+        vocab = torch.tensor([self.identifier_ids[i] for i in identifiers])  # [K]
+        return self.next_token_logits(self.tokenizer.encode(chat_prompt(messages)), vocab).tolist()
 
     @torch.inference_mode()
-    def next_token_logits(self, ids: list[int]) -> torch.Tensor:
-        """Logits [V] of the token after the prompt `ids`, reusing the start it shares with the last prompt."""
+    def next_token_logits(self, ids: list[int], vocab: torch.Tensor) -> torch.Tensor:
+        """The logits [K] of the token ids `vocab` after the prompt `ids`, in float32 (only those rows of the
+        lm_head run), reusing the start the prompt shares with the last one."""
+        vocab = vocab.to(self.model.model.norm.weight.device)
         if self.prefix_cache:
-            return self.prompts.run(ids)
+            return self.prompts.run(ids, vocab=vocab)
         self.tokens["prompt"] += len(ids)
         self.tokens["computed"] += len(ids)
-        return self.model(torch.tensor([ids], device=self.model.model.norm.weight.device), logits_at=-1)[0]
+        return self.model(torch.tensor([ids], device=vocab.device), logits_at=-1, vocab=vocab)[0]

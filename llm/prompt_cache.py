@@ -47,17 +47,20 @@ class PromptCache:
         self.ids = self.ids[:length]
 
     @torch.inference_mode()
-    def run(self, ids: list[int], check: Callable[[], None] | None = None) -> torch.Tensor:
-        """Logits [V] of the token after the prompt `ids`; afterwards the cache holds `ids`. At least
-        the last token runs: its logits are the answer."""
+    def run(self, ids: list[int], check: Callable[[], None] | None = None,
+            vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [V] of the token after the prompt `ids` (with `vocab`: [K], those token ids' only, in
+        float32; Transformer.forward); afterwards the cache holds `ids`. At least the last token runs:
+        its logits are the answer."""
         assert ids, "an empty prompt has no next-token logits"
         self.tokens["prompt"] += len(ids)
         self.truncate(min(self.shared_start(ids), len(ids) - 1))
-        return self.feed(ids[len(self.ids):], check)
+        return self.feed(ids[len(self.ids):], check, vocab)
 
     @torch.inference_mode()
-    def feed(self, ids: list[int], check: Callable[[], None] | None = None) -> torch.Tensor:
-        """Append `ids` (at least one) to the cached tokens; the logits [V] after the last of them."""
+    def feed(self, ids: list[int], check: Callable[[], None] | None = None,
+             vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Append `ids` (at least one) to the cached tokens; the logits [V] (or [K], `run`) after the last."""
         assert ids, "feed at least one token"
         if self.cache is None:
             self.cache = self.model.new_cache(1, max(self.room, len(ids)))
@@ -67,7 +70,7 @@ class PromptCache:
             if check is not None:
                 check()
             part = ids[i:i + self.chunk]
-            logits = self.model(torch.tensor([part], device=device), cache=self.cache, logits_at=-1)[0]  # [V]
+            logits = self.model(torch.tensor([part], device=device), cache=self.cache, logits_at=-1, vocab=vocab)[0]
             self.ids += part  # only what the cache really holds, should a later chunk fail
             self.tokens["computed"] += len(part)
         return logits

@@ -324,7 +324,7 @@ class SpellingLM:
         cache.truncate = lambda n: cache.ids.__delitem__(slice(n, None))
         return cache
 
-    def __call__(self, tokens, cache, logits_at):
+    def __call__(self, tokens, cache, logits_at, vocab=None):  # vocab: re-ranking only
         self._cache = cache
         cache.ids += tokens[0].tolist()
         text = self.tokenizer.decode(cache.ids, skip_special_tokens=False)
@@ -378,7 +378,7 @@ class TokenLM(SpellingLM):
     after the prompt are the start of that encoding its next token continues it; fed any other cut of
     the same text (the model never saw one) it prefers a closing quote."""
 
-    def __call__(self, tokens, cache, logits_at):
+    def __call__(self, tokens, cache, logits_at, vocab=None):  # vocab: re-ranking only
         cache.ids += tokens[0].tolist()
         start = max(i for i, t in enumerate(cache.ids) if t == self.tokenizer.im_start_id) + 1
         start += len(self.tokenizer.encode("assistant\n"))  # the reply starts here

@@ -314,7 +314,7 @@ class ScriptedModel(torch.nn.Module):
     def new_cache(self, *args):
         return self.inner.new_cache(*args)
 
-    def forward(self, tokens, cache=None, logits_at=None):
+    def forward(self, tokens, cache=None, logits_at=None, vocab=None):  # vocab: unused by beam search
         real = self.inner(tokens, cache=cache, logits_at=logits_at)  # [B, V]
         logits = torch.zeros_like(real)
         if tokens.shape[1] > 1:  # the prompt

@@ -232,6 +232,25 @@ def test_logits_at_equals_slicing_full_logits(ours):
     torch.testing.assert_close(ours(x, logits_at=chosen), full[chosen])
 
 
+@torch.no_grad()
+def test_vocab_logits_are_columns_of_the_full_logits_in_float32(model_dir, ours):
+    x, vocab = tokens(3, 10, seed=7), torch.tensor([5, 299, 17])
+    full = ours(x)  # [B, T, V]
+    torch.testing.assert_close(ours(x, logits_at=-1, vocab=vocab), full[:, -1, vocab])
+    torch.testing.assert_close(ours(x, vocab=vocab), full[..., vocab])
+    # in bf16: the float32 products of the final hidden state and the bf16 weight rows, not bf16 logits
+    bf16 = M.Transformer.from_pretrained(model_dir, dtype=torch.bfloat16)
+    hidden = []
+    bf16.model.norm.register_forward_hook(lambda module, args, out: hidden.append(out))
+    got = bf16(x, logits_at=-1, vocab=vocab)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, hidden[0].float() @ bf16.lm_head.weight[vocab].float().T)
+    assert not torch.equal(got, bf16(x, logits_at=-1)[:, vocab].float())  # bf16 logits are rounded
+    # an int8 lm_head (untied models only) has no weight rows at hand: its logits' columns, as float32
+    int8 = prepare_for_inference(M.Transformer.from_pretrained(model_dir), int8=True)
+    torch.testing.assert_close(int8(x, logits_at=-1, vocab=vocab), int8(x, logits_at=-1)[:, vocab])
+
+
 # ---------------------------------------------------------------------------- loading
 def test_tied_lm_head_is_the_embedding(model_dir, ours):
     tied = ours.lm_head.weight is ours.model.embed_tokens.weight

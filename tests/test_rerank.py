@@ -89,6 +89,16 @@ def test_without_prefix_cache_every_prompt_runs_in_full(model, tokenizer):
     assert reranker.tokens["computed"] == reranker.tokens["prompt"] and reranker.prompts.cache is None
 
 
+@pytest.mark.parametrize("prefix_cache", [True, False])
+def test_bf16_scores_are_not_rounded_to_bf16(model_dir, tokenizer, prefix_cache):
+    # bf16 logits come in steps of 1/16 to 1/8 at re-ranking's sizes: an alternative close to None would tie
+    # with it and be cut. The scores are the float32 products of the bf16 model's last hidden state.
+    model = prepare_for_inference(Transformer.from_pretrained(model_dir, dtype=torch.bfloat16))
+    scores = ModelReranker(model, tokenizer, prefix_cache=prefix_cache)(*CALLS[0])
+    assert len(scores) == len(CALLS[0][2]) + 1
+    assert any(torch.tensor(score).bfloat16().item() != score for score in scores)
+
+
 def test_truncated_cache_continues_like_a_full_forward(model):
     # the mechanism the prefix cache rests on: cut a cache back, feed other tokens, get the full forward's logits
     a, b = [1, 40, 41, 42, 43, 44, 45], [1, 40, 41, 50, 51, 52]
