@@ -214,6 +214,7 @@ def beam_search_stream(
         logits = model(prompt_ids, logits_at=-1)  # [1, V]
     logits = logits.expand(W, -1)  # [W, V]
     settled = 0  # the leading finished hypotheses already yielded
+    running = True  # beams still run (not all ended)
 
     for step in range(max_new_tokens):
         length = step + 1  # generated tokens of every candidate, its new one included
@@ -253,7 +254,8 @@ def beam_search_stream(
         finished.sort(key=lambda h: h.score, reverse=True)
         finished = finished[:W]
         best_running = rule.final(max(next_scores, default=float("-inf")), length)
-        if not next_rows or (len(finished) == W and finished[-1].score >= best_running):
+        running = bool(next_rows)  # False: every candidate ended its hypothesis, nothing runs on
+        if not running or (len(finished) == W and finished[-1].score >= best_running):
             break
         if rule.yields_early:  # yield what no running beam can overtake any more (a prefix: finished is sorted)
             final = sum(h.score >= best_running for h in finished)
@@ -275,7 +277,7 @@ def beam_search_stream(
             full = torch.cat([prompt_ids.expand(W, -1), beam_tokens], dim=1)  # [W, P + t + 1]
             logits = model(full, logits_at=-1)  # [W, V]
 
-    if len(finished) < W and not rule.ranks_cut_off_beams:  # out of steps: the best running beams, unfinished
+    if running and len(finished) < W and not rule.ranks_cut_off_beams:  # out of steps: the best running beams
         live = [(float(s), t.tolist()) for s, t in zip(beam_scores, beam_tokens) if torch.isfinite(s)]
         finished += [Hypothesis(t, s, False) for s, t in sorted(live, reverse=True)[: W - len(finished)]]
     ranked = sorted(finished, key=lambda h: (h.finished, h.score), reverse=True)

@@ -203,10 +203,11 @@ class Grisp:
         skeleton has its own time budget, as in the reference: a skeleton that runs out of time fails with
         "timeout" and the next one starts with a fresh budget (docs/method.md section 6.7), so a question
         takes at most num_skeletons x time_budget (one budget more with a retry); every endpoint query
-        ends within its skeleton's budget (and by `deadline`, an optional overall cap).
-        Once the endpoint has failed every query of the question, no further skeleton is tried. If every
-        skeleton dead-ends, options.retry resolves the dead ones once more with None's cut lifted (every
-        hit in the re-ranked order, all within one time budget; a "retry" trace event; ours, not the paper's)."""
+        ends within its skeleton's budget (and by `deadline`, an optional overall cap), but for the final
+        query's least wait (resolve.FINAL_QUERY_WAIT_S). Once the endpoint has failed every query of the
+        question, no further skeleton is tried. If no skeleton resolves, options.retry resolves the ones that
+        dead-ended (not those that timed out) once more with None's cut lifted (every hit in the re-ranked
+        order, all within one time budget; a "retry" trace event; ours, not the paper's)."""
         if self.resolver is None:
             raise GrispError("this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
                              "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)")

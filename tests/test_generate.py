@@ -209,6 +209,17 @@ def test_a_long_limit_costs_nothing_when_the_beams_end_early(model):
     hook.remove()
 
 
+def test_beams_that_all_end_before_the_limit_are_not_returned_again_as_cut_off(model):
+    # a sharp top-p leaves one token per beam: the few live beams all end at the same step, with fewer than
+    # W finished. Nothing ran out of steps, so no hypothesis is unfinished (the ended beams came back a
+    # second time, without their end token's log-probability, as cut off)
+    end = greedy_reference(model, PROMPT, 3)[0][2]  # the greedy path's third token ends the turn
+    hyps = beam_search(model, PROMPT, [end], num_beams=4, max_new_tokens=20, sample=True, temperature=0.05,
+                       top_p=0.01, generator=torch.Generator().manual_seed(0))
+    assert 0 < len(hyps) < 4 and all(h.finished for h in hyps)
+    assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+
+
 # ---------------------------------------------------------------------------- command line
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "grisp.generate", *args], cwd=REPO, capture_output=True, text=True,
