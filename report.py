@@ -165,7 +165,10 @@ def skeletons_table(run_dirs: list[Path]) -> list[str]:
 
 
 def outcome(record: dict) -> str:
-    return record.get("failure") or "correct"
+    """The record's failure kind, "correct", or "not scored" (its gold query failed or returned nothing)."""
+    if record.get("failure"):
+        return record["failure"]
+    return "correct" if record.get("f1") is not None else "not scored"
 
 
 def query_line(record: dict) -> str | None:

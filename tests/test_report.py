@@ -107,6 +107,11 @@ def test_compare_counts_transitions(tmp_path):
     assert "| dead_end | dead_end | 1 |" in lines
     assert "q1: question q1  (dead_end -> correct)" in lines
     assert "  B: SELECT ?x {}" in lines  # PREFIX lines dropped
+    # a question whose gold query failed in one run is not scored there: not "correct"
+    records = [json.loads(line) for line in (a / "predictions.jsonl").read_text().splitlines()]
+    records[0] |= {"f1": None, "em": None, "gold_status": "failed"}
+    (a / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "| not scored | correct | 1 |" in report.compare(a, b, show=5)
 
 
 def test_wrong_kind_of_run_is_a_clear_error(tmp_path):
