@@ -277,6 +277,13 @@ class Transformer(nn.Module):
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def vocab_logits(self, x: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
+        """The lm_head's outputs for the token ids `vocab` [K] only, in float32: x [..., C] -> [..., K]."""
+        weight = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
+        if not isinstance(weight, torch.Tensor):  # an int8 lm_head (cpu_speed.py): its rows are not at hand
+            return self.lm_head(x)[..., vocab].float()
+        return x.float() @ weight[vocab].float().T
+
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None,
                 logits_at: int | torch.Tensor | None = None, vocab: torch.Tensor | None = None) -> torch.Tensor:
         """Logits for the new tokens `tokens` (LongTensor [B, T]).
@@ -325,13 +332,6 @@ class Transformer(nn.Module):
             x = x if logits_at.dim() == 2 else x[:, 0]  # [B, C] for a 1-D logits_at
         x = self.model.norm(x)
         return self.lm_head(x) if vocab is None else self.vocab_logits(x, vocab)
-
-    def vocab_logits(self, x: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
-        """The lm_head's outputs for the token ids `vocab` [K] only, in float32: x [..., C] -> [..., K]."""
-        weight = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
-        if not isinstance(weight, torch.Tensor):  # an int8 lm_head (cpu_speed.py): its rows are not at hand
-            return self.lm_head(x)[..., vocab].float()
-        return x.float() @ weight[vocab].float().T
 
     def new_cache(self, batch_size: int, max_len: int = 256) -> KVCache:
         """An empty KVCache for this model (its dtype and device), room for `max_len` positions."""
