@@ -223,8 +223,11 @@ class TrainingLoop:
         args, state = self.args, self.state
         if args.eval_every and state.step == 0:
             self.validate()  # the base model's loss: where training starts
+        # the epochs the schedule was planned for: fresh samples per epoch, so a later epoch may come out a
+        # batch shorter than epoch 0 (it then ends the run early) or longer (its surplus is not trained)
+        epochs = math.ceil(self.total_steps / self.config["steps_per_epoch"])
         with checkpoint.StopFlag() as stop:
-            while not state.done and state.step < self.total_steps:
+            while not state.done and state.step < self.total_steps and state.epoch < epochs:
                 epoch = state.epoch
                 data = self.epoch_data.pop(epoch) if epoch in self.epoch_data else self.train_epoch(epoch)
                 self.epoch_data.clear()

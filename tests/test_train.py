@@ -265,6 +265,19 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(model_dir, tmp_path, e
     assert any(float(v.abs().max()) > 0 for k, v in a.items() if "lora_B" in k), "training changed the adapter"
 
 
+def test_a_last_epoch_shorter_than_the_first_ends_the_run(model_dir, tmp_path):
+    # fresh samples per epoch: epoch 1 has a batch fewer than epoch 0, which planned the schedule (10 steps).
+    # The run ends with epoch 1 (9 steps), validated once per epoch, not with a step of an epoch 2
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(5, 0) + make_samples(4, 1))
+    val = write_jsonl(tmp_path / "v.jsonl", make_samples(1, 0, prefix="v"))
+    train.main(train_args(model_dir, tmp_path, samples, "--epochs", "2", "--val-data", str(val)))
+    records = log(tmp_path)
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 10))
+    assert [r["step"] for r in records if "val_loss" in r] == [5, 9]
+    assert {r["epoch"] for r in records if "loss" in r} == {0, 1}
+    assert (tmp_path / "runs" / "grisp" / "latest").read_text() == "checkpoint-0000009"
+
+
 def test_a_portable_copy_continues_on_a_fresh_clone(model_dir, tmp_path):
     """A run stopped with --portable-dir; its copy placed in a fresh clone with no run directory; --resume
     continues to the end. Exact: step, schedule position, data order (each step's samples), RNG, logs. Not
