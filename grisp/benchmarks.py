@@ -9,12 +9,14 @@ folder exists, else downloaded from its public source, else a clear error says w
     questions = benchmarks.load_benchmark("wwq-dev")  # or "wwq-train", "demo", "wwq-dev-kg", a path, ...
     items = benchmarks.cached_file("wikidata/items.jsonl")  # labels, aliases, descriptions
 
-Held-out dev sets (docs/method.md section 7.7): "qald10-dev" is a fixed ~20% of QALD-10's train file,
-chosen by a hash of each id (`holdout`), and "qald10-train" is the rest. Training loads records with
-`load_training`, which refuses a held-out dev set and reads the whole source file ("qald10" or its path)
-as its train part only.
+Held-out dev sets (docs/method.md section 7.7): a fixed ~20% of QALD-10's train file is held out, chosen
+by a hash of each id (`holdout`), and "qald10-train" is the rest. "qald10-dev" is the held-out part
+without the questions a training source also asks (`unseen`: QALD-10 and QALD-7 repeat questions under
+other ids). Training loads records with `load_training`, which refuses a held-out dev set and reads the
+whole source file ("qald10" or its path) as its train part only.
 """
 import hashlib
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -22,6 +24,7 @@ from pathlib import Path
 import requests
 
 import defaults
+from grisp.sparql_syntax import query_key
 from jsonl import read_jsonl, write_atomic
 
 GRASP_DATA_URL = "https://raw.githubusercontent.com/ad-freiburg/grasp/main/data/benchmark/wikidata"
@@ -39,6 +42,8 @@ BENCHMARKS = {
 # held-out part (`holdout`), "<name>-train" the rest
 HELD_OUT = {"qald10": ("extra/qald10_train.jsonl", f"{GRASP_DATA_URL}/qald10/train.jsonl", "qald10-dev")}
 DEV_FRACTION = 0.2
+# what a training run may read (mixture.SOURCES): a held-out question asked there too is not held out
+TRAINING_MATERIAL = ("wwq-train", "qald10-train", "qald7-train", "lcquad2-test", "simplequestions-val", "spinach-val")
 SPLITS = {f"{name}-{part}": (name, part) for name in HELD_OUT for part in ("train", "dev")}
 # the closed WWQ-dev evaluation KGs written by build_eval_kg.py (their questions: "wwq-dev-kg",
 # and "wwq-dev-full" for `--setting full`: + the demo KG + labels of all items)
@@ -123,7 +128,7 @@ def load_benchmark(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
     if name_or_path in SPLITS:
         name, part = SPLITS[name_or_path]
         train, dev = holdout(samples, HELD_OUT[name][2])
-        return dev if part == "dev" else train
+        return unseen(dev, data_dir, shared_dir) if part == "dev" else train
     return samples
 
 
@@ -157,6 +162,39 @@ def held_out_source(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR
         if path in {(Path(folder) / relative).resolve() for folder in (data_dir, shared_dir)}:
             return name
     return None
+
+
+def held_out_count(name: str, data_dir: Path = defaults.DATA_DIR, shared_dir: Path = defaults.SHARED_DATA_DIR) -> int:
+    """How many records of HELD_OUT source `name` ("qald10") no training run reads (`holdout`'s dev part)."""
+    relative, url, salt = HELD_OUT[name]
+    return len(holdout(read_jsonl(cached_file(relative, url, data_dir, shared_dir)), salt)[1])
+
+
+def unseen(records: list[dict], data_dir: Path = defaults.DATA_DIR,
+           shared_dir: Path = defaults.SHARED_DATA_DIR) -> list[dict]:
+    """The records whose question (or a paraphrase) and gold query no training source (TRAINING_MATERIAL)
+    also has, compared as `question_key` and `sparql_syntax.query_key`; prints how many were dropped."""
+    questions, queries = set(), set()
+    for name in TRAINING_MATERIAL:
+        try:
+            material = load_benchmark(name, data_dir, shared_dir)
+        except FileNotFoundError:  # not on this machine: nothing to compare with
+            print(f"held out: {name} is not here, its questions are not compared", file=sys.stderr)
+            continue
+        for record in material:
+            questions.update(question_key(q) for q in [record["question"], *record["paraphrases"]])
+            queries.add(query_key(record["sparql"]))
+    kept = [r for r in records if question_key(r["question"]) not in questions and query_key(r["sparql"]) not in queries]
+    if len(kept) < len(records):
+        print(f"held out: {len(records) - len(kept)} of {len(records)} questions dropped, a training source "
+              "asks them too (same question or same query)", file=sys.stderr)
+    return kept
+
+
+def question_key(question: str) -> str:
+    """A question's words, lower-cased, without punctuation: "Who was on the Apollo 11 mission?" ->
+    "who was on the apollo 11 mission"."""
+    return " ".join(re.findall(r"\w+", question.lower()))
 
 
 def holdout(records: list[dict], salt: str, fraction: float = DEV_FRACTION) -> tuple[list[dict], list[dict]]:

@@ -228,4 +228,4 @@ def read(data: str) -> Mixture:
 def held_out_count(benchmark: str) -> int:
     """How many records of the benchmark's file are held out for evaluation (benchmarks.HELD_OUT)."""
     held = benchmarks.held_out_source(benchmark)
-    return len(benchmarks.load_benchmark(f"{held}-dev")) if held is not None else 0
+    return benchmarks.held_out_count(held) if held is not None else 0

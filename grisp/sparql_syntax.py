@@ -134,6 +134,36 @@ def expand(term: str, prefixes: dict[str, str] = PREFIXES) -> str:
     return prefixes[name] + local.replace("\\", "")
 
 
+def query_key(query: str) -> str:
+    """The query with its writing undone, for telling whether two queries are the same: PREFIX/BASE
+    lines dropped, IRIs and prefixed names as full `<iri>`s, variables renamed in order of first use
+    (`?v0`, `?v1`, ...), keywords upper-cased, a `.` right before `}` dropped, one space between tokens."""
+    tokens = tokenize(query)
+    prefixes = {**PREFIXES, **declared_prefixes(tokens)}
+    variables: dict[str, str] = {}
+    words, i = [], 0
+    while i < len(tokens):
+        token = tokens[i]
+        if is_keyword(token, "PREFIX", "BASE"):  # PREFIX wd: <iri> / BASE <iri>
+            i += 3 if is_keyword(token, "PREFIX") else 2
+            continue
+        if token.kind == "pname":
+            try:
+                words.append(f"<{expand(token.text, prefixes)}>")
+            except ValueError:
+                words.append(token.text)
+        elif token.kind == "var":
+            words.append(variables.setdefault(token.text[1:], f"?v{len(variables)}"))
+        elif token.kind == "word":
+            words.append(token.text.upper())
+        elif token.text == "}" and words and words[-1] == ".":
+            words[-1] = "}"
+        else:
+            words.append(token.text)
+        i += 1
+    return " ".join(words)
+
+
 _UPDATE_WORDS = ("INSERT", "DELETE", "LOAD", "CLEAR", "CREATE", "DROP", "COPY", "MOVE", "ADD", "WITH")
 
 

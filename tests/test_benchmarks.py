@@ -93,8 +93,10 @@ def test_holdout_is_a_deterministic_disjoint_order_independent_fifth():
 def qald(tmp_path, monkeypatch):
     """A small stand-in for extra/qald10_train.jsonl registered under the held-out name qald10."""
     path = tmp_path / "qald10_train.jsonl"
-    write_jsonl(path, [{**SAMPLE, "id": f"train_{i}"} for i in range(60)])
+    write_jsonl(path, [{"id": f"train_{i}", "question": f"where was X{i} born?",
+                        "sparql": f"SELECT ?x WHERE {{ wd:Q{i} wdt:P19 ?x }}"} for i in range(60)])
     monkeypatch.setitem(benchmarks.HELD_OUT, "qald10", (str(path), None, "qald10-dev"))
+    monkeypatch.setattr(benchmarks, "TRAINING_MATERIAL", ("qald10-train",))
     return path
 
 
@@ -112,6 +114,29 @@ def test_qald10_dev_and_train_are_the_two_parts_and_training_never_sees_dev(qald
         samples.load_records("qald10-dev")
 
 
+def test_qald10_dev_drops_the_questions_a_training_source_also_asks(qald, tmp_path, monkeypatch, capsys):
+    held = [r["id"] for r in benchmarks.holdout(benchmarks.read_jsonl(qald), "qald10-dev")[1]]
+    assert len(held) >= 3 and len(benchmarks.load_benchmark("qald10-dev")) == len(held)  # nothing repeated yet
+    a, b, c = held[:3]
+    i, j = int(a.split("_")[1]), int(b.split("_")[1])
+    # another source asks a's question in other words' case and punctuation, and b's query written otherwise
+    other = tmp_path / "other.jsonl"
+    write_jsonl(other, [
+        {"id": "o1", "question": f"Where was x{i} born", "sparql": "SELECT ?y WHERE { wd:Q999 wdt:P19 ?y }"},
+        {"id": "o2", "question": "a question of its own", "paraphrases": [],
+         "sparql": f"PREFIX e: <http://www.wikidata.org/entity/> select $place where {{ e:Q{j} "
+                   "<http://www.wikidata.org/prop/direct/P19> ?place . }"},
+        {"id": "o3", "question": "another one", "paraphrases": [f"where was X{int(c.split('_')[1])} born?"],
+         "sparql": "ASK { wd:Q998 wdt:P19 wd:Q997 }"},
+    ])
+    monkeypatch.setattr(benchmarks, "TRAINING_MATERIAL", ("qald10-train", str(other), str(tmp_path / "gone.jsonl")))
+    dev = [r["id"] for r in benchmarks.load_benchmark("qald10-dev")]
+    assert dev == [r for r in held if r not in (a, b, c)]
+    err = capsys.readouterr().err
+    assert "3 of" in err and "gone.jsonl is not here" in err
+    assert benchmarks.held_out_count("qald10") == len(held)  # what training leaves out is unchanged
+
+
 def test_the_real_qald10_split_is_fixed():
     source = benchmarks.defaults.SHARED_DATA_DIR / benchmarks.HELD_OUT["qald10"][0]
     if not source.exists():
@@ -119,6 +144,9 @@ def test_the_real_qald10_split_is_fixed():
     train, dev = benchmarks.holdout(benchmarks.read_jsonl(source), "qald10-dev")
     assert (len(train), len(dev)) == (326, 86)  # documented in docs/method.md section 7.7
     assert [r["id"] for r in dev[:3]] == ["train_2", "train_6", "train_15"]
+    if all((benchmarks.defaults.SHARED_DATA_DIR / benchmarks.BENCHMARKS[name][0]).exists()
+           for name in benchmarks.TRAINING_MATERIAL if name in benchmarks.BENCHMARKS):
+        assert len(benchmarks.load_benchmark("qald10-dev")) == 63  # 23 asked by a training source too
 
 
 def test_record_without_a_gold_query_is_refused(tmp_path):

@@ -108,9 +108,11 @@ def test_epoch_records_draw_by_weight():
 def qald(tmp_path, monkeypatch):
     """A 60-record QALD-10 file with its 20% hold-out (benchmarks.HELD_OUT), and a second source."""
     path = tmp_path / "qald10_train.jsonl"
-    rows = [{"id": f"train_{i}", "question": f"q{i}?", "sparql": "SELECT ?x WHERE { wd:Q1 wdt:P31 ?x }"} for i in range(60)]
+    rows = [{"id": f"train_{i}", "question": f"q{i}?", "sparql": f"SELECT ?x WHERE {{ wd:Q{i} wdt:P31 ?x }}"}
+            for i in range(60)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setitem(benchmarks.HELD_OUT, "qald10", (str(path), None, "qald10-dev"))
+    monkeypatch.setattr(benchmarks, "TRAINING_MATERIAL", ("qald10-train",))
     other = tmp_path / "other.jsonl"
     other.write_text("".join(json.dumps(dict(r, question="other")) + "\n" for r in rows[:5]))
     return path, other

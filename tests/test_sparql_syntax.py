@@ -46,3 +46,14 @@ def test_brackets_and_top_level_triples():
         where_start(tokenize("CONSTRUCT { ?s ?p ?o } WHERE { ?s ?p ?o }"))
     with pytest.raises(Unsupported):
         skip_group(tokenize("{ ?s ?p ?o"), 0)
+
+
+def test_query_key_tells_the_same_query_written_otherwise():
+    from grisp.sparql_syntax import query_key
+    one = "PREFIX e: <http://www.wikidata.org/entity/>\nselect ?person where { e:Q1 wdt:P19 ?person . } # a comment"
+    same = "SELECT $x WHERE{<http://www.wikidata.org/entity/Q1> <http://www.wikidata.org/prop/direct/P19> ?x.}"
+    assert query_key(one) == query_key(same)
+    assert query_key(one) != query_key(same.replace("Q1>", "Q2>"))  # another item
+    assert query_key("ASK { ?a ?b ?c . }") == query_key("ASK { ?a ?b ?c }") != query_key("ASK { ?a ?b '.' }")
+    assert query_key("SELECT ?a ?b WHERE { ?a wdt:P1 ?b }") != query_key("SELECT ?a ?b WHERE { ?b wdt:P1 ?a }")
+    assert query_key("SELECT ?a WHERE { ?a wdt:P1 'x' }") != query_key("SELECT ?a WHERE { ?a wdt:P1 'X' }")
