@@ -62,7 +62,7 @@ class Token(NamedTuple):
 
 _PN_LOCAL = r"(?:(?:[\w:%]|\\[^\s])(?:[\w.:%\-]|\\[^\s])*(?<!\.))?"
 _TOKEN_RE = re.compile(
-    r"""(?P<ws>\s+)|(?P<comment>\#[^\n]*)
+    r"""(?P<ws>\s+)|(?P<comment>\#[^\r\n]*)
     |(?P<ph><iri>(?:(?!</iri>)[^\n])*</iri>)
     |(?P<iri><[^<>"{}|^`\\\x00-\x20]*>)
     |(?P<string>\"\"\"(?:[^"\\]|\\.|"(?!""))*\"\"\"|'''(?:[^'\\]|\\.|'(?!''))*'''
@@ -168,8 +168,15 @@ _UPDATE_WORDS = ("INSERT", "DELETE", "LOAD", "CLEAR", "CREATE", "DROP", "COPY", 
 
 
 def check_read_only(query: str) -> None:
-    """Raise ForbiddenQuery if the query federates (SERVICE) or is a SPARQL Update."""
+    """Raise ForbiddenQuery if the query federates (SERVICE), is a SPARQL Update, or holds a skeleton
+    placeholder (`<iri>...</iri>` is read as one token, which could hide a SERVICE clause before a
+    `</iri>` in a comment; a query to send has none)."""
     for token in tokenize(query):
+        if token.kind == "ph":
+            raise ForbiddenQuery(
+                f"refusing to send a query with a skeleton placeholder {token.text[:40]!r} (at character "
+                f"{token.start}): replace every placeholder by an IRI first"
+            )
         if is_keyword(token, "SERVICE"):
             raise ForbiddenQuery(
                 f"refusing to send a query with SERVICE (at character {token.start}): federated "

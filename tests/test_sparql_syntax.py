@@ -25,10 +25,16 @@ def test_compact_expand_and_tokenizer():
 
 def test_check_read_only_on_text():
     check_read_only('SELECT ?service WHERE { ?service <http://e/SERVICE> "DELETE" } # INSERT')
-    for query in ("SELECT * WHERE { SERVICE <http://e/sparql> { ?s ?p ?o } }", "drop all"):
+    for query in ("SELECT * WHERE { SERVICE <http://e/sparql> { ?s ?p ?o } }", "drop all",
+                  # a comment ends at a carriage return as at a newline (SPARQL 1.1, section 19.4)
+                  "SELECT * WHERE { ?s ?p ?o # c\rSERVICE <http://e/sparql> { ?a ?b ?c } }",
+                  # a placeholder token would swallow what lies before a `</iri>` in a comment
+                  "BASE <http://e/> SELECT * WHERE { ?s <iri> ?o . SERVICE <http://e/sparql> { ?a ?b ?c } } #</iri>",
+                  "SELECT ?x WHERE { ?x <iri>director</iri> ?y }"):
         with pytest.raises(ForbiddenQuery, match="refusing") as error:
             check_read_only(query)
         assert isinstance(error.value, SparqlError)
+    assert [t.text for t in tokenize("?a # note\r?b")] == ["?a", "?b"]
 
 
 def test_brackets_and_top_level_triples():
