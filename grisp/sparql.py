@@ -21,7 +21,8 @@ in sparql_syntax.py). `ENDPOINT_FAULTS` are the endpoint's failures rather than 
 
 A `deadline` (time.monotonic() seconds) makes the time budget a hard limit: every request's connect
 and read timeouts are cut to the time left, and no retry waits past it. The read timeout bounds the
-whole answer, not each socket read (`read_body`), so a server that trickles bytes cannot stretch it.
+whole answer body, not each socket read (`read_body`), so a server that trickles its answer cannot
+stretch it (the headers, read by requests, are bounded per read only).
 `client.tally` counts the queries sent, those answered and the endpoint faults by type (grisp/pipeline.py
 starts a new one per question):
 
@@ -126,7 +127,10 @@ def parse_results(body: bytes | str) -> Result:
         if not isinstance(doc["boolean"], bool):
             raise InvalidResponse(f"ASK result 'boolean' is not true/false: {doc['boolean']!r}")
         return Result(boolean=doc["boolean"])
-    variables, bindings = doc["head"].get("vars", []), (doc.get("results") or {}).get("bindings")
+    results = doc.get("results") or {}
+    if not isinstance(results, dict):
+        raise InvalidResponse(f"'results' is not an object: {str(results)[:200]!r}")
+    variables, bindings = doc["head"].get("vars", []), results.get("bindings")
     if not isinstance(variables, list) or not all(isinstance(v, str) for v in variables):
         raise InvalidResponse(f"'head.vars' is not a list of names: {variables!r}")
     if not isinstance(bindings, list):

@@ -147,7 +147,8 @@ def test_server_side_timeout_message(fake):
 
 def test_truncated_or_invalid_json(fake):
     for body in (ROW[:40], "<html>not json</html>", '{"head": {"vars": ["x"]}}', '{"head": {}, "boolean": "yes"}',
-                 '{"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri"}}]}}'):
+                 '{"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri"}}]}}',
+                 '{"head": {"vars": ["x"]}, "results": [1]}', '{"head": {"vars": ["x"]}, "results": "none"}'):
         with pytest.raises(InvalidResponse):
             SparqlClient(fake((200, body, 0.0)).url).query("SELECT * WHERE { ?s ?p ?o }")
 
