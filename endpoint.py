@@ -26,6 +26,7 @@ from pathlib import Path
 
 import defaults
 from grisp.sparql import SparqlClient, SparqlError
+from jsonl import write_atomic
 
 RDF_SUFFIXES = (".ttl", ".nt", ".nq", ".trig", ".rdf", ".xml", ".owl", ".n3", ".jsonld")
 
@@ -107,7 +108,13 @@ def _server_info(store_dir: Path) -> dict | None:
     path = store_dir / "server.json"
     if not path.exists():
         return None
-    info = json.loads(path.read_text())
+    try:
+        info = json.loads(path.read_text())
+        int(info["pid"])
+    except (ValueError, KeyError, TypeError):  # not a file this script wrote: no server to speak of
+        print(f"warning: {path} is not a server record; removed", file=sys.stderr)
+        path.unlink()
+        return None
     cmdline = Path(f"/proc/{info['pid']}/cmdline")
     ours = not cmdline.exists() or str(store_dir / "db") in cmdline.read_text().replace("\0", " ")
     if _alive(info["pid"]) and ours:  # a recycled pid of some other program is not ours to stop
@@ -164,15 +171,17 @@ def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int =
                             start_new_session=True, env=_run_env())
     log.close()
     info = {"pid": proc.pid, "url": url, "timeout_s": timeout_s, "stamp": data_stamp(files)}
-    (store_dir / "server.json").write_text(json.dumps(info, indent=1))
-    # --- wait until it answers a query
+    write_atomic(store_dir / "server.json", lambda tmp: tmp.write_text(json.dumps(info, indent=1)))
+    # --- wait until it answers a query, while it runs (another program that took the port answers too)
     deadline = time.monotonic() + wait_s
-    while not _answers(url):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(store_dir)
-            tail = (store_dir / "server.log").read_text(errors="replace").splitlines()[-5:]
-            raise EndpointError(f"oxigraph did not come up on {url}; last log lines:\n  " + "\n  ".join(tail))
+    while proc.poll() is None and not _answers(url):
+        if time.monotonic() > deadline:
+            break
         time.sleep(0.1)
+    if proc.poll() is not None or time.monotonic() > deadline:
+        stop(store_dir)
+        tail = (store_dir / "server.log").read_text(errors="replace").splitlines()[-5:]
+        raise EndpointError(f"oxigraph did not come up on {url}; last log lines:\n  " + "\n  ".join(tail))
     return url
 
 
@@ -189,6 +198,10 @@ def stop(store_dir: Path) -> bool:
         time.sleep(0.1)
     else:
         os.kill(info["pid"], signal.SIGKILL)
+        for _ in range(50):  # until the port is free again
+            if not _alive(info["pid"]):
+                break
+            time.sleep(0.1)
     (store_dir / "server.json").unlink(missing_ok=True)
     return True
 

@@ -86,6 +86,25 @@ def test_busy_port_is_reported(tmp_path):
     assert endpoint.status(tmp_path / "store") is None
 
 
+def test_a_server_that_dies_at_start_is_reported_though_another_answers(tmp_path, monkeypatch):
+    # the port was free when checked, then another program took it: its answers are not our server's
+    kg = tmp_path / "kg.ttl"
+    kg.write_text(KG)
+    monkeypatch.setattr(endpoint, "load_store", lambda files, store_dir: Path(store_dir).mkdir(parents=True))
+    monkeypatch.setattr(endpoint, "oxigraph_binary", lambda: "false")  # exits at once
+    monkeypatch.setattr(endpoint, "_answers", lambda url: True)
+    with pytest.raises(endpoint.EndpointError, match="did not come up"):
+        endpoint.start([kg], tmp_path / "store", port=free_port())
+    assert not (tmp_path / "store" / "server.json").exists()
+
+
+@pytest.mark.parametrize("text", ['{"pid": 12', "", '{"url": "x"}', '[1]'])
+def test_a_broken_server_record_counts_as_no_server(tmp_path, text):
+    (tmp_path / "server.json").write_text(text)
+    assert endpoint.stop(tmp_path) is False and endpoint.status(tmp_path) is None
+    assert not (tmp_path / "server.json").exists()
+
+
 def run_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "endpoint.py"), *args],
                           capture_output=True, text=True, cwd=REPO)
