@@ -237,14 +237,15 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
     # --- setup
     assert (items is None) != (endpoint is None), f"need exactly one source, got items={items}, endpoint={endpoint}"
     out = Path(out).expanduser()
-    if items:  # size and time stamp: an edited file is read again
-        stat = Path(items).stat()
-        source = {"items": str(Path(items).resolve()), "bytes": stat.st_size, "mtime": stat.st_mtime}
+    if items:
+        source = items_source(Path(items))
     else:  # the KG behind a URL may change: its triple count tells an edited KG from the one indexed
         source = {"endpoint": endpoint, "schema": schema, "lang": lang, "triples": count_triples(endpoint)}
     config = {"source": source, "out": str(out), "encoder": encoder, "embed": embed}
     print(json.dumps(config, indent=2))
     started = time.time()
+    # no manifest until every part agrees with `source` again: a build cut short leaves no index to load
+    (out / "manifest.json").unlink(missing_ok=True)
 
     # --- items: from the JSONL file (streamed, one pass per kind) or from the endpoint (paged, once)
     endpoint_items = None
@@ -269,6 +270,8 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
                 PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
         settings = source | {"encoder": encoder}
         wanted = embed == "all" or (embed == "properties" and kind == "property")
+        if not wanted:  # one left by an earlier build would still be loaded (and used, for properties)
+            shutil.rmtree(out / sub / "embedding", ignore_errors=True)
         current = EmbeddingIndex.is_current(out / sub / "embedding")  # earlier (float32) vectors: rebuilt
         if wanted and not (current and is_built(out / sub / "embedding", settings, force)):
             from llm.encoder import load_encoder  # torch only when embedding
@@ -294,24 +297,35 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
     return manifest
 
 
+def items_source(items: Path) -> dict:
+    """What identifies an items file in build.json and the manifest: path, size and time stamp (an edited
+    file is read again)."""
+    stat = items.stat()
+    return {"items": str(items.resolve()), "bytes": stat.st_size, "mtime": stat.st_mtime}
+
+
 def default_index_dir(data: str) -> Path:
     return defaults.DEMO_INDEX_DIR if data == "demo" else defaults.WIKIDATA_INDEX_DIR
 
 
 def open_index(index: str | None, data: str) -> Indices:
-    """Load the index `index` (None: the default for `data`); the Wikidata index is built here, in this
-    process, if missing or made of float32 encoder vectors (`build` over the Wikidata items file: a few minutes
-    of CPU, once); another index of float32 encoder vectors is used with a warning."""
+    """Load the index `index` (None: the default for `data`). The Wikidata index is built here, in this
+    process, if missing, made of float32 encoder vectors or built from another version of the Wikidata
+    items file (`build`: a few minutes of CPU, once); another index of float32 encoder vectors is used
+    with a warning."""
     directory = Path(index).expanduser() if index else default_index_dir(data)
     missing = not (directory / "manifest.json").exists()
     stale = not missing and not current_embedding(directory)
-    if directory == defaults.WIKIDATA_INDEX_DIR and (missing or stale):
+    if directory == defaults.WIKIDATA_INDEX_DIR:
         items = benchmarks.cached_file(benchmarks.ITEMS_FILE)
-        why = "an index of float32 encoder vectors" if stale else "no index"
-        print(f"{why} at {directory}: building the Wikidata index there from {items} "
-              "(once, a few minutes of CPU)", file=sys.stderr)
-        build(directory, items=items)
-    elif stale:
+        edited = not missing and json.loads((directory / "manifest.json").read_text())["source"] != items_source(items)
+        if missing or stale or edited:
+            why = "no index" if missing else "an index of float32 encoder vectors" if stale else "an index of another items file"
+            print(f"{why} at {directory}: building the Wikidata index there from {items} "
+                  "(once, a few minutes of CPU)", file=sys.stderr)
+            build(directory, items=items)
+            stale = False
+    if stale:
         print(f"warning: {directory} holds float32 encoder vectors, whose property rankings may differ between "
               "CPUs; build_index.py --force rebuilds it", file=sys.stderr)
     return load_indices(directory)

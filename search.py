@@ -519,6 +519,10 @@ class Indices:
             if (directory / sub / "embedding" / "config.json").exists():
                 embedding = EmbeddingIndex.load(directory / sub / "embedding", encoder)
                 self.methods[kind]["embedding"] = embedding
+            sizes = {name: len(method.popularity) for name, method in self.methods[kind].items()}
+            if set(sizes.values()) != {len(self.stores[kind])}:  # parts of different builds: rows mean other items
+                raise ValueError(f"the {kind} parts of the index at {directory} disagree: {len(self.stores[kind])} "
+                                 f"items, {sizes} rows; rebuild it with build_index.py --force")
 
     def default_method(self, kind: str) -> str:
         """GRASP's defaults: prefix search for entities, embedding search for properties if built."""

@@ -3,10 +3,13 @@ real oxigraph endpoints (Wikidata-style and generic RDF), reuse of finished part
 bad input."""
 
 import json
+import shutil
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
+import pytest
 
 import endpoint
 from build_index import current_embedding, local_name, open_index
@@ -109,6 +112,59 @@ def test_build_from_items_jsonl_and_reuse(tmp_path):
     edited = run("--items", str(items), "--out", str(out), "--embed", "none")
     assert edited.returncode == 0 and "reusing" not in edited.stdout
     assert load_indices(out).item(WD + "Q2").label == "Douglas spruce"
+
+
+def write_items(path: Path, names: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"id": f"Q{i}", "label": name, "count": 1}) + "\n"
+                            for i, name in enumerate(names, start=1)))
+    return path
+
+
+def test_a_build_cut_short_leaves_no_index_and_mixed_parts_are_refused(tmp_path, monkeypatch):
+    import build_index
+    items = write_items(tmp_path / "items.jsonl", ["alpha", "beta", "gamma"])
+    build_index.build(tmp_path / "index", items=items, embed="none")
+    write_items(items, ["delta", "epsilon"])  # an edited items file, then a rebuild that dies half way
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed")
+    monkeypatch.setattr(build_index.PrefixIndex, "build", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        build_index.build(tmp_path / "index", items=items, embed="none")
+    with pytest.raises(FileNotFoundError, match="no manifest"):  # the new items beside the old prefix index
+        load_indices(tmp_path / "index")
+    monkeypatch.undo()
+    # a manifest over parts of two builds (copied by hand, say): rows would name other items
+    build_index.build(tmp_path / "index", items=items, embed="none")
+    build_index.build(tmp_path / "other", items=write_items(tmp_path / "other.jsonl", ["a", "b", "c"]), embed="none")
+    shutil.rmtree(tmp_path / "index" / "entities" / "prefix")
+    shutil.copytree(tmp_path / "other" / "entities" / "prefix", tmp_path / "index" / "entities" / "prefix")
+    with pytest.raises(ValueError, match="entity parts of the index .* disagree"):
+        load_indices(tmp_path / "index")
+
+
+def test_an_embedding_no_longer_asked_for_is_removed(tmp_path):
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"id": "P19", "label": "place of birth", "count": 3}) + "\n")
+    assert run("--items", str(items), "--out", str(tmp_path / "index")).returncode == 0  # properties embedded
+    assert load_indices(tmp_path / "index").default_method("property") == "embedding"
+    assert run("--items", str(items), "--out", str(tmp_path / "index"), "--embed", "none").returncode == 0
+    assert not (tmp_path / "index" / "properties" / "embedding").exists()
+    assert load_indices(tmp_path / "index").default_method("property") == "prefix"
+
+
+def test_the_default_wikidata_index_follows_its_items_file(tmp_path, monkeypatch, capsys):
+    import build_index
+    items = write_items(tmp_path / "items.jsonl", ["alpha", "beta"])
+    monkeypatch.setattr(build_index.defaults, "WIKIDATA_INDEX_DIR", tmp_path / "index")
+    monkeypatch.setattr(build_index.benchmarks, "cached_file", lambda relative: items)
+    monkeypatch.setattr(build_index, "build", partial(build_index.build, embed="none"))
+    assert len(open_index(None, "wwq").stores["entity"]) == 2
+    assert "no index" in capsys.readouterr().err
+    assert len(open_index(None, "wwq").stores["entity"]) == 2 and "building" not in capsys.readouterr().err
+    write_items(items, ["alpha", "beta", "gamma"])  # a newer items file
+    assert len(open_index(None, "wwq").stores["entity"]) == 3
+    assert "another items file" in capsys.readouterr().err
 
 
 def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path, capsys):
