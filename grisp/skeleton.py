@@ -92,9 +92,11 @@ def substitute(text: str, ph: Placeholder, iri: str) -> str:
     canonical, _ = split_variant(iri)
     if ph.variant is not None and _WD_PROPERTY_RE.fullmatch(canonical):
         iri = with_variant(canonical, ph.variant)
-    # keep the written IRI a token of its own (`?x<iri>a</iri>` must not become `?xwd:Q1`)
-    before = " " if re.fullmatch(r"[\w?$]", text[ph.start - 1:ph.start]) else ""
-    after = " " if re.fullmatch(r"[\w:]", text[ph.end:ph.end + 1]) else ""
+    # keep the written IRI a token of its own: `?x<iri>a</iri>` must not become `?xwd:Q1`, nor
+    # `wd:Q5.<iri>a</iri>` the name `wd:Q5.wd:Q1`, nor `<iri>a</iri>.FILTER` the name `wd:Q1.FILTER`
+    # (a prefixed name may hold `.` and `-` inside)
+    before = " " if re.fullmatch(r"[\w?$.\-]", text[ph.start - 1:ph.start]) else ""
+    after = " " if re.match(r"[\w:%\-]|\.+[\w:%\-]", text[ph.end:]) else ""
     return text[:ph.start] + before + compact(iri) + after + text[ph.end:]
 
 

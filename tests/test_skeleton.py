@@ -11,7 +11,7 @@ from grisp.constraints import constraint_query
 from grisp.positions import infer_position
 from grisp.skeleton import (Placeholder, find_placeholders, parses, query_iris, skeletonize, split_variant,
                             substitute, with_variant)
-from grisp.sparql_syntax import PREFIXES
+from grisp.sparql_syntax import PREFIXES, tokenize
 
 WD = PREFIXES["wd"]
 PH = "<iri>X</iri>"  # a placeholder that is not in the text
@@ -62,6 +62,22 @@ def test_substitute_writes_variant_and_prefixed_name():
     assert substitute(odd, first(odd), "http://example.org/a") == "SELECT ?x WHERE { ?x <http://example.org/a>?y }"
     with pytest.raises(ValueError, match="find_placeholders"):
         substitute("SELECT * { ?s ?p ?o }", Placeholder(PH, "X", None, 0, len(PH)), WD + "Q1")
+
+
+@pytest.mark.parametrize("text", [
+    "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>.<iri>b</iri> wdt:P1 ?x }",  # `wd:Q5.wd:Q90` is one name
+    "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>.FILTER(?x != <iri>b</iri>) }",
+    "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>..<iri>b</iri>-?x }",
+    "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>.?y wdt:P1 <iri>b</iri>. }",
+])
+def test_substitute_keeps_every_written_name_a_token_of_its_own(text):
+    for order in ((0, 0), (1, 0)):  # first placeholder first, or the second
+        done = text
+        for index, iri in zip(order, (WD + "Q5", WD + "Q90")):
+            done = substitute(done, find_placeholders(done)[index], iri)
+        assert {"wd:Q5", "wd:Q90"} <= {t.text for t in tokenize(done)}, done
+    untouched = "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri> . <iri>b</iri> wdt:P1 ?x . }"
+    assert substitute(untouched, first(untouched), WD + "Q5") == untouched.replace("<iri>a</iri>", "wd:Q5")
 
 
 # ---------------------------------------------------------------------------- merged wordings
