@@ -160,14 +160,20 @@ def epoch_records(records: list[dict], weights: dict[str, float], seed: int, epo
     chosen = []
     for source, group in by_source.items():
         weight = weights.get(source, 1.0)
-        full, fraction = int(weight), weight - int(weight)
+        full = int(weight)
         for copy in range(full):
             chosen += [(record, copy) for record in group]
-        if fraction > 0:
+        drawn = records_per_epoch(weight, len(group)) - full * len(group)
+        if drawn > 0:
             rng = random.Random(f"{seed}:{epoch}:{source}:draw")
-            picked = sorted(rng.sample(range(len(group)), round(fraction * len(group))))
+            picked = sorted(rng.sample(range(len(group)), drawn))
             chosen += [(group[i], full) for i in picked]
     return chosen
+
+
+def records_per_epoch(weight: float, count: int) -> int:
+    """How many of a source's `count` records an epoch uses at weight w: floor(w) x count + round((w - floor(w)) x count)."""
+    return int(weight) * count + round((weight - int(weight)) * count)
 
 
 def summary(sources: list[Source], records: list[dict], usable: list[dict], skipped: Counter,
@@ -185,7 +191,7 @@ def summary(sources: list[Source], records: list[dict], usable: list[dict], skip
         held = held_out_count(source.benchmark)
         values = {"read": read, "held out (dev)": held, **{k: skipped[source.name, k] for k in SKIP_REASONS},
                   "label service rewritten": skipped[source.name, "label_service_rewritten"], "usable": len(mine),
-                  "validation": val, "train records/epoch": round(source.weight * (len(mine) - val))}
+                  "validation": val, "train records/epoch": records_per_epoch(source.weight, len(mine) - val)}
         totals.update(values)
         rows.append([source.name, *[str(values[k]) for k in head[1:-2]], f"{source.weight:g}",
                      str(values["train records/epoch"])])

@@ -142,3 +142,11 @@ def test_the_extra_sources_are_registered():
     for name in ("qald7", "lcquad2", "sq", "spinach"):
         relative, url = benchmarks.BENCHMARKS[mixture.SOURCES[name]]
         assert relative.startswith("extra/") and url.startswith(benchmarks.GRASP_DATA_URL)
+
+
+@pytest.mark.parametrize("weight", [1, 1.5, 0.3, 2.25, 0.1])
+def test_the_table_counts_the_records_an_epoch_draws(weight):
+    records = [{"id": f"r{i}", "source": "a", "question": "q", "sparql": "ASK {}"} for i in range(5)]
+    drawn = len(epoch_records(records, {"a": weight}, seed=0, epoch=0))
+    table = mixture.summary([Source("a", "a", weight)], records, records, Counter())
+    assert table.splitlines()[2].endswith(f"| {weight:g} | {drawn} |"), table
