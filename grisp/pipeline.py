@@ -78,7 +78,7 @@ class Grisp:
         if options.rerank and rerank_adapter_dir is None:
             reranker = ModelReranker(self.model, self.tokenizer, prompt_format=self.prompt_format)
         elif options.rerank:
-            rerank_model = peft_format.load_for_inference(model_dir, rerank_adapter_dir, self.precision, self.device)
+            rerank_model = _load_weights(model_dir, rerank_adapter_dir, self.precision, self.device)
             reranker = ModelReranker(rerank_model, self.tokenizer,
                                      prompt_format=self._prompt_format(rerank_adapter_dir))
         self.resolver = Resolver(self.indices, self.client, reranker, options)
@@ -101,7 +101,7 @@ class Grisp:
         self.precision, self.why_precision = pick_precision(options.precision, self.device)
         self.tokenizer = Tokenizer(model_dir)
         # the adapter folded into the weights: inference runs at base speed
-        self.model = peft_format.load_for_inference(model_dir, adapter_dir, self.precision, self.device)
+        self.model = _load_weights(model_dir, adapter_dir, self.precision, self.device)
         self.skeleton_prompts = PromptCache(self.model)  # every skeleton prompt starts alike (the instructions)
         self.prompt_format = self._prompt_format(adapter_dir)
 
@@ -286,6 +286,16 @@ def _check_model(model_dir: Path, adapter_dir: str | Path | None) -> None:
     if adapter_dir is not None and not (Path(adapter_dir) / peft_format.CONFIG_NAME).exists():
         raise GrispError(f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
                          f"train.py, or pass --adapter none to run the base model")
+
+
+def _load_weights(model_dir: Path, adapter_dir: str | Path | None, precision: str, device: str):
+    """The base model with the adapter folded in; GrispError for an adapter that does not fit (a file
+    missing, settings we do not support, shapes of another model)."""
+    try:
+        return peft_format.load_for_inference(model_dir, adapter_dir, precision, device)
+    except (ValueError, FileNotFoundError, KeyError) as error:
+        what = f"the adapter at {adapter_dir}" if adapter_dir is not None else f"the model at {model_dir}"
+        raise GrispError(f"cannot load {what}: {error}") from None
 
 
 def answer_to_json(answer: Answer) -> dict:

@@ -1,5 +1,6 @@
 """infer.py and grisp/pipeline.py: the command line, clear errors on bad input, and the pipeline on a tiny model."""
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -82,6 +83,21 @@ def test_missing_adapter_and_index_are_clear_errors(tiny_model, tmp_path):
     assert out.returncode == 2 and "no adapter" in out.stderr and "Traceback" not in out.stderr
     out = run_infer("q?", "--model-dir", str(tiny_model), "--adapter", "none", "--index", str(tmp_path / "no-index"))
     assert out.returncode == 2 and "build_index.py" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_adapter_that_does_not_fit_is_a_clear_error(tiny_model, tmp_path):
+    good = tmp_path / "good"
+    save_random_adapter(tiny_model, good)
+    broken = {"no-weights": lambda d: (d / peft_format.WEIGHTS_NAME).unlink(),
+              "not-lora": lambda d: (d / peft_format.CONFIG_NAME).write_text(
+                  (d / peft_format.CONFIG_NAME).read_text().replace('"LORA"', '"IA3"'))}
+    for name, breaks in broken.items():
+        shutil.copytree(good, tmp_path / name)
+        breaks(tmp_path / name)
+        with pytest.raises(GrispError, match=f"cannot load the adapter at {tmp_path / name}"):
+            Grisp.generator(tiny_model, tmp_path / name, Options())
+    out = run_infer("q?", "--skeleton-only", "--model-dir", str(tiny_model), "--adapter", str(tmp_path / "not-lora"))
+    assert out.returncode == 2 and "cannot load the adapter" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_unreachable_endpoint_is_a_clear_error(tiny_model, demo_index):
