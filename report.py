@@ -34,15 +34,15 @@ def load_summary(run_dir: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def system_name(summary: dict, with_adapter: bool) -> str:
-    """The ablation's name, then what else sets the run apart: gold skeletons, changed knobs, the adapter,
-    another re-ranker's adapter (for an agent run: the agent and its model)."""
+def system_name(summary: dict, with_adapter: bool, shared: frozenset = frozenset()) -> str:
+    """The ablation's name, then what else sets the run apart: gold skeletons, changed knobs (but not
+    the `shared` notes, which every run of the table has), the adapter, another re-ranker's adapter (for
+    an agent run: the agent and its model)."""
     config = summary["config"]
     if config.get("system") == "agent":
         return f"GRASP agent ({agent_model(config)})"
     notes = ["gold skeletons"] if config.get("oracle_skeleton") else []
-    preset = ABLATIONS.get(config["ablation"], {})
-    notes += [f"{k}={v}" for k, v in sorted((config.get("options") or {}).items()) if preset.get(k, object()) != v]
+    notes += [note for note in option_notes(config) if note not in shared]
     notes += [adapter_name(config["adapter"])] if with_adapter else []
     notes += [f"re-ranker {adapter_name(config['rerank_adapter'])}"] if config.get("rerank_adapter") else []
     name = SYSTEM_NAMES.get(config["ablation"], config["ablation"])
@@ -55,6 +55,12 @@ def adapter_name(path: str) -> str:
     return path.parent.name if path.name in ("adapter", "best") else path.name
 
 
+def option_notes(config: dict) -> list[str]:
+    """The run's options that its ablation's preset does not set, as `name=value`."""
+    preset = ABLATIONS.get(config["ablation"], {})
+    return [f"{k}={v}" for k, v in sorted((config.get("options") or {}).items()) if preset.get(k, object()) != v]
+
+
 def systems_table(run_dirs: list[Path]) -> list[str]:
     """One row per full-system run: F1, EM, seconds, backtracks and where the questions ended."""
     lines = ["| system | F1 | EM | s/question (median / mean) | backtracks/sample | dead end / wrong / correct | scored |",
@@ -64,9 +70,10 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
         if "f1" not in s:
             sys.exit(f"error: {run_dir} is a --skeleton-only run; use `report.py skeletons`")
     several_adapters = len({s["config"]["adapter"] for s in summaries}) > 1
+    shared = frozenset.intersection(*(frozenset(option_notes(s["config"])) for s in summaries))
     for s in summaries:
         f = s["failures"]
-        lines.append(f"| {system_name(s, several_adapters)} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
+        lines.append(f"| {system_name(s, several_adapters, shared)} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
                      f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {s['backtracks_per_sample']:.2f} | "
                      f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']}{others(f)} | {s['scored']} |")
     return lines

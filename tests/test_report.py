@@ -53,6 +53,18 @@ def test_systems_table_names_what_else_differs(tmp_path):
     assert report.systems_table([c])[2].startswith("| GRISP (all mechanisms) (re-ranker worded) |")
 
 
+def test_systems_table_leaves_out_what_every_run_shares(tmp_path):
+    common = {"precision": "bfloat16", "retry": True}
+    full = system_run(tmp_path, "full", "none", [None], options=common)
+    no_rerank = system_run(tmp_path, "norr", "no-rerank", [None], options=common | evaluate.ABLATIONS["no-rerank"])
+    f32 = system_run(tmp_path, "f32", "none", [None], options=common | {"precision": "float32"})
+    lines = report.systems_table([f32, full, no_rerank])
+    assert [line.split(" | ")[0] for line in lines[2:]] == [
+        "| GRISP (all mechanisms) (precision=float32)", "| GRISP (all mechanisms) (precision=bfloat16)", "| w/o re-ranking (precision=bfloat16)"]
+    lines = report.systems_table([full, no_rerank])
+    assert [line.split(" | ")[0] for line in lines[2:]] == ["| GRISP (all mechanisms)", "| w/o re-ranking"]
+
+
 def test_shapes_table_splits_f1_by_the_gold_querys_shape(tmp_path):
     def run(name, outcomes):  # (shape, failure) per question
         records = [{**system_record(f"q{i}", failure, 1.0), "shape": shape} for i, (shape, failure) in enumerate(outcomes)]
