@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A long mixture run from the base model (issues 15/39): starts it, or continues it from
-# ~/.cache/grisp/runs/NAME or from a portable copy runs/NAME/ (committed at every stop while it runs).
+# $GRISP_HOME/runs/NAME (GRISP_HOME: default ~/.cache/grisp) or from the portable copy runs/NAME/, which
+# train.py refreshes at every checkpoint and stop (commit it at every stop while the run lasts).
 #   bash runs/mix.sh                          # NAME=mix: the run behind adapters/grisp-mix-0.5b
 #   bash runs/mix.sh NAME [train.py flags]    # the same recipe under another name, with more flags
 #                                             # (e.g. --compose-shapes ...); a resumed run must get the same flags
@@ -10,11 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:-mix}
 shift $(( $# > 0 ? 1 : 0 ))
-mkdir -p ~/.cache/grisp/logs/$name
+home=${GRISP_HOME:-$HOME/.cache/grisp}
+logs=$home/logs/$name
+mkdir -p "$logs"
 resume=""
-if [ -e ~/.cache/grisp/runs/$name/latest ] || [ -e runs/$name/state.json ]; then resume="--resume"; fi
+if [ -e "$home/runs/$name/latest" ] || [ -e "runs/$name/state.json" ]; then resume="--resume"; fi
 nohup python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach --name $name --lora-layers 0 \
   --loss-weighting reference --epochs 2 --checkpoint-every 10 --val-fraction 0.02 --threads 2 \
-  --micro-batch-size 1 --portable-dir runs $resume "$@" >> ~/.cache/grisp/logs/$name/train.log 2>&1 &
-echo $! > ~/.cache/grisp/logs/$name/pid
-echo "$name: pid $(cat ~/.cache/grisp/logs/$name/pid) ${resume:-(new run)}; log ~/.cache/grisp/logs/$name/train.log"
+  --micro-batch-size 1 --portable-dir runs $resume "$@" >> "$logs/train.log" 2>&1 &
+echo $! > "$logs/pid"
+echo "$name: pid $(cat "$logs/pid") ${resume:-(new run)}; log $logs/train.log"

@@ -25,9 +25,10 @@ groups=("$@")
 [ ${#groups[@]} -gt 0 ] || groups=(skeletons demo demo-ablations wwq-dev-kg wwq-dev-kg-ablations wwq-dev-full wwq-dev-full-ablations)
 name=$(basename "$adapter")
 [ "$name" != adapter ] || name=$(basename "$(dirname "$adapter")")
-out=${OUT:-$HOME/.cache/grisp/eval/$name-$precision}
-eval_kg=$HOME/.cache/grisp/eval_kg
-items_index=$HOME/.cache/grisp/indices/wikidata-items
+home=${GRISP_HOME:-$HOME/.cache/grisp}
+out=${OUT:-$home/eval/$name-$precision}
+eval_kg=$home/eval_kg
+items_index=$home/indices/wikidata-items
 read -r -a extra_flags <<< "${EVALUATE_FLAGS:-}"
 
 evaluate() { python evaluate.py --adapter "$adapter" --precision "$precision" "${extra_flags[@]}" "$@"; }
@@ -47,13 +48,13 @@ use_kg() {  # $1 = KG setting: builds its KG and index once, starts its endpoint
       kg=(--benchmark demo) ;;
     wwq-dev-kg)
       [ -f "$eval_kg/wwq-dev/stats.json" ] || python build_eval_kg.py
-      python build_index.py --items "$eval_kg/wwq-dev/items.jsonl" --out "$HOME/.cache/grisp/indices/wwq-dev"
-      python endpoint.py start --data "$eval_kg/wwq-dev/kg.nt" --store "$HOME/.cache/grisp/stores/wwq-dev" --port 7879
-      kg=(--benchmark wwq-dev-kg --endpoint http://127.0.0.1:7879/query --index "$HOME/.cache/grisp/indices/wwq-dev") ;;
+      python build_index.py --items "$eval_kg/wwq-dev/items.jsonl" --out "$home/indices/wwq-dev"
+      python endpoint.py start --data "$eval_kg/wwq-dev/kg.nt" --store "$home/stores/wwq-dev" --port 7879
+      kg=(--benchmark wwq-dev-kg --endpoint http://127.0.0.1:7879/query --index "$home/indices/wwq-dev") ;;
     wwq-dev-full)
       [ -f "$eval_kg/wwq-dev-full/stats.json" ] || python build_eval_kg.py --setting full
       build_items_index
-      python endpoint.py start --data "$eval_kg/wwq-dev-full/kg.nt" --store "$HOME/.cache/grisp/stores/wwq-dev-full" --port 7880
+      python endpoint.py start --data "$eval_kg/wwq-dev-full/kg.nt" --store "$home/stores/wwq-dev-full" --port 7880
       kg=(--benchmark wwq-dev-full --endpoint http://127.0.0.1:7880/query --index "$items_index") ;;
   esac
 }
