@@ -83,7 +83,13 @@ def load(sources: list[Source]) -> list[dict]:
     """The records of every source, each with its "source"; ids prefixed "source:" with several sources."""
     records = []
     for source in sources:
-        for record in benchmarks.load_training(source.benchmark):
+        try:
+            material = benchmarks.load_training(source.benchmark)
+        except FileNotFoundError as error:
+            if source.name in SOURCES:  # a known source whose file is missing: the error says how to get it
+                raise
+            raise FileNotFoundError(f"{error}; --data also takes the short names {', '.join(SOURCES)}") from None
+        for record in material:
             record = dict(record, source=source.name)
             if len(sources) > 1:
                 record["id"] = f"{source.name}:{record['id']}"

@@ -150,3 +150,8 @@ def test_the_table_counts_the_records_an_epoch_draws(weight):
     drawn = len(epoch_records(records, {"a": weight}, seed=0, epoch=0))
     table = mixture.summary([Source("a", "a", weight)], records, records, Counter())
     assert table.splitlines()[2].endswith(f"| {weight:g} | {drawn} |"), table
+
+
+def test_an_unknown_source_names_the_short_names():
+    with pytest.raises(FileNotFoundError, match="short names wwq, qald10, qald7, lcquad2, sq, spinach"):
+        mixture.load(parse_data("wwq,lcquad"))
