@@ -176,16 +176,20 @@ def check_in_process(triples: list[ox.Triple], samples: list[dict]) -> list[dict
 
 def verify_on_server(kg_file: Path, samples: list[dict], store_dir: Path, port: int) -> list[str]:
     """Serve the KG with a real oxigraph server (endpoint.py) and run every gold query over HTTP;
-    returns the ids whose answers differ from the gold ones. The server is stopped again; its
-    stamped store stays for `python endpoint.py start` to reuse."""
+    returns the ids whose answers differ from the gold ones. A server started here is stopped again
+    (one already running over this store is left running); the stamped store stays for
+    `python endpoint.py start` to reuse."""
+    running = endpoint.status(store_dir)
     url = endpoint.start([kg_file], store_dir, port=port)
+    started_here = running is None or endpoint.status(store_dir)["pid"] != running["pid"]
     client = sparql.SparqlClient(url)
     try:
         return [sample["id"] for sample in samples
                 if not gold_matches(metrics.from_result(client.query(sample["sparql"])), sample)]
     finally:
         client.close()
-        endpoint.stop(store_dir)
+        if started_here:
+            endpoint.stop(store_dir)
 
 
 def read_rdf(path: Path) -> list[ox.Triple]:

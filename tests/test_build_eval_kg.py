@@ -122,6 +122,14 @@ def test_verification_on_a_real_oxigraph_server(built, tmp_path):
     wrong = [{**covered[0], "info": {"results": [{"x": {"type": "uri", "value": WD + "Q666"}}]}}]
     assert build_eval_kg.verify_on_server(built / "kg.nt", wrong, store, free_port()) == [covered[0]["id"]]
     assert endpoint.status(store) is None
+    # a server the user runs over that store is theirs: it stays up
+    port = free_port()
+    url = endpoint.start([built / "kg.nt"], store, port=port)
+    try:
+        assert build_eval_kg.verify_on_server(built / "kg.nt", covered, store, port) == []
+        assert endpoint.status(store)["url"] == url
+    finally:
+        endpoint.stop(store)
 
 
 def test_items_file_lists_the_labelled_items(built):
