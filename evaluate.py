@@ -477,7 +477,9 @@ if __name__ == "__main__":
                              "({id, question, sparql, paraphrases, info} per line); default: demo, or "
                              "with --score-only the run's own")
     parser.add_argument("--out", default=None,
-                        help="run directory; default ~/.cache/grisp/eval/<benchmark>-<ablation>[-oracle]")
+                        help="run directory; default $GRISP_HOME/eval/<benchmark>-<ablation>[-oracle] "
+                             "(GRISP_HOME: ~/.cache/grisp), <benchmark>-skeletons[-<ablation>] with --skeleton-only, "
+                             "<benchmark>-agent with --system agent")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
     parser.add_argument("--shapes", default=None,
                         help="evaluate only the questions whose gold query has one of these shapes, comma-separated: "
