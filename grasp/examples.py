@@ -3,7 +3,7 @@
 GRASP can be given question-SPARQL pairs of a knowledge graph (e.g. WWQ train for Wikidata); the agent
 then has one more function, FSE (the pairs whose questions are most similar to a given one, by
 embedding cosine) or FEX (random pairs), and `force_examples` starts every question with such a call
-(docs/agent.md). The example index is our embedding index (indices.EmbeddingIndex over the MiniLM
+(docs/agent.md). The example index is our embedding index (search.EmbeddingIndex over the MiniLM
 encoder of encoder.py), one item per pair, its question and paraphrases as the item's names:
 
     index = ExampleIndex.open("wwq-train", Path("~/.cache/grisp/examples/wwq-train"))   # built once
@@ -11,8 +11,10 @@ encoder of encoder.py), one item per pair, its question and paraphrases as the i
 
 The functions FSE and FEX themselves (definitions, the text of their results) are in grasp/functions.py.
 """
+import hashlib
 import json
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -41,17 +43,25 @@ class ExampleIndex:
         directory = Path(directory).expanduser()
         names = [[s["question"], *s.get("paraphrases", [])] for s in samples]
         index = EmbeddingIndex.build(names, np.zeros(len(samples), np.float32), encoder, ENCODER)
-        index.save(directory / "embedding")
+        tmp = directory.with_name(directory.name + ".tmp")  # becomes `directory` only when complete
+        shutil.rmtree(tmp, ignore_errors=True)
+        index.save(tmp / "embedding")
         lines = [json.dumps({"question": s["question"], "sparql": s["sparql"]}, ensure_ascii=False) for s in samples]
-        (directory / "examples.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        (tmp / "examples.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        (tmp / "source.json").write_text(json.dumps({"sha256": examples_digest(samples)}))
+        shutil.rmtree(directory, ignore_errors=True)
+        tmp.rename(directory)
 
     @classmethod
     def open(cls, source: str, directory: Path, encoder=None) -> "ExampleIndex":
-        """The index at `directory`, built first from `source` (a benchmark name or JSONL file) if missing
-        or made of float32 encoder vectors."""
+        """The index at `directory`, built first from `source` (a benchmark name or JSONL file) if missing,
+        built from other examples (an edited file, another file of the same name) or made of float32
+        encoder vectors."""
         directory = Path(directory).expanduser()
-        if not EmbeddingIndex.is_current(directory / "embedding"):
-            samples = benchmarks.load_benchmark(source)
+        samples = benchmarks.load_benchmark(source)
+        stamp = directory / "source.json"
+        same = stamp.exists() and json.loads(stamp.read_text()) == {"sha256": examples_digest(samples)}
+        if not (same and EmbeddingIndex.is_current(directory / "embedding")):
             print(f"building the example index of {source} ({len(samples)} pairs) in {directory}")
             cls.build(samples, directory, encoder)
         return cls(directory, encoder)
@@ -61,3 +71,9 @@ class ExampleIndex:
 
     def random(self, k: int, rng: random.Random) -> list[dict]:
         return rng.sample(self.examples, min(k, len(self.examples)))
+
+
+def examples_digest(samples: list[dict]) -> str:
+    """SHA-256 of what the index holds of the examples: questions, paraphrases and queries, in order."""
+    held = [[s["question"], s.get("paraphrases", []), s["sparql"]] for s in samples]
+    return hashlib.sha256(json.dumps(held, ensure_ascii=False).encode()).hexdigest()

@@ -1,5 +1,6 @@
 """grasp/functions.py and grasp/examples.py: every function of the GRASP agent against the demo KG (a
 real oxigraph server and a prefix index built from it), know_before_use, result tables, bad arguments."""
+import json
 import random
 
 import pytest
@@ -163,3 +164,16 @@ def test_examples_similar_and_random_and_their_iris_become_known(kg, tmp_path):
     assert "wd:Q104123" in functions.call("find_similar_examples", args, set())
     with pytest.raises(FunctionError, match="has no examples"):
         find_examples(kg, "q", 1, random.Random(0), set())
+
+
+def test_the_example_index_follows_its_source_file(tmp_path, capsys):
+    source = tmp_path / "pairs.jsonl"
+    pair = {"id": "1", "question": "who directed pulp fiction?", "sparql": "SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x }"}
+    source.write_text(json.dumps(pair) + "\n")
+    assert [e["question"] for e in ExampleIndex.open(str(source), tmp_path / "ex", bag_of_words).examples] == [pair["question"]]
+    assert "building" in capsys.readouterr().out
+    ExampleIndex.open(str(source), tmp_path / "ex", bag_of_words)
+    assert "building" not in capsys.readouterr().out  # unchanged: reused
+    source.write_text(json.dumps(pair | {"question": "who made pulp fiction?"}) + "\n")  # edited
+    assert ExampleIndex.open(str(source), tmp_path / "ex", bag_of_words).examples[0]["question"] == "who made pulp fiction?"
+    assert not (tmp_path / "ex.tmp").exists()
