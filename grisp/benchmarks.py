@@ -172,8 +172,9 @@ def held_out_count(name: str, data_dir: Path = defaults.DATA_DIR, shared_dir: Pa
 
 def unseen(records: list[dict], data_dir: Path = defaults.DATA_DIR,
            shared_dir: Path = defaults.SHARED_DATA_DIR) -> list[dict]:
-    """The records whose question (or a paraphrase) and gold query no training source (TRAINING_MATERIAL)
-    also has, compared as `question_key` and `sparql_syntax.query_key`; prints how many were dropped."""
+    """The records whose question no training source (TRAINING_MATERIAL) asks, as a question or a
+    paraphrase, and whose gold query none has, compared as `question_key` and `sparql_syntax.query_key`;
+    prints how many were dropped."""
     questions, queries = set(), set()
     for name in TRAINING_MATERIAL:
         try:
