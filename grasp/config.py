@@ -248,6 +248,7 @@ def check(config: Config) -> None:
         (0 <= srv.port <= 65535, f"server.port = {srv.port} must be in [0, 65535]"),
         (srv.max_waiting >= 0, f"server.max_waiting = {srv.max_waiting} must be >= 0"),
         (srv.time_limit_s > 0, f"server.time_limit_s = {srv.time_limit_s} must be > 0"),
+        (srv.threads >= 0, f"server.threads = {srv.threads} must be >= 0 (0: torch's own choice)"),
     ] if not ok]
     for kg in config.knowledge_graphs:
         if not kg.endpoint.startswith(("http://", "https://")):

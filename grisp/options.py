@@ -92,7 +92,8 @@ class Options:
             # re-ranking prompt names at most len(IDENTIFIERS) - 1 alternatives
             ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"in [1, {MAX_TOP_K}]"),
             ("none_margin", self.none_margin, self.none_margin >= 0, ">= 0"),
-            ("time_budget", self.time_budget, self.time_budget > 0, "> 0")] if not ok]
+            ("time_budget", self.time_budget, self.time_budget > 0, "> 0"),
+            ("seed", self.seed, 0 <= self.seed < 2**63, "in [0, 2**63)")] if not ok]  # what torch's generators take
         problems += [f"{f.name} = {getattr(self, f.name)} must be one of {', '.join(f.metadata['choices'])}"
                      for f in fields(self) if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]]
         if problems:

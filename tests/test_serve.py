@@ -169,6 +169,8 @@ def test_generate_mode_gives_skeletons_without_resolution(grisp, server):
     (b'{"question": "q?", "mode": "fast"}', "mode must be one of answer, generate"),
     (b'{"question": "q?", "extra": 1}', "unknown field extra"),
     (b"x" * (70 * 1024), "over 64 KB"),
+    (b'{"question": ' + b"[" * 30000 + b"]" * 30000 + b"}", "the body is not JSON"),  # deeper than json reads
+    (b'{"question": "q?", "options": {"seed": 1000000000000000000000000000000}}', "seed = 1000000000000000000000000000000 must be in [0, 2**63)"),
 ])
 def test_bad_requests_are_400_with_a_message(server, body, message):
     url = server()
@@ -288,6 +290,35 @@ def test_help_and_setup_errors_are_clear(tmp_path, capsys):
     assert "server.time_limit_s = 0.0 must be > 0" in run_main("--time-limit", "0")
     assert "top_k = 13" in run_main("--port", "0", "--top-k", "13")
     assert "none_margin must be finite here" in run_main("--port", "0", "--none-margin", "inf")
+    assert "server.threads = -1 must be >= 0" in run_main("--port", "0", "--threads", "-1")
+
+
+def test_a_client_that_leaves_is_noticed_while_events_keep_coming(monkeypatch):
+    import asyncio
+    import time
+
+    from web import shared
+    monkeypatch.setattr(shared, "TICK", 0.2)
+
+    class Chatty:  # a job that sends a trace event every 20 ms for 3 s
+        reason = None
+
+        async def messages(self, tick):
+            for _ in range(150):
+                await asyncio.sleep(0.02)
+                yield {"type": "trace"}
+            yield {"type": "answer"}
+
+        def cancel(self, reason):
+            self.reason = self.reason or reason
+
+    class Gone:
+        async def is_disconnected(self):
+            return True
+
+    job, start = Chatty(), time.monotonic()
+    assert asyncio.run(shared.final_message(Gone(), job)) is None
+    assert time.monotonic() - start < 1.0 and job.reason == "client"
 
 
 def test_example_questions_take_one_of_each_shape_first():

@@ -106,6 +106,11 @@ def test_tool_choice_named_none_and_a_conversation_with_earlier_calls(url):
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["tool_calls"]
 
 
+def test_what_openai_accepts_is_accepted(url):
+    developer = [{"role": "developer", "content": "Answer briefly."}, *ASK]  # OpenAI's newer name for system
+    assert turn(chat(url, messages=developer, n=None)) == turn(chat(url, messages=[{**developer[0], "role": "system"}, *ASK]))
+
+
 def test_temperature_is_for_one_request_only(url):
     greedy = turn(chat(url, tools=TOOLS))
     sampled = chat(url, tools=TOOLS, temperature=1.5)
@@ -141,6 +146,13 @@ def test_temperature_is_for_one_request_only(url):
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', "one choice per request"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}', "temperature must be a number"),
     (b"x" * (300 * 1024), "the request body is over 256 KB"),
+    (b'{"messages": ' + b"[" * 50000 + b"]" * 50000 + b"}", "the body is not JSON"),  # deeper than json reads
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", '
+     b'"parameters": {"type": "object", "properties": {"a": {"enum": []}}}}}]}', "not a JSON schema this server can follow"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", '
+     b'"parameters": {"type": "object", "properties": [1]}}}]}', "parameters.properties must map each name"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {"name": "f", '
+     b'"parameters": {"type": "object", "properties": {"a": 5}}}}]}', "parameters.properties must map each name"),
 ])
 def test_bad_requests_are_400_in_openai_shape(url, body, message):
     response = requests.post(url + "/chat/completions", data=body, timeout=10)

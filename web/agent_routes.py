@@ -49,8 +49,9 @@ def parse_agent_question(body: bytes, agent: Agent) -> AgentQuestion:
     question, task, kgs = question_text(data.get("question")), data.get("task", agent.o.task), data.get("kgs")
     if task not in TASKS:
         raise BadRequest(f"task must be one of {', '.join(TASKS)}, not {task!r}")
-    if kgs is not None and (not isinstance(kgs, list) or not kgs or any(k not in agent.kgs for k in kgs)):
-        raise BadRequest(f"kgs must be a non-empty list of configured knowledge graphs ({', '.join(agent.kgs)}), "
+    if kgs is not None and (not isinstance(kgs, list) or not kgs or len(set(map(repr, kgs))) < len(kgs)
+                            or any(not isinstance(k, str) or k not in agent.kgs for k in kgs)):
+        raise BadRequest(f"kgs must be a non-empty list of distinct configured knowledge graphs ({', '.join(agent.kgs)}), "
                          f"not {kgs!r}")
     return AgentQuestion(question, task, kgs)
 

@@ -46,7 +46,7 @@ from web.jobs import TERMINAL, Cancelled, Job, QueueFull, Worker
 from web.shared import STATUS, TICK, BadRequest, busy, final_message, json_object, read_body
 
 MAX_CHAT_BYTES = 256 * 1024  # a whole agent conversation with its tables; the KV cache grows with the prompt
-ROLES = ("system", "user", "assistant", "tool")
+ROLES = ("system", "user", "assistant", "tool", "developer")  # developer: OpenAI's newer name for system
 EXAMPLE = '{"messages": [{"role": "user", "content": "Who directed Pulp Fiction?"}]}'
 
 
@@ -76,7 +76,7 @@ def _message(m: object, i: int) -> dict:
     where = f"messages[{i}]"
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         raise BadRequest(f"{where} must be an object with a role in {', '.join(ROLES)}")
-    out = {"role": m["role"], "content": _text(m.get("content"), where)}
+    out = {"role": "system" if m["role"] == "developer" else m["role"], "content": _text(m.get("content"), where)}
     if m["role"] == "tool":
         out["tool_call_id"] = str(m.get("tool_call_id") or "")
     calls = m.get("tool_calls") if m["role"] == "assistant" else None
@@ -110,6 +110,9 @@ def _tool(t: object, i: int) -> dict:
     parameters = fn.get("parameters") or {"type": "object", "properties": {}}
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
         raise BadRequest(f"tools[{i}] ({fn['name']}): parameters must be a JSON schema of type object")
+    properties = parameters.get("properties", {})
+    if not isinstance(properties, dict) or not all(isinstance(p, dict) for p in properties.values()):
+        raise BadRequest(f"tools[{i}] ({fn['name']}): parameters.properties must map each name to a JSON schema object")
     return {"type": "function", "function": {**fn, "parameters": parameters}}
 
 
@@ -120,7 +123,7 @@ def parse_chat(body: bytes) -> ChatRequest:
     if not isinstance(stream, bool) or not isinstance(options, dict) \
             or not isinstance(options.get("include_usage", False), bool):
         raise BadRequest("stream must be true or false, stream_options an object like {\"include_usage\": true}")
-    if data.get("n", 1) != 1:
+    if data.get("n") not in (None, 1):  # null: the default, as OpenAI reads it
         raise BadRequest(f"n = {json.dumps(data['n'])}: this server gives one choice per request (n = 1)")
     if data.get("logprobs") or data.get("top_logprobs"):
         raise BadRequest("logprobs are not supported by this server; leave out logprobs and top_logprobs")
@@ -156,6 +159,9 @@ def parse_chat(body: bytes) -> ChatRequest:
             call_grammar(tools)  # every schema can be decoded under constraints
         except ValueError as e:
             raise BadRequest(str(e)) from None
+        except (TypeError, AttributeError, KeyError, IndexError) as e:  # a schema of a shape the grammar cannot read
+            raise BadRequest(f"a tool's parameters are not a JSON schema this server can follow ({type(e).__name__}: "
+                             f"{e}); use objects, strings, numbers, booleans, arrays and non-empty enums") from None
     temperature = data.get("temperature")
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
                                     or not 0 <= temperature <= 2):

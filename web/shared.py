@@ -10,6 +10,7 @@ either as one final message or as Server-Sent Events (each message as it happens
 """
 import json
 import math
+import time
 from typing import Callable
 
 from starlette.requests import Request
@@ -40,8 +41,8 @@ def json_object(body: bytes, example: str) -> dict:
     """The body as a JSON object, or BadRequest showing `example`."""
     try:
         data = json.loads(body)
-    except ValueError as e:
-        raise BadRequest(f"the body is not JSON ({e}); send {example}") from None
+    except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than Python's parser goes
+        raise BadRequest(f"the body is not JSON we read ({type(e).__name__}: {str(e)[:200]}); send {example}") from None
     if not isinstance(data, dict):
         raise BadRequest(f"the body must be a JSON object like {example}")
     return data
@@ -86,14 +87,17 @@ def result_labels(indices, result, limit: int = 500) -> dict[str, str]:
 
 
 async def final_message(request: Request, job: Job) -> dict | None:
-    """The job's terminal message; None if the client left first. Either way the work ends here."""
+    """The job's terminal message; None if the client left first. Either way the work ends here. The
+    client is looked for at least every TICK, also while messages keep coming (a trace event per beam)."""
     try:
+        checked = time.monotonic()
         async for message in job.messages(TICK):
-            if message is None:
+            if message is not None and message["type"] in TERMINAL:
+                return message
+            if message is None or time.monotonic() - checked >= TICK:
+                checked = time.monotonic()
                 if await request.is_disconnected():
                     return None  # nobody reads it; `finally` cancels the work
-            elif message["type"] in TERMINAL:
-                return message
     finally:
         job.cancel("client")
 
