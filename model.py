@@ -279,10 +279,11 @@ class Transformer(nn.Module):
 
     def vocab_logits(self, x: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
         """The lm_head's outputs for the token ids `vocab` [K] only, in float32: x [..., C] -> [..., K]."""
-        weight = self.model.embed_tokens.weight if self.args.tie_word_embeddings else self.lm_head.weight
-        if not isinstance(weight, torch.Tensor):  # an int8 lm_head (cpu_speed.py): its rows are not at hand
+        weight = getattr(self.lm_head, "weight", None)  # nn.Linear, cpu_speed.SplitLinear: the head's own rows
+        if not isinstance(weight, torch.Tensor):  # a LoRA or int8 lm_head: its rows are not at hand
             return self.lm_head(x)[..., vocab].float()
-        return x.float() @ weight[vocab].float().T
+        with torch.autocast(x.device.type, enabled=False):  # float32 even inside an autocast region
+            return x.float() @ weight[vocab].float().T
 
     def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None,
                 logits_at: int | torch.Tensor | None = None, vocab: torch.Tensor | None = None) -> torch.Tensor:

@@ -167,11 +167,11 @@ def make_model(run: Run):
     model = Transformer.from_pretrained(args.model_dir, run.dtype, run.device)
     layers = lora.last_layers(model, args.lora_layers) if args.lora_layers else None
     lora.inject_lora(model, args.lora_r, args.lora_alpha, args.lora_dropout, args.lora_targets, layers)
+    for p in lora.lora_state_dict(model).values():  # before --init-adapter: its float32 weights stay exact
+        p.data = p.data.float()
     if args.init_adapter:  # continue from trained LoRA weights, with a fresh optimiser and schedule
         load_init_adapter(model, args)
     lora.mark_only_lora_trainable(model)
-    for p in lora.lora_state_dict(model).values():
-        p.data = p.data.float()
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay)

@@ -230,8 +230,8 @@ def load_for_inference(model_dir: str | Path, adapter_dir: str | Path | None, pr
     """The base model of `model_dir` with the adapter folded in, in `precision` (a precision name of
     cpu_speed.pick_precision, not "auto"), switched to inference by cpu_speed.prepare_for_inference.
     The adapter is merged in float32 and the sum rounded to bfloat16 once (a merge in bf16 would round
-    the base weight and the LoRA product separately), layer by layer, so that the float32 weights are
-    never all in memory at once."""
+    the base weight and the LoRA product separately): the base model is loaded in float32 for that, so
+    loading with an adapter peaks at the float32 model's memory (about 2 GB for the 0.5B model)."""
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     model = Transformer.from_pretrained(model_dir, torch.float32 if adapter_dir else dtype, device)
     if adapter_dir is not None:

@@ -249,6 +249,17 @@ def test_vocab_logits_are_columns_of_the_full_logits_in_float32(model_dir, ours)
     # an int8 lm_head (untied models only) has no weight rows at hand: its logits' columns, as float32
     int8 = prepare_for_inference(M.Transformer.from_pretrained(model_dir), int8=True)
     torch.testing.assert_close(int8(x, logits_at=-1, vocab=vocab), int8(x, logits_at=-1)[:, vocab])
+    # an unmerged LoRA on the lm_head counts too, and autocast does not make them bf16
+    import lora
+    adapted = M.Transformer.from_pretrained(model_dir)
+    lora.inject_lora(adapted, r=2, alpha=4, target_modules=["q_proj", "lm_head"])
+    for layer in lora.lora_layers(adapted).values():
+        torch.nn.init.normal_(layer.lora_B, std=0.5)
+    adapted.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(adapted(x, logits_at=-1, vocab=vocab), adapted(x, logits_at=-1)[:, vocab])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert ours(x, logits_at=-1, vocab=vocab).dtype == torch.float32
 
 
 # ---------------------------------------------------------------------------- loading

@@ -525,6 +525,11 @@ def test_init_adapter_starts_from_a_trained_adapter(model_dir, tmp_path):
                           "--init-adapter", str(tmp_path / "runs" / "first" / "checkpoint-0000004")))
     third = load_file(tmp_path / "runs" / "from-checkpoint" / "adapter" / "adapter_model.safetensors")
     assert all(torch.allclose(first[k], third[k], atol=1e-6) for k in first)
+    # a bf16 run keeps the float32 LoRA weights it starts from as they are (not rounded to bf16)
+    train.main(train_args(model_dir, tmp_path, samples, "--epochs", "1", "--lr", "1e-12", "--name", "bf16",
+                          "--dtype", "bfloat16", "--init-adapter", str(tmp_path / "runs" / "first" / "adapter")))
+    bf16 = load_file(tmp_path / "runs" / "bf16" / "adapter" / "adapter_model.safetensors")
+    assert all(bf16[k].dtype == torch.float32 and torch.allclose(first[k], bf16[k], atol=1e-7, rtol=0) for k in first)
     with pytest.raises(SystemExit, match="pass the same --lora-r"):
         train.main(train_args(model_dir, tmp_path, samples, "--name", "third", "--lora-r", "8",
                               "--init-adapter", str(tmp_path / "runs" / "first" / "adapter")))
