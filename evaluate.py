@@ -50,7 +50,7 @@ from grisp import benchmarks, metrics, sparql
 from grisp.options import GrispError, Options, add_flags, preset
 from grisp.skeleton_score import SHAPES, shape as question_shape
 from grisp.tracing import Stopwatch
-from jsonl import append_jsonl, read_jsonl, write_jsonl
+from jsonl import append_jsonl, read_jsonl, write_json, write_jsonl
 from llm.cpu_speed import cpu_name, pick_precision
 from model import pick_device
 
@@ -71,9 +71,9 @@ KNOBS = ("num_beams", "num_skeletons", "top_k", "none_margin", "time_budget", "s
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "rerank_adapter",
-            "index", "endpoint", "skeletons_from", "system", "agent")  # a resumed run must agree with the saved config on these
+            "index", "endpoint", "skeletons_from", "system", "agent", "skeleton_only")  # a resumed run must agree with the saved config on these
 GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # what decides stage 1's output
-SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index")  # the same for --skeleton-only
+SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index", "skeleton_only", "system")  # the same for --skeleton-only
 
 
 def pipeline_options(args: argparse.Namespace) -> dict:
@@ -116,7 +116,8 @@ def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict]) -
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"--skeletons-from {run_dir}: no evaluation run there (config.json missing)")
     saved = json.loads((run_dir / "config.json").read_text())
-    differs = [key for key in ("model_dir", "adapter", "oracle_skeleton") if saved.get(key) != config[key]]
+    differs = [key for key in ("model_dir", "adapter", "oracle_skeleton", "system", "skeleton_only")
+               if saved.get(key) != config.get(key)]
     differs += [key for key in GENERATION_OPTIONS if saved["options"].get(key) != config["options"].get(key)]
     if differs or saved.get("skeletons_from"):
         raise ValueError(f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
@@ -136,7 +137,7 @@ def answer_with_generated(pipeline, question: str, source: dict, options: Option
     generated here if needed and if there can be any."""
     recorded = [tuple(s) for s in source["skeletons"]]
     trace = [step for step in source["trace"] if step.get("event") == "skeleton"]
-    more = Stopwatch()
+    again, more = Stopwatch(), Stopwatch()  # regenerating the recorded ones (already counted), the ones past them
     # that run took skeletons only until one resolved. If its search gave every beam, its kept ones
     # are all there are; else there may be more, up to the number wanted
     ended = len(trace) >= options.beam_width
@@ -145,14 +146,17 @@ def answer_with_generated(pipeline, question: str, source: dict, options: Option
     def skeletons():
         yield from recorded
         if len(recorded) < available:  # the same settings and seed give the recorded ones first: skipped
-            yield from more.timed(itertools.islice(pipeline.skeleton_stream(question, []), len(recorded), None))
+            stream = iter(pipeline.skeleton_stream(question, []))
+            for _ in again.timed(itertools.islice(stream, len(recorded))):
+                pass
+            yield from more.timed(stream)
 
     start = time.perf_counter()
     answer = pipeline.answer_from_skeletons(question, skeletons(), trace=trace)
     generation = source["timings"].get("generate", 0.0) + more.seconds
     answer.timings["generate"] = generation
-    answer.timings["resolve"] -= more.seconds
-    answer.timings["total"] = time.perf_counter() - start - more.seconds + generation
+    answer.timings["resolve"] -= again.seconds + more.seconds
+    answer.timings["total"] = time.perf_counter() - start - again.seconds - more.seconds + generation
     return answer
 
 
@@ -275,6 +279,16 @@ def read_predictions(path: Path) -> list[dict]:
     return read_jsonl(path, appended=True)
 
 
+def selected_records(records: list[dict], samples: list[dict]) -> list[dict]:
+    """The first record of each question of `samples`, in file order (two processes on one --out may
+    both have answered one)."""
+    wanted, chosen = {sample["id"] for sample in samples}, {}
+    for record in records:
+        if record["id"] in wanted:
+            chosen.setdefault(record["id"], record)
+    return list(chosen.values())
+
+
 def select_questions(args: argparse.Namespace) -> list[dict]:
     """The benchmark's questions this run evaluates: those whose gold query has one of --shapes'
     shapes (skeleton_score.shape), then the first --limit of them."""
@@ -289,14 +303,14 @@ def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict
     """Create the run directory and save `config` there (a run already there must agree on `keys`);
     return the predictions file and the samples it does not hold yet (runs resume)."""
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "config.json").exists():
+    predictions_path = out / "predictions.jsonl"
+    if (out / "config.json").exists() and read_predictions(predictions_path):  # a start that failed binds nothing
         saved = json.loads((out / "config.json").read_text())
         changed = [key for key in keys if saved.get(key) != config.get(key)]
         if changed:
             raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
                              f"pass another --out or delete {out}")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    predictions_path = out / "predictions.jsonl"
+    write_json(out / "config.json", config)
     done = {record["id"] for record in read_predictions(predictions_path)}
     todo = [sample for sample in samples if sample["id"] not in done]
     print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
@@ -338,9 +352,8 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
                 file.write(json.dumps(record, ensure_ascii=False) + "\n")
                 file.flush()
 
-    ids = {sample["id"] for sample in samples}
-    summary = skeleton_score.summarize([r for r in read_predictions(predictions_path) if r["id"] in ids])
-    (out / "summary.json").write_text(json.dumps({**summary, "config": config}, indent=2) + "\n")
+    summary = skeleton_score.summarize(selected_records(read_predictions(predictions_path), samples))
+    write_json(out / "summary.json", {**summary, "config": config})
     print(f"\n{name}: skeleton score of the top-1 generated skeleton\n")
     print(skeleton_score.format_table(summary))
     if summary["unskeletonisable"]:
@@ -394,13 +407,16 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     # --- score an existing predictions file only
     if args.score_only:
         records = read_predictions(path)  # all are written back; those of this selection are re-scored
-        selected = [r for r in records if r["id"] in gold_by_id]
+        selected = selected_records(records, samples)
         for record in tqdm(selected, desc="scoring", unit="q"):
             score_record(record, gold_by_id[record["id"]], client)
         write_jsonl(path, records)
-        summary = {**summarize(selected), "config": {**saved_run, "score_only": str(path),
-                                                     "benchmark": args.benchmark, "endpoint": args.endpoint}}
-        (path.parent / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        summary = {**summarize(selected), "config": {**saved_run, "score_only": str(path), "benchmark": args.benchmark,
+                                                     "endpoint": args.endpoint, "limit": args.limit, "shapes": args.shapes}}
+        if saved_run.get("system") == "agent":
+            from grasp import evaluation
+            summary["agent"] = evaluation.agent_summary(selected)
+        write_json(path.parent / "summary.json", summary)
         print_summary(summary, name)
         return summary
 
@@ -454,11 +470,11 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
                 append_jsonl(file, record)
 
     # --- summary over this benchmark selection
-    records = [r for r in read_predictions(predictions_path) if r["id"] in gold_by_id]
+    records = selected_records(read_predictions(predictions_path), samples)
     summary = {**summarize(records), "config": config}
     if system == "agent":
         summary["agent"] = evaluation.agent_summary(records)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "summary.json", summary)
     print_summary(summary, f"{name} ({suffix})")
     if system == "agent":
         print(f"  agent              {json.dumps(summary['agent'])}")

@@ -2,8 +2,10 @@
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -140,6 +142,31 @@ def test_resume_refuses_other_settings(bench, tmp_path, endpoint_url):
                       pipeline=FakePipeline())
 
 
+def test_a_start_that_failed_binds_nothing_and_a_repeated_answer_counts_once(bench, tmp_path, endpoint_url):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"benchmark": "elsewhere", "ablation": "no-rerank"}))  # no answers
+    summary = evaluate.main(make_args(bench, run, endpoint_url), pipeline=FakePipeline())
+    check_handcrafted_summary(summary)
+    predictions = run / "predictions.jsonl"  # two processes on one --out: one question answered twice
+    predictions.write_text(predictions.read_text() + predictions.read_text().splitlines()[0] + "\n")
+    check_handcrafted_summary(evaluate.main(make_args(bench, run, endpoint_url), pipeline=FakePipeline()))
+
+
+def test_runs_of_another_kind_are_neither_resumed_nor_reused(bench, tmp_path, endpoint_url):
+    evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=1), pipeline=FakePipeline())
+    for kind in ({"system": "agent"}, {"skeleton_only": True}):
+        other = tmp_path / "-".join(kind)
+        shutil.copytree(tmp_path / "full", other)
+        config = json.loads((other / "config.json").read_text()) | kind
+        (other / "config.json").write_text(json.dumps(config))
+        with pytest.raises(ValueError, match="other settings"):  # its records are not this kind's
+            evaluate.main(make_args(bench, other, endpoint_url, limit=1), pipeline=FakePipeline())
+        with pytest.raises(ValueError, match=f"other settings \\({next(iter(kind))}\\)"):
+            evaluate.main(make_args(bench, tmp_path / "new", endpoint_url, ablation="no-rerank", limit=1,
+                                    skeletons_from=str(other)), pipeline=FakePipeline())
+
+
 def test_a_run_records_the_retry_where_it_can_act(bench, tmp_path, endpoint_url):
     """Runs from before the retry saved no "retry": resuming one with the retry on (the default) is refused."""
     def config(run):
@@ -269,7 +296,9 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     # fails gets the next from a fresh generation, which repeats the recorded ones first (skipped)
     class NeedingMore(Resolving):
         def skeleton_stream(self, question, trace):
-            yield from [(f"skeleton of {question}", -1.5), ("second", -2.0), ("third", -2.5)]
+            for skeleton in [(f"skeleton of {question}", -1.5), ("second", -2.0), ("third", -2.5)]:
+                time.sleep(0.1)
+                yield skeleton
 
         def answer_from_skeletons(self, question, skeletons, trace=None):
             self.asked.append((question, list(skeletons)))  # all fail
@@ -279,6 +308,10 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
                             skeletons_from=str(tmp_path / "full")), pipeline=pipeline)
     assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5), ("second", -2.0),
                                                    ("third", -2.5)])]
+    # its generation time: the recorded one's, plus the two past it (not the recorded one made again)
+    timings = json.loads((tmp_path / "no-backtracking" / "predictions.jsonl").read_text().splitlines()[0])["timings"]
+    recorded = json.loads((tmp_path / "full" / "predictions.jsonl").read_text().splitlines()[0])["timings"]["generate"]
+    assert 0.19 < timings["generate"] - recorded < 0.29, (timings, recorded)
 
     # an earlier run whose search gave every beam (8) but kept one: there is no other to generate here
     class Exhausted(Generating):
