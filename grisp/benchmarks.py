@@ -179,9 +179,9 @@ def unseen(records: list[dict], data_dir: Path = defaults.DATA_DIR,
     for name in TRAINING_MATERIAL:
         try:
             material = load_benchmark(name, data_dir, shared_dir)
-        except FileNotFoundError:  # not on this machine: nothing to compare with
-            print(f"held out: {name} is not here, its questions are not compared", file=sys.stderr)
-            continue
+        except FileNotFoundError as error:  # without it the held-out set would be another one, under the same name
+            raise FileNotFoundError(f"the held-out questions are those no training source asks, so every "
+                                    f"training source is needed to tell them: {error}") from None
         for record in material:
             questions.update(question_key(q) for q in [record["question"], *record["paraphrases"]])
             queries.add(query_key(record["sparql"]))
