@@ -33,6 +33,7 @@ the summary, so the evaluation stage stays one file; the scoring rules themselve
 and skeleton_score.py.
 """
 import argparse
+import hashlib
 import itertools
 import json
 import os
@@ -71,9 +72,9 @@ KNOBS = ("num_beams", "num_skeletons", "top_k", "none_margin", "time_budget", "s
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "rerank_adapter",
-            "index", "endpoint", "skeletons_from", "system", "agent", "skeleton_only")  # a resumed run must agree with the saved config on these
+            "index", "endpoint", "skeletons_from", "system", "agent", "skeleton_only", "contents")  # a resumed run must agree with the saved config on these
 GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # what decides stage 1's output
-SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index", "skeleton_only", "system")  # the same for --skeleton-only
+SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index", "skeleton_only", "system", "contents")  # the same for --skeleton-only
 
 
 def pipeline_options(args: argparse.Namespace) -> dict:
@@ -118,6 +119,8 @@ def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict]) -
     saved = json.loads((run_dir / "config.json").read_text())
     differs = [key for key in ("model_dir", "adapter", "oracle_skeleton", "system", "skeleton_only")
                if saved.get(key) != config.get(key)]
+    if "contents" in saved and saved["contents"]["adapter"] != config["contents"]["adapter"]:
+        differs.append("the adapter's files")
     differs += [key for key in GENERATION_OPTIONS if saved["options"].get(key) != config["options"].get(key)]
     if differs or saved.get("skeletons_from"):
         raise ValueError(f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
@@ -273,6 +276,22 @@ def absolute(path: str | Path) -> str:
     return str(path) if str(path).lower() == "none" else os.path.abspath(Path(path).expanduser())
 
 
+def contents(args: argparse.Namespace) -> dict:
+    """Digests of what the run's paths hold, so that a resumed run notices an adapter retrained or an index
+    rebuilt under the same path: the adapters' files and the index parts' build stamps (None: none)."""
+    def digest(files: list[Path]) -> str | None:
+        files = [f for f in files if f.is_file()]
+        return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16] if files else None
+
+    def adapter(path) -> str | None:
+        path = Path(str(path)).expanduser() if path and str(path).lower() != "none" else None
+        return digest(sorted(path.glob("*.json")) + [path / "adapter_model.safetensors"]) if path else None
+
+    index = Path(args.index).expanduser()
+    return {"adapter": adapter(args.adapter), "rerank_adapter": adapter(getattr(args, "rerank_adapter", None)),
+            "index": digest(sorted(index.glob("*/*/build.json")))}
+
+
 def read_predictions(path: Path) -> list[dict]:
     """Records of a predictions file ([] before the first); a cut-off last line (killed mid-write) is
     dropped from disk."""
@@ -306,7 +325,8 @@ def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict
     predictions_path = out / "predictions.jsonl"
     if (out / "config.json").exists() and read_predictions(predictions_path):  # a start that failed binds nothing
         saved = json.loads((out / "config.json").read_text())
-        changed = [key for key in keys if saved.get(key) != config.get(key)]
+        # runs from before "contents" was recorded are compared by their paths alone
+        changed = [key for key in keys if saved.get(key) != config.get(key) and (key != "contents" or key in saved)]
         if changed:
             raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
                              f"pass another --out or delete {out}")
@@ -339,7 +359,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "model_dir": absolute(args.model_dir), "adapter": absolute(args.adapter),
               "index": absolute(args.index), "device": args.device, "cpu": cpu_name(), "limit": args.limit,
-              "shapes": args.shapes, "out": str(out)}
+              "shapes": args.shapes, "out": str(out), "contents": contents(args)}
     print(f"config: {json.dumps(config)}")
     predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples)
     if todo:
@@ -441,7 +461,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
               "adapter": absolute(args.adapter), "index": absolute(args.index), "endpoint": args.endpoint,
               "rerank_adapter": absolute(args.rerank_adapter) if getattr(args, "rerank_adapter", None) else None,
               "device": args.device, "cpu": cpu_name(), "limit": args.limit, "shapes": args.shapes,
-              "out": str(out),
+              "out": str(out), "contents": contents(args),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     if system == "agent":
         config |= {"system": "agent", "agent": agent_settings}

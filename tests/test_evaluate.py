@@ -153,6 +153,21 @@ def test_a_start_that_failed_binds_nothing_and_a_repeated_answer_counts_once(ben
     check_handcrafted_summary(evaluate.main(make_args(bench, run, endpoint_url), pipeline=FakePipeline()))
 
 
+def test_an_adapter_changed_under_the_same_path_is_another_setting(bench, tmp_path, endpoint_url):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(defaults.ADAPTER_DIR, adapter)
+    evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=1, adapter=str(adapter)), pipeline=FakePipeline())
+    weights = adapter / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # retrained in place, say
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="other settings \\(contents\\)"):
+        evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, adapter=str(adapter)), pipeline=FakePipeline())
+    with pytest.raises(ValueError, match="the adapter's files"):
+        evaluate.main(make_args(bench, tmp_path / "ablation", endpoint_url, ablation="no-rerank", limit=1,
+                                adapter=str(adapter), skeletons_from=str(tmp_path / "run")), pipeline=FakePipeline())
+
+
 def test_runs_of_another_kind_are_neither_resumed_nor_reused(bench, tmp_path, endpoint_url):
     evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=1), pipeline=FakePipeline())
     for kind in ({"system": "agent"}, {"skeleton_only": True}):
