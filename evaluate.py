@@ -51,7 +51,7 @@ from grisp import benchmarks, metrics, sparql
 from grisp.options import GrispError, Options, add_flags, preset
 from grisp.skeleton_score import SHAPES, shape as question_shape
 from grisp.tracing import Stopwatch
-from jsonl import append_jsonl, read_jsonl, write_json, write_jsonl
+from jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
 from llm.cpu_speed import cpu_name, pick_precision
 from model import pick_device
 
@@ -125,7 +125,7 @@ def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict]) -
     if differs or saved.get("skeletons_from"):
         raise ValueError(f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
                          f"({', '.join(differs) or 'it reused skeletons itself'}); generate them here instead")
-    generated = {record["id"]: record for record in read_predictions(run_dir / "predictions.jsonl")}
+    generated = {record["id"]: record for record in read_finished(run_dir / "predictions.jsonl")}  # it may still run
     for sample in samples:
         if sample["id"] in generated and generated[sample["id"]]["question"] != sample["question"]:
             raise ValueError(f"--skeletons-from {run_dir}: its question {sample['id']} is "

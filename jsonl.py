@@ -56,6 +56,15 @@ def read_jsonl(path: str | Path, appended: bool = False) -> list:
     return [record for _, record in iter_jsonl(path)]
 
 
+def read_finished(path: str | Path) -> list:
+    """The records of the complete lines of a JSONL file that another process may be appending to (an
+    unfinished last line is skipped, the file left as it is); a missing file holds none."""
+    path = Path(path)
+    data = path.read_bytes() if path.exists() else b""
+    complete = data[:data.rfind(b"\n") + 1].decode("utf-8")
+    return [json.loads(text) for text in complete.splitlines() if text.strip()]
+
+
 def append_jsonl(file: TextIO, record: Any) -> None:
     """Write one record as one line to a JSONL file open for appending, and flush it: a run killed
     later keeps every record written so far (see read_jsonl(appended=True))."""

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jsonl import append_jsonl, iter_jsonl, read_jsonl, write_atomic, write_json, write_jsonl
+from jsonl import append_jsonl, iter_jsonl, read_finished, read_jsonl, write_atomic, write_json, write_jsonl
 
 RECORDS = [{"id": "q1", "question": "wo wurde Gödel geboren?"}, {"id": "q2", "n": [1, 2.5, None]}, "a string", 7]
 
@@ -103,3 +103,11 @@ def test_an_appended_file_may_be_missing_or_end_in_a_cut_off_line(tmp_path, caps
     assert read_jsonl(path) == [{"id": "a"}, {"id": "b"}, {"id": "c"}]
     path.write_text('{"id": "only"', encoding="utf-8")  # the first line cut off: nothing is left
     assert read_jsonl(path, appended=True) == [] and path.read_text() == ""
+
+
+def test_a_file_another_process_appends_to_is_read_without_touching_it(tmp_path):
+    path = tmp_path / "p.jsonl"
+    assert read_finished(path) == []
+    path.write_text('{"id": 1}\n{"id": 2}\n{"id": 3, "quest')  # its writer is half way through line 3
+    assert read_finished(path) == [{"id": 1}, {"id": 2}]
+    assert path.read_text().endswith('"quest')  # left for the writer to finish
