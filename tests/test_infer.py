@@ -213,13 +213,25 @@ def test_a_rerank_adapter_gives_the_reranker_its_own_model(tiny_model, demo_inde
 
 
 @pytest.mark.slow  # the real 0.5B model with the shipped adapter: ~30 s
-def test_shipped_adapter_answers_the_readme_question(demo_endpoint):
-    if not (defaults.MODEL_DIR / "config.json").exists() or not (defaults.DEMO_INDEX_DIR / "manifest.json").exists():
-        pytest.skip("needs the base model and the demo index (bash demo.sh makes both)")
-    out = run_infer("Where was the Pulp Fiction director born?", "--endpoint", demo_endpoint, "--threads", "2", "--quiet")
+def test_shipped_adapter_answers_the_readme_question(demo_endpoint, demo_search_index):
+    if not (defaults.MODEL_DIR / "config.json").exists():
+        pytest.skip("needs the base model (python get_model.py)")
+    out = run_infer("Where was the Pulp Fiction director born?", "--endpoint", demo_endpoint,
+                    "--index", str(demo_search_index), "--threads", "2", "--quiet")
     assert out.returncode == 0, out.stderr
     assert "SELECT ?value WHERE { wd:Q104123 wdt:P57 ?s . ?s wdt:P19 ?value }" in out.stdout
     assert "Knoxville (wd:Q185582)" in out.stdout
+
+
+def test_each_adapters_prompt_format_reaches_its_reranker(tiny_model, demo_index, demo_endpoint, tmp_path):
+    for fmt in ("v1", "v2"):
+        save_random_adapter(tiny_model, tmp_path / fmt)
+        (tmp_path / fmt / peft_format.GRISP_CONFIG_NAME).write_text(json.dumps({"prompt_format": fmt}))
+    grisp = Grisp(tiny_model, tmp_path / "v1", demo_index, demo_endpoint, Options(precision="float32"))
+    assert grisp.prompt_format == grisp.resolver.reranker.prompt_format == "v1"
+    grisp = Grisp(tiny_model, tmp_path / "v1", demo_index, demo_endpoint, Options(precision="float32"),
+                  rerank_adapter_dir=tmp_path / "v2")
+    assert (grisp.prompt_format, grisp.resolver.reranker.prompt_format) == ("v1", "v2")
 
 
 def test_each_skeleton_gets_its_own_time_budget(tiny_model, demo_index, demo_endpoint):

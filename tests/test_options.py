@@ -58,3 +58,13 @@ def test_beam_ranking_is_a_closed_choice_defaulting_to_sum():
     with pytest.raises(GrispError, match="beam_ranking = mean must be one of sum, length-normalised"):
         Options(beam_ranking="mean")
     assert parse(["--beam-ranking", "sum"], names=evaluate.KNOBS, unset=True).beam_ranking == "sum"
+
+
+def test_the_defaults_are_the_documented_ones():
+    """The settings README "How it works" and docs/method.md give (the paper's and the reference's, and ours)."""
+    from dataclasses import asdict
+    assert asdict(Options()) == {
+        "beam_search": True, "num_beams": 8, "num_skeletons": 3, "temperature": 0.4, "top_p": 0.9, "sample": True,
+        "seed": 0, "max_new_tokens": 512, "beam_ranking": "sum", "skeleton_dedupe": "exact", "precision": "auto",
+        "top_k": 10, "none_margin": 0.0, "retry": True, "rerank": True, "constrained": True, "kg_guidance": True,
+        "backtracking": True, "time_budget": 60.0}

@@ -241,5 +241,6 @@ def test_prompt_format_is_saved_beside_the_adapter_and_travels_with_convert(mode
         peft_format.read_prompt_format(tmp_path / "new")
 
 
-def test_shipped_adapter_uses_the_first_prompt_format():
-    assert peft_format.read_prompt_format(defaults.REPO_DIR / "adapters" / "grisp-wwq-0.5b") == "v1"
+def test_the_committed_adapters_name_their_prompt_formats():
+    assert peft_format.read_prompt_format(defaults.REPO_DIR / "adapters" / "grisp-wwq-0.5b") == "v1"  # the baseline
+    assert peft_format.read_prompt_format(defaults.ADAPTER_DIR) == "v2"  # the default adapter

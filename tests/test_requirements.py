@@ -49,12 +49,14 @@ def imported_modules(path: Path) -> set[str]:
 
 def undeclared_imports(files: list[Path], declared: set[str], root: Path = ROOT) -> dict[str, list[str]]:
     """{package: [files importing it]} for third-party imports no requirements file declares (the
-    repository's own modules and folders under `root` are not third-party)."""
-    local = {p.stem for p in root.rglob("*.py")} | {p.name for p in root.iterdir() if p.is_dir()}
+    repository's top-level modules and folders under `root`, and a file's sibling modules, are not
+    third-party)."""
+    local = {p.stem for p in root.glob("*.py")} | {p.name for p in root.iterdir() if p.is_dir()}
     missing: dict[str, list[str]] = {}
     for path in files:
+        siblings = {p.stem for p in path.parent.glob("*.py")}
         for module in imported_modules(path):
-            if module in sys.stdlib_module_names or module in local:
+            if module in sys.stdlib_module_names or module in local or module in siblings:
                 continue
             package = normalise(PACKAGE_OF_IMPORT.get(module, module))
             if package not in declared:
@@ -62,13 +64,17 @@ def undeclared_imports(files: list[Path], declared: set[str], root: Path = ROOT)
     return missing
 
 
-def python_files(*folders: Path) -> list[Path]:
-    return sorted(p for folder in folders for p in folder.glob("*.py"))
+def python_files(folder: Path, leave_out: tuple[str, ...] = ()) -> list[Path]:
+    """Every .py file under `folder`, at any depth, but in dot-folders and the top-level folders `leave_out`."""
+    return sorted(p for p in folder.rglob("*.py") if not any(part.startswith(".") for part in p.relative_to(folder).parts)
+                  and p.relative_to(folder).parts[0] not in leave_out)
 
 
 def test_code_and_tests_import_only_declared_packages():
     declared = declared_packages(ROOT / "requirements.txt", ROOT / "requirements-dev.txt")
-    assert undeclared_imports(python_files(ROOT, ROOT / "tests"), declared) == {}
+    files = python_files(ROOT, leave_out=("bench",))
+    assert {"grisp", "grasp", "llm", "web", "tests"} <= {f.relative_to(ROOT).parts[0] for f in files}  # every folder
+    assert undeclared_imports(files, declared) == {}
 
 
 def test_benchmarks_import_only_declared_packages():
@@ -80,12 +86,17 @@ def test_the_scan_reports_undeclared_imports_only(tmp_path):
     """The scan itself: undeclared packages are reported (also a lazy import, under its package name), a
     declared, standard-library or repository import is not."""
     (tmp_path / "helper.py").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "deep.py").write_text("import yaml\nimport grisp_local\n")  # grisp_local: not a module here
     (tmp_path / "module.py").write_text("import json\nimport numpy.linalg\nimport helper\n"
                                         "from jsonschema import validate\n"
                                         "def lazy():\n    import sentence_transformers\n")
     (tmp_path / "requirements.txt").write_text("-r base.txt\nscipy>=1.0  # why\n")
     (tmp_path / "base.txt").write_text("NumPy\n")
+    assert python_files(tmp_path) == [tmp_path / "helper.py", tmp_path / "module.py", tmp_path / "pkg" / "deep.py"]
     declared = declared_packages(tmp_path / "requirements.txt")
     assert declared == {"numpy", "scipy"}
     assert undeclared_imports([tmp_path / "module.py"], declared, tmp_path) == {
         "jsonschema": ["module.py"], "sentence-transformers": ["module.py"]}
+    assert undeclared_imports([tmp_path / "pkg" / "deep.py"], declared, tmp_path) == {
+        "yaml": ["pkg/deep.py"], "grisp-local": ["pkg/deep.py"]}
