@@ -35,6 +35,18 @@ FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "loop"
            "step_limit": "timeout", "time_limit": "timeout", "error": "error", "cancelled": "error"}  # counts failures
 
 
+LOOP_WARNING = "You repeated an earlier call exactly. Change your approach to make progress."  # ours, not the user's
+
+
+def arguments_object(text: str) -> dict:
+    """A call's arguments as sent (JSON text): the object, or {} for anything else (a malformed call)."""
+    try:
+        args = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return args if isinstance(args, dict) else {}
+
+
 def not_run(call_id: str, step: int) -> dict:
     """The tool message for a call that repeats the call of `step` (so the chat stays valid for `past`)."""
     return {"role": "tool", "tool_call_id": call_id, "content": f"Not run: the same call as in step {step}; its "
@@ -146,10 +158,8 @@ class Agent:
                 if loops > self.o.max_loops:
                     r.status, r.error = "loop", f"the model kept repeating earlier calls ({loops} times)"
                     break
-                messages.append({"role": "user", "content": "You repeated an earlier call exactly. Change your "
-                                                            "approach to make progress."})
+                messages.append({"role": "user", "content": LOOP_WARNING})
                 continue
-            made |= {k: r.steps for c, k in zip(reply.tool_calls, keys) if not c.error and k not in made}
             stop = not reply.tool_calls
             if stop:
                 emit("no_call", step=r.steps)
@@ -163,7 +173,10 @@ class Agent:
                 if i in repeats:
                     messages.append(not_run(call.id, repeats[i]))
                     continue
-                stop |= self._call(r, messages, functions, call.id, call.name, call.arguments, deadline, emit)
+                ends, failed = self._call(r, messages, functions, call.id, call.name, call.arguments, deadline, emit)
+                stop |= ends
+                if not failed:  # a failed call may be made again once its cause is fixed (e.g. an IRI verified)
+                    made.setdefault(keys[i], r.steps)
             if not stop:
                 continue
             if not (self.o.feedback and r.feedbacks < self.o.max_feedbacks) or \
@@ -185,8 +198,9 @@ class Agent:
         system = {"role": "system", "content": system_instruction(task, [self.kgs[n] for n in names], prefixes)}
         return functions, tools, system
 
-    def _call(self, r, messages, functions, call_id, name, args, deadline, emit) -> bool:
-        """Run one function call, append its result; True if it ends the conversation (ANS / CAN)."""
+    def _call(self, r, messages, functions, call_id, name, args, deadline, emit) -> tuple[bool, bool]:
+        """Run one function call, append its result; (whether it ends the conversation (ANS / CAN), whether
+        it failed)."""
         start, stop = time.monotonic(), False
         r.calls[name] += 1
         try:
@@ -202,19 +216,21 @@ class Agent:
             else:
                 result = functions.call(name, args, r.known, deadline)
         except FunctionError as e:
-            result = f"Error: {e}"
+            result, failed = f"Error: {e}", True
+        else:
+            failed = False
         seconds = time.monotonic() - start
         r.timings["functions"] += seconds
         emit("call", step=r.steps, name=name, arguments=json.dumps(args, ensure_ascii=False), result=result,
              seconds=round(seconds, 2))
         messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
-        return stop
+        return stop, failed
 
     def _output(self, r: AgentResult, turns: list[dict]) -> None:
         """The last answer or cancel of this question (after the last feedback), else fallbacks: a ```sparql
         block of the last text, else the last executed query (as GRASP does)."""
-        turns = turns[max(i for i, m in enumerate(turns) if m["role"] == "user"):]  # after the last feedback
-        calls = [(c["function"]["name"], json.loads(c["function"]["arguments"] or "{}"))
+        turns = turns[max(i for i, m in enumerate(turns) if m["role"] == "user" and m["content"] != LOOP_WARNING):]
+        calls = [(c["function"]["name"], arguments_object(c["function"]["arguments"]))
                  for m in turns if m.get("tool_calls") for c in m["tool_calls"]]
         results = [m["content"] for m in turns if m["role"] == "tool"]
         done = [(n, a) for (n, a), res in zip(calls, results) if n in ("answer", "cancel") and res == "Stopping."]
@@ -244,7 +260,8 @@ class Agent:
         if r.status not in ("answer", "cancel"):
             return False
         result = self.result_text(r, deadline) if r.status == "answer" and r.sparql else ""
-        questions = [m["content"] for m in messages if m["role"] == "user" and not m["content"].startswith("Feedback")]
+        questions = [m["content"] for m in messages if m["role"] == "user"
+                     and not m["content"].startswith("Feedback") and m["content"] != LOOP_WARNING]
         judged = feedback_messages(questions, output_text(r, result), [self.kgs[n] for n in names])
         try:
             reply = self.backend.chat(judged, [FEEDBACK_TOOL], deadline, tool_choice="required")

@@ -206,6 +206,45 @@ def test_a_cycle_of_calls_is_a_loop_and_a_turn_with_a_new_call_is_not(kg):
     assert agent.run("q?").steps == 2
 
 
+def test_a_call_refused_by_know_before_use_may_be_made_again_once_its_iris_are_seen(kg):
+    execute = call("execute", kg="wikidata", sparql=QUERY)
+    agent, _ = agent_with(kg, [reply(execute), reply(call("list", kg="wikidata", subject="wd:Q104123")),
+                               reply(call("search_property", kg="wikidata", query="director")),
+                               reply(ToolCall.made("again", "execute", execute.arguments)),
+                               reply(call("answer", kg="wikidata", sparql=QUERY, answer="QT"))], max_loops=0)
+    r = agent.run("Who directed Pulp Fiction?")
+    results = [e["result"] for e in r.trace if e["event"] == "call"]
+    assert results[0].startswith("Error: The query uses IRIs") and "Quentin Tarantino" in results[3]
+    assert r.status == "answer" and not [e for e in r.trace if e["event"] == "loop"]
+
+
+def test_the_loop_warning_is_neither_the_question_nor_a_new_start(kg):
+    """The output falls back to the last executed query before the warning; the judge gets the question."""
+    ask = reply(call("execute", kg="wikidata", sparql="ASK { ?s ?p ?o }"))
+    agent, _ = agent_with(kg, [ask, ask, Reply("I do not know.", [])], max_loops=1)
+    r = agent.run("Is there anything?")
+    assert (r.status, r.sparql) == ("no_answer", "ASK { ?s ?p ?o }")
+    script = [ask, ask, reply(call("answer", kg="wikidata", sparql="ASK { ?s ?p ?o }", answer="yes"))]
+
+    class Judged(Scripted):
+        def chat(self, messages, tools, deadline=None, tool_choice=None):
+            self.asked.append({"messages": messages, "tools": [t["function"]["name"] for t in tools]})
+            if tools[0]["function"]["name"] == "give_feedback":
+                return reply(call("give_feedback", status="done", feedback="fine"))
+            return script.pop(0)
+    backend = Judged([None])
+    Agent({kg.name: kg}, backend, AgentConfig(feedback=True, max_loops=1)).run("Is there anything?")
+    judged = backend.asked[-1]["messages"][1]["content"]
+    assert "Question: Is there anything?" in judged and "repeated an earlier call" not in judged
+
+
+def test_a_call_whose_arguments_are_not_an_object_ends_cleanly(kg):
+    odd = ToolCall("c1", "execute", {}, "null", "the arguments must be a JSON object")
+    agent, _ = agent_with(kg, [Reply("", [odd]), Reply("No idea.", [])])
+    r = agent.run("q?")
+    assert (r.status, r.sparql, r.calls["malformed"]) == ("no_answer", None, 1)
+
+
 def test_a_new_call_runs_even_when_it_shares_its_id_with_a_repeated_one(kg):
     genre = call("search_property", kg="wikidata", query="genre")
     director = ToolCall.made(genre.id, "search_property", {"kg": "wikidata", "query": "director"})  # a reused id
