@@ -16,7 +16,7 @@ model's tokenizer is present. A sample (see samples.py):
 
     python gen_data.py --data wwq --epochs 4 --out ~/.cache/grisp/data/wwq-samples.jsonl
     python gen_data.py --data wwq,qald10,qald7,lcquad2,sq,spinach --epochs 1     # the mixture's statistics
-    python gen_data.py --data demo --epochs 1 --out /tmp/demo.jsonl --show 2
+    python gen_data.py --data wwq --epochs 1 --out /tmp/wwq.jsonl --show 2   # and look at two samples
     python train.py --samples ~/.cache/grisp/data/wwq-samples.jsonl      # train on them
 """
 import argparse

@@ -299,7 +299,7 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--val-fraction", type=float, default=0.05, help="records held out (by id hash) for the "
                                                                         "validation loss")
     group.add_argument("--val-data", default=None, help="validation benchmark or samples file instead of the held-out "
-                                                        "slice")
+                                                        "slice (not an evaluation set: validation picks best/)")
     group.add_argument("--max-length", type=int, default=1024, help="skip samples with more tokens than this")
     group.add_argument("--seed", type=int, default=0, help="seed of the samples, batch order, LoRA init and dropout")
     group.add_argument("--prompt-format", choices=PROMPT_FORMATS, default=LATEST_PROMPT_FORMAT,

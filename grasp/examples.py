@@ -58,7 +58,7 @@ class ExampleIndex:
         built from other examples (an edited file, another file of the same name) or made of float32
         encoder vectors."""
         directory = Path(directory).expanduser()
-        samples = benchmarks.load_benchmark(source)
+        samples = benchmarks.load_training(source)  # never an evaluation set: FSE would hand out the gold queries
         stamp = directory / "source.json"
         same = stamp.exists() and json.loads(stamp.read_text()) == {"sha256": examples_digest(samples)}
         if not (same and EmbeddingIndex.is_current(directory / "embedding")):

@@ -140,10 +140,30 @@ def load_training(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
     if name_or_path in SPLITS and SPLITS[name_or_path][1] == "dev":
         raise ValueError(f"{name_or_path} is held out for evaluation and no training run may see it; "
                          f"train on {SPLITS[name_or_path][0]}-train")
+    if (evaluated := evaluation_set(name_or_path, data_dir, shared_dir)) is not None:
+        raise ValueError(f"{name_or_path} is the evaluation set {evaluated}, which no training run may see; "
+                         f"train on wwq-train or the mixture's sources")
     held = held_out_source(name_or_path, data_dir, shared_dir)
     if held is not None and name_or_path not in (held, f"{held}-train"):
         print(f"{name_or_path} holds the held-out {held}-dev: training on {held}-train only", file=sys.stderr)
     return load_benchmark(f"{held}-train" if held is not None else name_or_path, data_dir, shared_dir)
+
+
+EVALUATION_SETS = ("wwq-dev", "wwq-dev-kg", "wwq-dev-full", "demo")  # and qald10-dev (SPLITS)
+
+
+def evaluation_set(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
+                   shared_dir: Path = defaults.SHARED_DATA_DIR) -> str | None:
+    """The name of the evaluation set (EVALUATION_SETS) that `name_or_path` names or whose file it is, else None."""
+    if name_or_path in EVALUATION_SETS:
+        return str(name_or_path)
+    if name_or_path in BENCHMARKS or name_or_path in SPLITS or not Path(name_or_path).expanduser().is_file():
+        return None
+    path = Path(name_or_path).expanduser().resolve()
+    files = {"wwq-dev": [Path(folder) / BENCHMARKS["wwq-dev"][0] for folder in (data_dir, shared_dir)],
+             "wwq-dev-kg": [EVAL_KG_DIR / "questions.jsonl"], "wwq-dev-full": [EVAL_KG_FULL_DIR / "questions.jsonl"],
+             "demo": [defaults.DEMO_DIR / "questions.jsonl"]}
+    return next((name for name in EVALUATION_SETS if path in {f.resolve() for f in files[name] if f.exists()}), None)
 
 
 def held_out_source(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,

@@ -140,6 +140,17 @@ def test_qald10_dev_drops_the_questions_a_training_source_also_asks(qald, tmp_pa
         benchmarks.load_benchmark("qald10-dev")
 
 
+def test_training_never_reads_an_evaluation_set(tmp_path):
+    from grisp import samples
+    demo = benchmarks.defaults.DEMO_DIR / "questions.jsonl"
+    for name in ("demo", str(demo), "wwq-dev", "wwq-dev-kg", "wwq-dev-full"):
+        with pytest.raises(ValueError, match="is the evaluation set .* no training run may see"):
+            samples.load_records(name)
+    copy = tmp_path / "mine.jsonl"  # another file with the same questions is the user's own business
+    copy.write_text(demo.read_text())
+    assert benchmarks.evaluation_set(str(copy)) is None and samples.load_records(str(copy))
+
+
 def test_the_real_qald10_split_is_fixed():
     source = benchmarks.defaults.SHARED_DATA_DIR / benchmarks.HELD_OUT["qald10"][0]
     if not source.exists():
