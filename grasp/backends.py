@@ -81,7 +81,7 @@ def check_call(call_id: str, name: str, raw: str | dict, tools: list[dict]) -> T
     """A ToolCall for a received call, with `error` set if it does not fit any of `tools`."""
     raw = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
-    if name not in schemas:
+    if not isinstance(name, str) or name not in schemas:
         return ToolCall(call_id, str(name), {}, raw, f"there is no function {name!r}; the functions are "
                                                      f"{', '.join(schemas)}")
     try:
@@ -143,14 +143,16 @@ class OpenAIBackend:
                 raise BackendTimeout("no time left to ask the model (time limit reached)")
             try:
                 response = self.session.post(self.url, json=body, timeout=(min(10.0, timeout), timeout))
-            except requests.Timeout:
+            except requests.ReadTimeout:
                 raise BackendTimeout(f"the model server {self.url} did not answer within {timeout:.0f} s") from None
-            except requests.ConnectionError as e:
+            except (requests.ConnectionError, requests.ConnectTimeout) as e:  # ConnectTimeout: unreachable, retried
                 if attempt < self.retries:
                     time.sleep(0.5 * 2 ** attempt)
                     continue
                 raise BackendError(f"cannot reach the model server {self.url} ({type(e).__name__}); is it "
                                    f"running, and is base_url right?") from None
+            except requests.RequestException as e:  # e.g. the answer cut off mid-body
+                raise BackendError(f"a broken answer from the model server {self.url} ({type(e).__name__}: {e})") from None
             if (response.status_code >= 500 or response.status_code == 429) and attempt < self.retries:
                 time.sleep(0.5 * 2 ** attempt)
                 continue
@@ -169,7 +171,11 @@ class OpenAIBackend:
             raise BackendError(f"{self.url} answered, but not with a chat completion "
                                f"({type(e).__name__}: {e}): {response.text[:300]!r}") from None
         content, calls = message.get("content") or "", []
-        for n, call in enumerate(message.get("tool_calls") or []):
+        if isinstance(content, list):  # OpenAI's list of content parts
+            content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+        content = str(content)
+        tool_calls = message.get("tool_calls") or []
+        for n, call in enumerate(tool_calls if isinstance(tool_calls, list) else [tool_calls]):
             fn = call.get("function") if isinstance(call, dict) else None
             if not isinstance(fn, dict):
                 calls.append(ToolCall(f"call_{n}", "?", {}, str(call)[:200], "a tool call without a function"))

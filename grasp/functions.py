@@ -71,7 +71,10 @@ class KnowledgeGraph:
         if left <= 0:
             raise FunctionError("not run: the time limit is reached")
         self.client.timeout = (min(5.0, left), left)
-        return self.client.query(sparql)
+        try:
+            return self.client.query(sparql, deadline=deadline)
+        except UnicodeEncodeError as e:  # e.g. a lone surrogate escape (\ud83d) the model wrote
+            raise FunctionError(f"the query cannot be sent as UTF-8 ({e.reason} at character {e.start})") from None
 
     def item(self, iri: str):
         """The index's item for an IRI (any Wikidata property variant), or None."""

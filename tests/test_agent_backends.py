@@ -117,6 +117,23 @@ def test_qwen_calls_in_the_text_of_a_server_without_a_tool_parser(server):
     assert "is not {\"name\": ..., \"arguments\": ...} JSON" in calls[0].error
 
 
+def test_odd_answers_become_call_errors_or_backend_errors(server, monkeypatch):
+    _, calls = parse_qwen_calls('<tool_call>{"name": ["execute"], "arguments": {}}</tool_call>', TOOLS)
+    assert calls[0].error.startswith("there is no function ['execute']")  # a name that is not a string
+    odd = completion("")
+    odd["choices"][0]["message"] |= {"content": [{"type": "text", "text": "parts"}], "tool_calls": {"id": "x"}}
+    server["script"] = [(200, odd, 0)]
+    reply = OpenAIBackend(server["url"], "m").chat([{"role": "user", "content": "q?"}], TOOLS)
+    assert reply.content == "parts" and reply.tool_calls[0].error == "a tool call without a function"
+
+    def cut_off(*args, **kwargs):
+        raise __import__("requests").exceptions.ChunkedEncodingError("connection broken mid-body")
+    backend = OpenAIBackend(server["url"], "m", retries=0)
+    monkeypatch.setattr(backend.session, "post", cut_off)
+    with pytest.raises(BackendError, match="a broken answer from the model server"):
+        backend.chat([], [])
+
+
 def test_http_errors_retries_unreachable_and_timeouts(server):
     server["script"] = [(503, "busy", 0), (200, completion("ok"), 0)]
     assert OpenAIBackend(server["url"], "m").chat([], []).content == "ok"  # a 5xx is retried

@@ -2,6 +2,7 @@
 real oxigraph server and a prefix index built from it), know_before_use, result tables, bad arguments."""
 import json
 import random
+import time
 
 import pytest
 
@@ -177,3 +178,18 @@ def test_the_example_index_follows_its_source_file(tmp_path, capsys):
     source.write_text(json.dumps(pair | {"question": "who made pulp fiction?"}) + "\n")  # edited
     assert ExampleIndex.open(str(source), tmp_path / "ex", bag_of_words).examples[0]["question"] == "who made pulp fiction?"
     assert not (tmp_path / "ex.tmp").exists()
+
+
+def test_a_query_that_cannot_be_encoded_is_a_function_error_and_the_deadline_reaches_the_client(kg):
+    from grasp.functions import FunctionError
+    with pytest.raises(FunctionError, match="cannot be sent as UTF-8"):
+        kg.query('SELECT * WHERE { ?s ?p "\ud83d" }')
+    seen = {}
+
+    class Recording:
+        timeout = None
+
+        def query(self, sparql, deadline=None):
+            seen["deadline"] = deadline
+    KnowledgeGraph(kg.name, Recording(), kg.indices).query("ASK {}", deadline=time.monotonic() + 5)
+    assert seen["deadline"] is not None  # retries stop at the agent's time limit
