@@ -168,6 +168,20 @@ def test_an_adapter_changed_under_the_same_path_is_another_setting(bench, tmp_pa
                                 adapter=str(adapter), skeletons_from=str(tmp_path / "run")), pipeline=FakePipeline())
 
 
+def test_an_index_rebuilt_under_the_same_path_is_another_setting(bench, tmp_path, endpoint_url):
+    import build_index
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"id": "Q1", "label": "alpha", "count": 1}) + "\n")
+    build_index.build(tmp_path / "index", items=items, embed="none")
+    evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=1, index=tmp_path / "index"), pipeline=FakePipeline())
+    build_index.build(tmp_path / "index", items=items, embed="none")  # reused: the same index
+    evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=2, index=tmp_path / "index"), pipeline=FakePipeline())
+    items.write_text(json.dumps({"id": "Q1", "label": "alpha beta", "count": 1}) + "\n")
+    build_index.build(tmp_path / "index", items=items, embed="none")  # rebuilt from an edited file
+    with pytest.raises(ValueError, match="other settings \\(contents\\)"):
+        evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, index=tmp_path / "index"), pipeline=FakePipeline())
+
+
 def test_runs_of_another_kind_are_neither_resumed_nor_reused(bench, tmp_path, endpoint_url):
     evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=1), pipeline=FakePipeline())
     for kind in ({"system": "agent"}, {"skeleton_only": True}):

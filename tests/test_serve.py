@@ -130,7 +130,10 @@ def test_rerank_option_streams_reranked_candidates_with_none(server):
     messages = list(sse(stream(server(), QUESTION, options={"rerank": True})))
     answer = messages[-1]["answer"]
     placeholders = [e for e in answer["trace"] if e["event"] == "placeholder"]
-    assert placeholders and all(None in [iri for iri, _ in e["reranked"]] for e in placeholders if e["hits"])
+    searched = [e for e in placeholders if e["hits"]]
+    assert searched and all(None in [iri for iri, _ in e["reranked"]] for e in searched)
+    streamed = [m["event"] for m in messages if m["type"] == "trace" and m["event"]["event"] == "placeholder"]
+    assert any("reranked" in e for e in streamed)  # streamed as it happened, before the answer
     assert answer["options"]["rerank"] is True and answer["failure"] in (None, "dead_end")
 
 
