@@ -121,7 +121,8 @@ class Agent:
             self._call(r, messages, functions, "call_examples", name, args, deadline, emit)
 
         # --- model turns until answer / cancel, a turn without calls, or a limit
-        made, loops = {}, 0  # the calls run so far (name and arguments -> step), times the model only repeated them
+        made, loops = {}, 0  # the calls run so far (name and arguments -> step, and for a failed one the number of
+        # known IRIs then), and how many times the model only repeated them
         while True:
             if cancel is not None and cancel.is_set():
                 r.status = "cancelled"
@@ -149,8 +150,10 @@ class Agent:
                              **({"tool_calls": [c.message() for c in reply.tool_calls]} if reply.tool_calls else {})})
             # a call made before is not run again: its result is in the conversation already (GRASP's loop
             # check, widened from the turn before to the whole question: small models also cycle)
+            # (a call that failed counts as made until the known IRIs grow: know_before_use's fix is to look first)
             keys = [json.dumps([c.name, c.arguments], sort_keys=True) for c in reply.tool_calls]
-            repeats = {i: made[k] for i, (c, k) in enumerate(zip(reply.tool_calls, keys)) if not c.error and k in made}
+            repeats = {i: made[k][0] for i, (c, k) in enumerate(zip(reply.tool_calls, keys))
+                       if not c.error and k in made and made[k][1] in (None, len(r.known))}
             if reply.tool_calls and len(repeats) == len(reply.tool_calls):  # nothing new: a loop
                 loops += 1
                 emit("loop", step=r.steps, loops=loops, repeats=", ".join(f"step {s}" for s in repeats.values()))
@@ -175,8 +178,7 @@ class Agent:
                     continue
                 ends, failed = self._call(r, messages, functions, call.id, call.name, call.arguments, deadline, emit)
                 stop |= ends
-                if not failed:  # a failed call may be made again once its cause is fixed (e.g. an IRI verified)
-                    made.setdefault(keys[i], r.steps)
+                made[keys[i]] = (r.steps, len(r.known) if failed else None)
             if not stop:
                 continue
             if not (self.o.feedback and r.feedbacks < self.o.max_feedbacks) or \

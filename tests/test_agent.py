@@ -216,6 +216,10 @@ def test_a_call_refused_by_know_before_use_may_be_made_again_once_its_iris_are_s
     results = [e["result"] for e in r.trace if e["event"] == "call"]
     assert results[0].startswith("Error: The query uses IRIs") and "Quentin Tarantino" in results[3]
     assert r.status == "answer" and not [e for e in r.trace if e["event"] == "loop"]
+    # ... but repeating it with nothing new seen is a loop, as any repeat
+    agent, _ = agent_with(kg, [reply(execute)], max_loops=1, max_steps=10)
+    r = agent.run("Who directed Pulp Fiction?")
+    assert (r.status, r.steps, r.calls["execute"]) == ("loop", 3, 1)
 
 
 def test_the_loop_warning_is_neither_the_question_nor_a_new_start(kg):
