@@ -29,6 +29,7 @@ building needs the SPARQL client, the text encoder and the build-once bookkeepin
 """
 
 import argparse
+import hashlib
 import json
 import platform
 import re
@@ -206,7 +207,9 @@ def is_built(directory: Path, settings: dict, force: bool) -> bool:
 
 @contextmanager
 def new_part(directory: Path, settings: dict):
-    """Yield a temporary directory to build into; it becomes `directory` only when complete."""
+    """Yield a temporary directory to build into; it becomes `directory` only when complete. The index's
+    manifest is removed first: a build cut short leaves no index to load until every part agrees again."""
+    (directory.parents[1] / "manifest.json").unlink(missing_ok=True)  # directory = out/<kind>/<part>
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -241,11 +244,10 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
         source = items_source(Path(items))
     else:  # the KG behind a URL may change: its triple count tells an edited KG from the one indexed
         source = {"endpoint": endpoint, "schema": schema, "lang": lang, "triples": count_triples(endpoint)}
-    config = {"source": source, "out": str(out), "encoder": encoder, "embed": embed}
+    config = {"source": source, "out": str(out), "encoder": encoder, "embed": embed,
+              **({"items": str(Path(items).resolve())} if items else {})}
     print(json.dumps(config, indent=2))
     started = time.time()
-    # no manifest until every part agrees with `source` again: a build cut short leaves no index to load
-    (out / "manifest.json").unlink(missing_ok=True)
 
     # --- items: from the JSONL file (streamed, one pass per kind) or from the endpoint (paged, once)
     endpoint_items = None
@@ -257,7 +259,7 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
         else:
             endpoint_items = endpoint_items or items_from_endpoint(endpoint, schema, lang, page_size)
             kind_items = endpoint_items[kind]
-        with new_part(out / sub / "items", source) as tmp:
+        with new_part(out / sub / "items", source) as tmp:  # (new_part removes the manifest first)
             ItemStore.write(tmp, kind_items)
 
     # --- indices over the stored items: prefix for both kinds, embedding as chosen by `embed`
@@ -270,8 +272,9 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
                 PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
         settings = source | {"encoder": encoder}
         wanted = embed == "all" or (embed == "properties" and kind == "property")
-        if not wanted:  # one left by an earlier build would still be loaded (and used, for properties)
-            shutil.rmtree(out / sub / "embedding", ignore_errors=True)
+        stamp = out / sub / "embedding" / "build.json"
+        if not wanted and (out / sub / "embedding").exists() and not (stamp.exists() and json.loads(stamp.read_text()) == settings):
+            shutil.rmtree(out / sub / "embedding")  # of other items: it would still be loaded (and used, for properties)
         current = EmbeddingIndex.is_current(out / sub / "embedding")  # earlier (float32) vectors: rebuilt
         if wanted and not (current and is_built(out / sub / "embedding", settings, force)):
             from llm.encoder import load_encoder  # torch only when embedding
@@ -298,10 +301,13 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
 
 
 def items_source(items: Path) -> dict:
-    """What identifies an items file in build.json and the manifest: path, size and time stamp (an edited
-    file is read again)."""
-    stat = items.stat()
-    return {"items": str(items.resolve()), "bytes": stat.st_size, "mtime": stat.st_mtime}
+    """What identifies an items file in build.json and the manifest: its size and SHA-256 (an edited file is
+    read again; a copy elsewhere, as the data cache's of ../shared/data, is the same file)."""
+    digest = hashlib.sha256()
+    with open(items, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"items_sha256": digest.hexdigest(), "bytes": items.stat().st_size}
 
 
 def default_index_dir(data: str) -> Path:

@@ -520,9 +520,13 @@ class Indices:
                 embedding = EmbeddingIndex.load(directory / sub / "embedding", encoder)
                 self.methods[kind]["embedding"] = embedding
             sizes = {name: len(method.popularity) for name, method in self.methods[kind].items()}
-            if set(sizes.values()) != {len(self.stores[kind])}:  # parts of different builds: rows mean other items
-                raise ValueError(f"the {kind} parts of the index at {directory} disagree: {len(self.stores[kind])} "
-                                 f"items, {sizes} rows; rebuild it with build_index.py --force")
+            stamps = [directory / sub / part / "build.json" for part in ("items", "prefix", "embedding")]
+            sources = [json.loads(stamp.read_text()) for stamp in stamps if stamp.exists()]
+            other = any(any(built.get(k) != v for k, v in self.manifest["source"].items()) for built in sources)
+            if other or set(sizes.values()) != {len(self.stores[kind])}:  # parts of other builds: rows mean other items
+                raise ValueError(f"the {kind} parts of the index at {directory} disagree ({len(self.stores[kind])} "
+                                 f"items, {sizes} rows, built from the manifest's source: {not other}); rebuild it "
+                                 f"with build_index.py --force")
 
     def default_method(self, kind: str) -> str:
         """GRASP's defaults: prefix search for entities, embedding search for properties if built."""

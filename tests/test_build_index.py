@@ -2,6 +2,7 @@
 real oxigraph endpoints (Wikidata-style and generic RDF), reuse of finished parts, and clear errors for
 bad input."""
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -91,7 +92,9 @@ def test_build_from_items_jsonl_and_reuse(tmp_path):
     assert result.returncode == 0, result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"] == {"entity": 3, "property": 1}
-    assert manifest["source"]["items"] == str(items.resolve()) and "numpy" in manifest["versions"]
+    assert manifest["settings"]["items"] == str(items.resolve()) and "numpy" in manifest["versions"]
+    assert manifest["source"] == {"items_sha256": hashlib.sha256(items.read_bytes()).hexdigest(),
+                                  "bytes": items.stat().st_size}
 
     indices = load_indices(out)
     hits = indices.search("entity", "douglas", k=5)
@@ -143,13 +146,16 @@ def test_a_build_cut_short_leaves_no_index_and_mixed_parts_are_refused(tmp_path,
         load_indices(tmp_path / "index")
 
 
-def test_an_embedding_no_longer_asked_for_is_removed(tmp_path):
+def test_an_embedding_of_other_items_no_longer_asked_for_is_removed(tmp_path):
     items = tmp_path / "items.jsonl"
     items.write_text(json.dumps({"id": "P19", "label": "place of birth", "count": 3}) + "\n")
     assert run("--items", str(items), "--out", str(tmp_path / "index")).returncode == 0  # properties embedded
     assert load_indices(tmp_path / "index").default_method("property") == "embedding"
     assert run("--items", str(items), "--out", str(tmp_path / "index"), "--embed", "none").returncode == 0
-    assert not (tmp_path / "index" / "properties" / "embedding").exists()
+    assert (tmp_path / "index" / "properties" / "embedding").exists()  # of these items: kept (costly to redo)
+    items.write_text(json.dumps({"id": "P20", "label": "place of death", "count": 3}) + "\n")
+    assert run("--items", str(items), "--out", str(tmp_path / "index"), "--embed", "none").returncode == 0
+    assert not (tmp_path / "index" / "properties" / "embedding").exists()  # of other items: removed
     assert load_indices(tmp_path / "index").default_method("property") == "prefix"
 
 
@@ -165,6 +171,11 @@ def test_the_default_wikidata_index_follows_its_items_file(tmp_path, monkeypatch
     write_items(items, ["alpha", "beta", "gamma"])  # a newer items file
     assert len(open_index(None, "wwq").stores["entity"]) == 3
     assert "another items file" in capsys.readouterr().err
+    copy = tmp_path / "elsewhere.jsonl"  # the same file elsewhere (the data cache's copy of ../shared/data)
+    copy.write_bytes(items.read_bytes())
+    monkeypatch.setattr(build_index.benchmarks, "cached_file", lambda relative: copy)
+    open_index(None, "wwq")
+    assert "building" not in capsys.readouterr().err
 
 
 def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path, capsys):
