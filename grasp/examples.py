@@ -49,7 +49,12 @@ class ExampleIndex:
         lines = [json.dumps({"question": s["question"], "sparql": s["sparql"]}, ensure_ascii=False) for s in samples]
         (tmp / "examples.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         (tmp / "source.json").write_text(json.dumps({"sha256": examples_digest(samples)}))
-        shutil.rmtree(directory, ignore_errors=True)
+        if directory.exists():
+            if others := sorted({p.name for p in directory.iterdir()} - {"embedding", "examples.jsonl", "source.json"}):
+                shutil.rmtree(tmp)
+                raise FileExistsError(f"{directory} holds more than an example index ({', '.join(others)}); "
+                                      "give the example index a directory of its own")
+            shutil.rmtree(directory)
         tmp.rename(directory)
 
     @classmethod
@@ -58,7 +63,13 @@ class ExampleIndex:
         built from other examples (an edited file, another file of the same name) or made of float32
         encoder vectors."""
         directory = Path(directory).expanduser()
-        samples = benchmarks.load_training(source)  # never an evaluation set: FSE would hand out the gold queries
+        try:
+            samples = benchmarks.load_training(source)  # never an evaluation set: FSE would hand out the gold queries
+        except FileNotFoundError:
+            if not (directory / "examples.jsonl").exists():
+                raise
+            print(f"warning: {source} is not here; using the example index at {directory} as it is")
+            return cls(directory, encoder)
         stamp = directory / "source.json"
         same = stamp.exists() and json.loads(stamp.read_text()) == {"sha256": examples_digest(samples)}
         if not (same and EmbeddingIndex.is_current(directory / "embedding")):

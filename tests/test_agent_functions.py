@@ -178,6 +178,13 @@ def test_the_example_index_follows_its_source_file(tmp_path, capsys):
     source.write_text(json.dumps(pair | {"question": "who made pulp fiction?"}) + "\n")  # edited
     assert ExampleIndex.open(str(source), tmp_path / "ex", bag_of_words).examples[0]["question"] == "who made pulp fiction?"
     assert not (tmp_path / "ex.tmp").exists()
+    source.unlink()  # the source gone: the index as it is
+    assert ExampleIndex.open(str(source), tmp_path / "ex", bag_of_words).examples[0]["question"] == "who made pulp fiction?"
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "notes.txt").write_text("mine")  # a directory with other things in it is not replaced
+    with pytest.raises(FileExistsError, match="holds more than an example index"):
+        ExampleIndex.build([pair], tmp_path / "shared", bag_of_words)
+    assert (tmp_path / "shared" / "notes.txt").exists()
 
 
 def test_a_query_that_cannot_be_encoded_is_a_function_error_and_the_deadline_reaches_the_client(kg):
