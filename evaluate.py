@@ -463,8 +463,10 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
               "device": args.device, "cpu": cpu_name(), "limit": args.limit, "shapes": args.shapes,
               "out": str(out), "contents": contents(args),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
-    if system == "agent":
+    if system == "agent":  # its adapter is the agent config's, not --adapter
         config |= {"system": "agent", "agent": agent_settings}
+        config["contents"] |= {"adapter": contents(argparse.Namespace(adapter=agent_settings["model"]["adapter"],
+                                                                       index=args.index))["adapter"]}
     print(f"config: {json.dumps(config)}")
 
     # --- answer the questions not answered yet
