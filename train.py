@@ -289,8 +289,8 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--data", default="wwq", help="the training mixture (mixture.py): comma-separated sources, "
                                                      "each with an "
                        "optional weight = uses of each record per epoch (e.g. wwq,qald10,lcquad2:0.3); a source is "
-                       f"{', '.join(mixture.SOURCES)}, demo, a benchmarks.py name or a JSONL path; samples are made "
-                       "online, fresh per epoch; the QALD-10 hold-out (qald10-dev) is never among them")
+                       f"{', '.join(mixture.SOURCES)}, a benchmarks.py name or a JSONL path; samples are made "
+                       "online, fresh per epoch; no evaluation set (qald10-dev, wwq-dev, the demo ...) is ever among them")
     group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online "
                        "generation), or agent conversations from gen_agent_data.py")
     group.add_argument("--index", default=None, help="search index for online generation (default: demo index for "

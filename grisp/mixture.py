@@ -8,7 +8,7 @@ samples.py turns the records into samples.
     --data wwq,qald10,qald7,lcquad2,sq,spinach   # every source once per epoch
     --data wwq:1,lcquad2:0.3,qald7:2             # weights
 
-A source is a short name (SOURCES), a benchmarks.py name, "demo" or a JSONL path. Its weight w is how
+A source is a short name (SOURCES), a benchmarks.py name or a JSONL path (never an evaluation set). Its weight w is how
 often each of its usable records is used per epoch on average: the integer part is that many full
 passes, the fraction a fresh random subset of round(fraction x records) records per epoch, drawn from
 the seed (`epoch_records`). So `lcquad2:0.3` trains on a different 30% of LC-QuAD's records each

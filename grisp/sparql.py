@@ -16,8 +16,8 @@ PREFIXES table, compact / expand, the read-only check) lives in sparql_syntax.py
 Every failure is a `SparqlError`: `EndpointUnreachable`, `QueryTimeout`, `BadQuery` (4xx),
 `ServerError` (5xx after retries), `InvalidResponse` (invalid or truncated JSON, or a connection lost
 mid-answer; oxigraph reports a query cancelled by its timeout as HTTP 200 with truncated JSON),
-`ForbiddenQuery` (SERVICE or a SPARQL Update, refused before anything is sent; defined with the check
-in sparql_syntax.py). `ENDPOINT_FAULTS` are the endpoint's failures rather than the query's.
+`ForbiddenQuery` (SERVICE, a SPARQL Update or a skeleton placeholder, refused before anything is
+sent; defined with the check in sparql_syntax.py). `ENDPOINT_FAULTS` are the endpoint's failures rather than the query's.
 
 A `deadline` (time.monotonic() seconds) makes the time budget a hard limit: every request's connect
 and read timeouts are cut to the time left, and no retry waits past it. The read timeout bounds the
