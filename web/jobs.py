@@ -89,15 +89,15 @@ class Job:
             try:
                 message = await asyncio.wait_for(self.queue.get(), tick)
             except asyncio.TimeoutError:
-                if self.deadline is not None and time.monotonic() > self.deadline + GRACE:
-                    self.cancel("timeout")  # stuck between cancel points: stop waiting for it
-                    yield self.timeout_message()
-                    return
-                yield None
-                continue
-            yield message
-            if message["type"] in TERMINAL:
+                message = None
+            if message is not None and message["type"] in TERMINAL:
+                yield message
                 return
+            if self.deadline is not None and time.monotonic() > self.deadline + GRACE:
+                self.cancel("timeout")  # stuck between cancel points (or past them, talking): stop waiting for it
+                yield self.timeout_message()
+                return
+            yield message
 
 
 class Worker:
