@@ -12,8 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-120}                                   # worded training samples, as many plain beside them
 ARMS=${ARMS:-mention control}
-work=${WORK:-$HOME/.cache/grisp/mention}
-O=${O:-$HOME/.cache/grisp/eval/grisp-mix-0.5b-bfloat16}
+home=${GRISP_HOME:-$HOME/.cache/grisp}
+work=${WORK:-$home/mention}
+O=${O:-$home/eval/grisp-mix-0.5b-bfloat16}
 tag=$([ "$N" = 120 ] && echo "" || echo "-$((2 * N))")   # eval dirs: rerank-mention, rerank-mention-960
 mkdir -p "$work"
 for m in 0 1; do
@@ -27,7 +28,7 @@ for arm in $ARMS; do
 done
 for arm in $ARMS; do
   python evaluate.py --benchmark wwq-dev-full --endpoint http://127.0.0.1:7880/query \
-    --index ~/.cache/grisp/indices/wikidata-items --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
+    --index "$home/indices/wikidata-items" --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
     --no-retry --skeletons-from "$O/wwq-dev-full-none" --out "$O/wwq-dev-full-rerank-$arm$tag"
   python evaluate.py --benchmark demo --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
     --no-retry --skeletons-from "$O/demo-none" --out "$O/demo-rerank-$arm$tag"
