@@ -326,7 +326,7 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     class NeedingMore(Resolving):
         def skeleton_stream(self, question, trace):
             for skeleton in [(f"skeleton of {question}", -1.5), ("second", -2.0), ("third", -2.5)]:
-                time.sleep(0.1)
+                time.sleep(0.3)
                 yield skeleton
 
         def answer_from_skeletons(self, question, skeletons, trace=None):
@@ -340,7 +340,7 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     # its generation time: the recorded one's, plus the two past it (not the recorded one made again)
     timings = json.loads((tmp_path / "no-backtracking" / "predictions.jsonl").read_text().splitlines()[0])["timings"]
     recorded = json.loads((tmp_path / "full" / "predictions.jsonl").read_text().splitlines()[0])["timings"]["generate"]
-    assert 0.19 < timings["generate"] - recorded < 0.29, (timings, recorded)
+    assert 0.59 < timings["generate"] - recorded < 0.8, (timings, recorded)  # 0.9 if the recorded one counted
 
     # an earlier run whose search gave every beam (8) but kept one: there is no other to generate here
     class Exhausted(Generating):
