@@ -276,20 +276,19 @@ def absolute(path: str | Path) -> str:
     return str(path) if str(path).lower() == "none" else os.path.abspath(Path(path).expanduser())
 
 
-def contents(args: argparse.Namespace) -> dict:
+def contents(adapter, rerank_adapter, index) -> dict:
     """Digests of what the run's paths hold, so that a resumed run notices an adapter retrained or an index
     rebuilt under the same path: the adapters' files and the index parts' build stamps (None: none)."""
     def digest(files: list[Path]) -> str | None:
         files = [f for f in files if f.is_file()]
         return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16] if files else None
 
-    def adapter(path) -> str | None:
+    def adapter_digest(path) -> str | None:
         path = Path(str(path)).expanduser() if path and str(path).lower() != "none" else None
         return digest(sorted(path.glob("*.json")) + [path / "adapter_model.safetensors"]) if path else None
 
-    index = Path(args.index).expanduser()
-    return {"adapter": adapter(args.adapter), "rerank_adapter": adapter(getattr(args, "rerank_adapter", None)),
-            "index": digest(sorted(index.glob("*/*/build.json")))}
+    return {"adapter": adapter_digest(adapter), "rerank_adapter": adapter_digest(rerank_adapter),
+            "index": digest(sorted(Path(index).expanduser().glob("*/*/build.json")))}
 
 
 def read_predictions(path: Path) -> list[dict]:
@@ -359,7 +358,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "model_dir": absolute(args.model_dir), "adapter": absolute(args.adapter),
               "index": absolute(args.index), "device": args.device, "cpu": cpu_name(), "limit": args.limit,
-              "shapes": args.shapes, "out": str(out), "contents": contents(args)}
+              "shapes": args.shapes, "out": str(out), "contents": contents(args.adapter, None, args.index)}
     print(f"config: {json.dumps(config)}")
     predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples)
     if todo:
@@ -461,12 +460,12 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
               "adapter": absolute(args.adapter), "index": absolute(args.index), "endpoint": args.endpoint,
               "rerank_adapter": absolute(args.rerank_adapter) if getattr(args, "rerank_adapter", None) else None,
               "device": args.device, "cpu": cpu_name(), "limit": args.limit, "shapes": args.shapes,
-              "out": str(out), "contents": contents(args),
+              "out": str(out),
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
-    if system == "agent":  # its adapter is the agent config's, not --adapter
+    adapter = agent_settings["model"]["adapter"] if system == "agent" else args.adapter  # the agent config's own
+    config["contents"] = contents(adapter, getattr(args, "rerank_adapter", None), args.index)
+    if system == "agent":
         config |= {"system": "agent", "agent": agent_settings}
-        config["contents"] |= {"adapter": contents(argparse.Namespace(adapter=agent_settings["model"]["adapter"],
-                                                                       index=args.index))["adapter"]}
     print(f"config: {json.dumps(config)}")
 
     # --- answer the questions not answered yet
