@@ -28,14 +28,19 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     """(line number, record) for each non-blank line, read lazily (for files too large to hold twice);
     a line that is not JSON raises ValueError naming the file and the line."""
     with open(path, encoding="utf-8") as file:
-        for number, text in enumerate(file, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number} is not valid JSON ({error})") from None
-            yield number, record
+        yield from _parse(file, path)
+
+
+def _parse(lines: Iterable[str], path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, record) for each non-blank line of `path`'s `lines`; ValueError names file and line."""
+    for number, text in enumerate(lines, start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number} is not valid JSON ({error})") from None
+        yield number, record
 
 
 def read_jsonl(path: str | Path, appended: bool = False) -> list:
@@ -62,7 +67,7 @@ def read_finished(path: str | Path) -> list:
     path = Path(path)
     data = path.read_bytes() if path.exists() else b""
     complete = data[:data.rfind(b"\n") + 1].decode("utf-8")
-    return [json.loads(text) for text in complete.splitlines() if text.strip()]
+    return [record for _, record in _parse(complete.split("\n"), path)]  # not splitlines: U+2028 is JSON text
 
 
 def append_jsonl(file: TextIO, record: Any) -> None:

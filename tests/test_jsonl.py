@@ -111,3 +111,13 @@ def test_a_file_another_process_appends_to_is_read_without_touching_it(tmp_path)
     path.write_text('{"id": 1}\n{"id": 2}\n{"id": 3, "quest')  # its writer is half way through line 3
     assert read_finished(path) == [{"id": 1}, {"id": 2}]
     assert path.read_text().endswith('"quest')  # left for the writer to finish
+
+
+def test_a_record_holding_a_unicode_line_separator_stays_one_record(tmp_path):
+    path = tmp_path / "p.jsonl"  # json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 as they are
+    records = [{"label": "a\u2028b"}, {"label": "c\u0085d\u2029"}]
+    write_jsonl(path, records)
+    assert read_finished(path) == records == read_jsonl(path)
+    path.write_text('{"id": 1}\n{"id": 2, "bad\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"p.jsonl:2 is not valid JSON"):
+        read_finished(path)  # a complete but broken line is named like read_jsonl names it
