@@ -196,10 +196,15 @@ def items_from_endpoint(url: str, schema: str, lang: str, page_size: int) -> dic
 # ---------------------------------------------------------------------------- building parts
 
 
-def is_built(directory: Path, settings: dict, force: bool) -> bool:
-    """True if `directory` is a finished part built with `settings` (and not `force`)."""
+def built_with(directory: Path, settings: dict) -> bool:
+    """True if `directory` is a finished part built with `settings` (its build.json says so)."""
     stamp = directory / "build.json"
-    done = not force and stamp.exists() and json.loads(stamp.read_text()) == settings
+    return stamp.exists() and json.loads(stamp.read_text()) == settings
+
+
+def is_built(directory: Path, settings: dict, force: bool) -> bool:
+    """True if `directory` is a finished part built with `settings` (and not `force`): it is reused."""
+    done = not force and built_with(directory, settings)
     if done:
         print(f"reusing {directory}")
     return done
@@ -272,8 +277,7 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
                 PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
         settings = source | {"encoder": encoder}
         wanted = embed == "all" or (embed == "properties" and kind == "property")
-        stamp = out / sub / "embedding" / "build.json"
-        if not wanted and (out / sub / "embedding").exists() and not (stamp.exists() and json.loads(stamp.read_text()) == settings):
+        if not wanted and (out / sub / "embedding").exists() and not built_with(out / sub / "embedding", settings):
             shutil.rmtree(out / sub / "embedding")  # of other items: it would still be loaded (and used, for properties)
         current = EmbeddingIndex.is_current(out / sub / "embedding")  # earlier (float32) vectors: rebuilt
         if wanted and not (current and is_built(out / sub / "embedding", settings, force)):
