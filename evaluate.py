@@ -171,11 +171,20 @@ def summarize_trace(trace: list[dict], max_chars: int = 200) -> list[dict]:
 
 
 def execute(client: sparql.SparqlClient, query: str) -> tuple[sparql.Result | None, str | None]:
-    """(result, None) or (None, error text): a failing query is data here, not a crash."""
+    """(result, None) or (None, error text): a failing query is data here, not a crash. An endpoint that
+    no longer answers at all (after the client's retries) stops the run instead: every later question
+    would be recorded as done with its gold unscored or its answer lost; a resumed run redoes it."""
     try:
         return client.query(query), None
+    except sparql.EndpointUnreachable as error:
+        raise EndpointGone(f"the SPARQL endpoint stopped answering ({error}); start it again and rerun "
+                           f"the same command: the run resumes at this question") from None
     except sparql.SparqlError as error:
         return None, f"{type(error).__name__}: {error}"
+
+
+class EndpointGone(RuntimeError):
+    """The endpoint went away during a run (see execute)."""
 
 
 def answer_record(sample: dict, answer, seconds: float) -> dict:
@@ -418,7 +427,9 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     samples = select_questions(args)
     gold_by_id = {sample["id"]: sample["sparql"] for sample in samples}
     client = sparql.SparqlClient(args.endpoint, read_timeout_s=args.query_timeout)
-    if execute(sparql.SparqlClient(args.endpoint, retries=0), "ASK {}")[0] is None:
+    try:
+        sparql.SparqlClient(args.endpoint, retries=0).query("ASK {}")
+    except sparql.SparqlError:
         raise FileNotFoundError(f"the SPARQL endpoint {args.endpoint} does not answer; start it "
                                 f"(python endpoint.py start) or pass --endpoint")
     name = Path(args.benchmark).stem if args.benchmark.endswith(".jsonl") else args.benchmark
@@ -565,5 +576,5 @@ if __name__ == "__main__":
                              "replaced by --endpoint and --index; default $GRASP_CONFIG or built-in defaults")
     try:
         main(parser.parse_args())
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, EndpointGone) as error:
         sys.exit(f"error: {error}")

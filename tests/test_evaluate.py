@@ -593,3 +593,27 @@ def test_skeleton_only_bad_input_exits_with_a_message(skeleton_bench, tiny_index
     result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
                         "--model-dir", str(tmp_path / "no-model"), "--out", str(tmp_path / "run"))
     assert result.returncode != 0 and "get_model.py" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_endpoint_that_goes_away_stops_the_run_and_the_rerun_resumes(bench, tmp_path, endpoint_url, monkeypatch):
+    # before: every later question was recorded as done with its gold unscored (gold_failed) and never redone
+    real_query, gone = evaluate.sparql.SparqlClient.query, {"now": False}
+
+    def query(self, *args, **kwargs):
+        if gone["now"]:
+            raise evaluate.sparql.EndpointUnreachable("connection refused")
+        return real_query(self, *args, **kwargs)
+    monkeypatch.setattr(evaluate.sparql.SparqlClient, "query", query)
+
+    class Dying(FakePipeline):
+        def answer(self, question):
+            gone["now"] = len(self.asked) == 2  # the endpoint dies while the third question is answered
+            return super().answer(question)
+    with pytest.raises(evaluate.EndpointGone, match="rerun the same command"):
+        evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=Dying())
+    predictions = tmp_path / "run" / "predictions.jsonl"
+    assert [json.loads(line)["id"] for line in predictions.open()] == list(CASES)[:2]
+    gone["now"] = False  # started again: the same command resumes at the third question
+    second = FakePipeline()
+    check_handcrafted_summary(evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=second))
+    assert second.asked == [f"question {qid}?" for qid in list(CASES)[2:]]
