@@ -136,7 +136,7 @@ def print_skeletons(args: argparse.Namespace, adapter: str | None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
-    if not args.quiet:  # every beam with its verdict (kept, duplicate, does not parse, unfinished, merged, surplus)
+    if not args.quiet:  # every beam with its verdict (kept, duplicate, does not parse, refused, unfinished, merged, surplus)
         print(f"precision {generator.why_precision}")
         print("\n".join(describe(e) for e in trace) + f"\ntimings: generate {seconds:.2f}s\n")
     if args.json:

@@ -26,7 +26,7 @@ from grisp.options import GrispError, Options
 from grisp.prompts import skeleton_messages
 from grisp.rerank import ModelReranker
 from grisp.resolve import Resolver
-from grisp.skeleton import SEP, find_placeholders, merge_wordings, parses, wording_key
+from grisp.skeleton import SEP, find_placeholders, merge_wordings, parses, sendable, wording_key
 from grisp.sparql import Result, SparqlClient, Tally
 from grisp.sparql_syntax import with_prefixes
 from grisp.tracing import Listener, Stopwatch
@@ -155,7 +155,8 @@ class Grisp:
                                     generator=generator, ranking=o.beam_ranking, prompt_cache=self.skeleton_prompts):
             text = self.tokenizer.decode(h.tokens).strip()
             verdict = ("unfinished" if not h.finished else "duplicate" if text in seen  # SEP: merging's own mark
-                       else "does not parse" if SEP in text or not parses(text) else "kept")
+                       else "does not parse" if SEP in text or not parses(text)
+                       else "refused" if not sendable(text) else "kept")  # e.g. SERVICE: never sent
             seen.add(text)
             key = text
             if verdict == "kept" and merging:
@@ -205,9 +206,10 @@ class Grisp:
         takes at most num_skeletons x time_budget (one budget more with a retry); every endpoint query
         ends within its skeleton's budget (and by `deadline`, an optional overall cap), but for the final
         query's least wait (resolve.FINAL_QUERY_WAIT_S). Once the endpoint has failed every query of the
-        question, no further skeleton is tried. If no skeleton resolves, options.retry resolves the ones that
-        dead-ended (not those that timed out) once more with None's cut lifted (every hit in the re-ranked
-        order, all within one time budget; a "retry" trace event; ours, not the paper's)."""
+        question (by more than timeouts), no further skeleton is tried. If no skeleton resolves, options.retry
+        (with re-ranking on) resolves the ones that dead-ended (not those that timed out) once more with
+        None's cut lifted (every hit in the re-ranked order, all within one time budget; a "retry" trace
+        event; ours, not the paper's)."""
         if self.resolver is None:
             raise GrispError("this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
                              "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)")
@@ -224,7 +226,8 @@ class Grisp:
 
         failed = self._resolve_in_turn(question, numbered(skeletons), self.resolver, answer, deadline, listener)
         dead = [(number, skeleton) for number, skeleton, failure in failed if failure == "dead_end"]
-        if answer.sparql is None and dead and self.options.retry and self.resolver.reranker is not None:
+        reranking = self.options.rerank and self.resolver.reranker is not None  # else a retry repeats the first pass
+        if answer.sparql is None and dead and self.options.retry and reranking:
             answer.trace.append({"event": "retry", "skeletons": [n for n, _ in dead]})
             if listener is not None:
                 listener(answer.trace[-1])
@@ -256,7 +259,8 @@ class Grisp:
                 answer.verified = resolution.verified
                 return failed
             failed.append((number, skeleton, resolution.failure))
-            if resolution.failure == "endpoint_error" or (client.tally.faults and not client.tally.answered):
+            lost = any(name != "QueryTimeout" for name in client.tally.faults)  # a slow query is the query's
+            if resolution.failure == "endpoint_error" or (lost and not client.tally.answered):
                 return []  # the endpoint is lost or has answered nothing: another skeleton would fare no better
         return failed
 

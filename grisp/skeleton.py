@@ -28,8 +28,8 @@ from typing import Callable
 
 import pyoxigraph
 
-from grisp.sparql_syntax import (PREFIXES, Span, Token, compact, declared_prefixes, expand, is_keyword, rewrite,
-                           tokenize)
+from grisp.sparql_syntax import (PREFIXES, ForbiddenQuery, Span, Token, check_read_only, compact, declared_prefixes,
+                           expand, is_keyword, rewrite, tokenize)
 
 # property variants a placeholder hint may name (`(wdt)`); each is a PREFIXES namespace
 VARIANTS = ("wdt", "p", "ps", "pq", "psv", "pqv", "pr", "prv", "wdtn", "psn", "pqn", "prn", "wdno")
@@ -116,6 +116,17 @@ def parses(query: str) -> bool:
         return False
     except (OSError, RuntimeError):  # raised by evaluation, which only starts after a successful parse
         pass
+    return True
+
+
+def sendable(query: str) -> bool:
+    """True if the query, placeholders read as IRIs, passes the client's read-only check (no SERVICE,
+    no update): a skeleton that fails it could never be sent, however its placeholders resolve."""
+    tokens = tokenize(query)
+    try:
+        check_read_only(rewrite(query, [(t.start, t.end, DUMMY_IRI) for t in tokens if t.kind == "ph"]))
+    except ForbiddenQuery:
+        return False
     return True
 
 

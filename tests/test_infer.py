@@ -332,6 +332,70 @@ def test_skeleton_stream_keeps_distinct_skeletons_and_merges_rewordings(tiny_mod
                                              "does not parse", "does not parse", "unfinished"]
 
 
+def test_a_skeleton_the_client_would_refuse_is_not_resolved(tiny_model, monkeypatch):
+    """A SERVICE clause (the label service the base model knows, or a call to another endpoint) parses, but
+    every query made from it would be refused: such a skeleton used to be searched and backtracked to its end."""
+    beams = ["SELECT ?x ?l WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . "
+             "SERVICE wikibase:label { bd:serviceParam wikibase:language \"en\" } }",
+             "SELECT ?x WHERE { SERVICE <http://example.org/sparql> { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x } }",
+             "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x }"]
+
+    class Texts:
+        eos_ids = [0]
+        encode = staticmethod(lambda text: [1, 2, 3])
+        decode = staticmethod(lambda tokens: beams[tokens[0]])
+
+    def scripted_beams(model, prompt, eos_ids, **settings):
+        yield from (Hypothesis([i], -1.0 - i, True) for i in range(len(beams)))
+
+    monkeypatch.setattr("grisp.pipeline.beam_search_stream", scripted_beams)
+    generator = Grisp.generator(tiny_model, None, Options(num_skeletons=2))
+    generator.tokenizer = Texts()
+    trace = []
+    assert list(generator.skeleton_stream("who directed pulp fiction?", trace)) == [(beams[2], -3.0)]
+    assert [e["verdict"] for e in trace] == ["refused", "refused", "kept"]
+
+
+def test_a_slow_query_does_not_end_the_question(tiny_model, demo_index, demo_endpoint):
+    """A timeout is the query's, not the endpoint's: the next skeleton is still tried (it used to end the
+    question as "endpoint_error" when the timed-out query was the only one sent)."""
+    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(rerank=False))
+    tried = []
+
+    def resolve(question, skeleton, deadline, listener=None):
+        tried.append(skeleton)
+        if skeleton == "slow":
+            grisp.resolver.client.tally.sent += 1
+            grisp.resolver.client.tally.faults["QueryTimeout"] = 1
+            return Resolution(None, None, 0, "timeout")
+        grisp.resolver.client.tally.sent += 1
+        grisp.resolver.client.tally.answered += 1
+        return Resolution("SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x . }", None, 0, verified=True)
+
+    grisp.resolver.resolve = resolve
+    answer = grisp.answer_from_skeletons("q", ["slow", "fast"])
+    assert tried == ["slow", "fast"] and answer.sparql is not None and answer.failure is None
+
+
+def test_no_retry_when_a_request_switches_re_ranking_off(tiny_model, demo_index, demo_endpoint, monkeypatch):
+    """The retry lifts None's cut; without re-ranking there is no None, and a second pass would only
+    repeat the first (serve.py loads with re-ranking and switches it per request)."""
+    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(time_budget=2.0))
+    passes = []
+
+    def resolve(self, question, skeleton, deadline, listener=None):
+        passes.append(self.options.none_margin)
+        return Resolution(None, None, 0, "dead_end")
+
+    monkeypatch.setattr(Resolver, "resolve", resolve)
+    grisp.use_options(Options(time_budget=2.0, rerank=False))
+    answer = grisp.answer_from_skeletons("q", ["a", "b"])
+    assert passes == [0.0, 0.0] and [e["event"] for e in answer.trace].count("retry") == 0
+    grisp.use_options(Options(time_budget=2.0))
+    grisp.answer_from_skeletons("q", ["a"])
+    assert passes[2:] == [0.0, inf], "with re-ranking on, the retry runs"
+
+
 def test_skeleton_only_runs_without_index_or_endpoint(tiny_model, tmp_path):
     out = run_infer("who directed pulp fiction?", "--skeleton-only", "--model-dir", str(tiny_model), "--adapter", "none",
                     "--index", str(tmp_path / "no-index"), "--endpoint", "http://127.0.0.1:9/query",
