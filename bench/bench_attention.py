@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_matmul import seconds  # noqa: E402
+from bench.rotation import rotated  # noqa: E402
 from llm.cpu_speed import cpu_name  # noqa: E402
 from model import one_query_attention  # noqa: E402
 
@@ -47,7 +48,7 @@ def main(args: argparse.Namespace) -> None:
                 errors = [float((fn().double() - exact).abs().max()) for fn in (sdpa, ours)]
                 times = {sdpa: [], ours: []}
                 for r in range(args.rounds):
-                    for fn in ((sdpa, ours) if r % 2 == 0 else (ours, sdpa)):
+                    for fn in rotated((sdpa, ours), r):
                         times[fn].append(seconds(fn, args.repeats))
                 a, b = statistics.median(times[sdpa]), statistics.median(times[ours])
                 print(f"| {str(dtype).removeprefix('torch.')} | {batch} | {length} | {1e6 * a:.0f} | {1e6 * b:.0f} "

@@ -1,8 +1,13 @@
 """End to end: GRISP answering a benchmark (default the 53 demo questions), old code against new code.
 
 Both run `evaluate.py` of their own code (the old one from `git archive <rev>` into a scratch
-directory) on the same endpoint, index, adapter and questions, in chunks that alternate between the
-two (rotating who goes first) so that background load hits both alike; each chunk is a fresh process
+directory) on the same endpoint, index, adapter, precision and questions, in chunks that alternate
+between the two (rotating who goes first) so that background load hits both alike. The adapter
+(--adapter, default this tree's defaults.ADAPTER_DIR) and the precision (--precision, default float32)
+are passed to both explicitly, not left to each version's own default (they differ between versions);
+a side's own --old-flags / --new-flags come last and override them. Code whose evaluate.py has no
+--precision flag (before issue 17, e.g. 3c21e6d) runs float32 on a CPU; it can only be compared at
+float32. The header names the CPU and each side's adapter and precision. Each chunk is a fresh process
 (resumable evaluate runs), so the model is loaded once per chunk. Printed side by side: F1, the median
 and mean seconds per question, the mean seconds per stage (generate, search, constraint, rerank,
 validate, resolve; from each answer's timings), start-up seconds per process (wall time minus the
@@ -11,8 +16,7 @@ questions' own: imports, model and index load, scoring) and peak resident memory
     python endpoint.py start                                   # the demo knowledge graph
     python bench/bench_e2e.py                                  # old = 3c21e6d (before issue 17), new = this tree
     python bench/bench_e2e.py --old HEAD --new-flags="--precision int8"   # one lever: int8 vs float32
-    python bench/bench_e2e.py --old HEAD --old-flags="--precision float32" --new-flags="--precision auto"
-                                                               # the precision this CPU gets vs float32
+    python bench/bench_e2e.py --old HEAD --new-flags="--precision auto"   # the precision this CPU gets vs float32
     python bench/bench_e2e.py --limit 8 --chunks 2             # a quick look
 """
 import argparse
@@ -26,8 +30,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
+from bench.rotation import rotated  # noqa: E402
+from llm.cpu_speed import PRECISIONS, cpu_name, native_bf16, pick_precision  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_REV = "3c21e6d"  # main before the speed work of issue 17
@@ -52,13 +60,54 @@ def checkout(rev: str, scratch: Path) -> Path:
     return target
 
 
+def own_flags(flags: list[str]) -> argparse.Namespace:
+    """The --adapter and --precision among a side's own evaluate.py flags (None where not given)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--adapter")
+    parser.add_argument("--precision")
+    return parser.parse_known_args(flags)[0]
+
+
+def takes_precision(code: Path) -> bool:
+    """Does the evaluate.py of `code` have a --precision flag? (Its --help; 3c21e6d's has none.)"""
+    done = subprocess.run([sys.executable, "evaluate.py", "--help"], cwd=code, capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        sys.exit(f"error: python evaluate.py --help failed in {code}:\n{done.stderr[-2000:]}")
+    return "--precision" in done.stdout
+
+
+def side(name: str, code: Path, extra: str, args: argparse.Namespace) -> dict:
+    """One version's evaluate.py flags and what it runs: the shared --adapter and --precision first, its
+    own flags last (argparse keeps the last of a repeated flag, so they override)."""
+    extra_flags = shlex.split(extra)
+    own = own_flags(extra_flags)
+    flags = ["--adapter", args.adapter]
+    if own.precision is not None:
+        precision = f"{own.precision} (--{name}-flags)"
+    elif takes_precision(code):
+        flags += ["--precision", args.precision]
+        precision = args.precision
+    elif args.precision == "float32":
+        precision = "float32 (its evaluate.py has no --precision; it runs float32 on a CPU)"
+    else:
+        sys.exit(f"error: the {name} code's evaluate.py has no --precision flag (it runs float32 on a CPU); "
+                 f"compare at --precision float32")
+    return {"code": code, "flags": flags + extra_flags, "adapter": own.adapter or args.adapter,
+            "precision": precision, "extra": extra}
+
+
+def describe(name: str, version: dict, rev: str) -> str:
+    """A header line: which code, adapter and precision one side runs."""
+    return (f"{name} = {rev}: adapter {version['adapter']}, precision {version['precision']}"
+            + (f", own flags {version['extra']}" if version["extra"] else ""))
+
+
 def run_chunk(code: Path, out: Path, limit: int, flags: list[str], args: argparse.Namespace) -> dict:
     """One evaluate.py process over the first `limit` questions (it resumes `out`): wall seconds and
     peak RSS of the process."""
     cmd = [sys.executable, "evaluate.py", "--benchmark", args.benchmark, "--out", str(out), "--limit", str(limit),
            "--endpoint", args.endpoint, "--index", args.index, "--model-dir", args.model_dir, *flags]
-    if args.adapter:
-        cmd += ["--adapter", args.adapter]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     start = time.perf_counter()
     with open(out.parent / f"{out.name}.log", "a") as log:
@@ -77,18 +126,25 @@ def records(out: Path) -> list[dict]:
 def main(args: argparse.Namespace) -> None:
     scratch = Path(args.scratch).expanduser()
     scratch.mkdir(parents=True, exist_ok=True)
-    versions = {"old": (checkout(args.old, scratch), shlex.split(args.old_flags)),
-                "new": (REPO, shlex.split(args.new_flags))}
+    # absolute paths: each version runs in its own directory, and both must read the same files
+    args.model_dir, args.index = str(Path(args.model_dir).resolve()), str(Path(args.index).resolve())
+    if args.adapter.lower() != "none":
+        args.adapter = str(Path(args.adapter).expanduser().resolve())
+    # auto resolved here, once, so that both sides get the same explicit precision
+    args.precision, why_precision = pick_precision(args.precision, torch.device("cpu"))
+    versions = {"old": side("old", checkout(args.old, scratch), args.old_flags, args),
+                "new": side("new", REPO, args.new_flags, args)}
     n = args.limit or len([line for line in Path(benchmark_file(args)).read_text().splitlines() if line.strip()])
     run = Path(tempfile.mkdtemp(prefix="e2e-", dir=scratch))
-    print(f"old = {args.old} {args.old_flags}, new = working tree {args.new_flags}; {n} questions of "
-          f"{args.benchmark} in {args.chunks} chunks; runs in {run}", file=sys.stderr)
+    header = "\n".join([f"CPU {cpu_name()} (native bf16: {native_bf16()}), {args.threads} threads; "
+                        f"--precision {args.precision} ({why_precision})",
+                        describe("old", versions["old"], args.old), describe("new", versions["new"], "this tree")])
+    print(f"{header}\n{n} questions of {args.benchmark} in {args.chunks} chunks; runs in {run}", file=sys.stderr)
     processes = {name: [] for name in versions}
     bounds = [round(n * (i + 1) / args.chunks) for i in range(args.chunks)]
     for i, limit in enumerate(bounds):
-        order = list(versions) if i % 2 == 0 else list(reversed(versions))
-        for name in order:
-            code, flags = versions[name]
+        for name in rotated(versions, i):
+            code, flags = versions[name]["code"], versions[name]["flags"]
             before = {r["id"] for r in records(run / name)}
             stats = run_chunk(code, run / name, limit, flags, args)
             new = [r for r in records(run / name) if r["id"] not in before]
@@ -109,8 +165,7 @@ def main(args: argparse.Namespace) -> None:
             "start-up s / process (median)": statistics.median(p["startup"] for p in processes[name]),
             "peak RSS MB (max)": max(p["rss_mb"] for p in processes[name]),
         }
-    print(f"\n{n} questions of {args.benchmark}; old = {args.old} {args.old_flags}, new = this tree {args.new_flags}; "
-          f"{args.threads} threads")
+    print(f"\n{n} questions of {args.benchmark}\n{header}")
     print("| metric | old | new | new / old |\n|---|---|---|---|")
     for metric in rows["old"]:
         old, new = rows["old"][metric], rows["new"][metric]
@@ -140,7 +195,14 @@ if __name__ == "__main__":
     parser.add_argument("--endpoint", default=defaults.ENDPOINT_URL, help="SPARQL endpoint (python endpoint.py start)")
     parser.add_argument("--index", default=str(defaults.DEMO_INDEX_DIR), help="search index directory")
     parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory")
-    parser.add_argument("--adapter", default=None, help="LoRA adapter directory (default: each version's own default)")
+    parser.add_argument("--adapter", default=str(defaults.ADAPTER_DIR),
+                        help="LoRA adapter directory (or 'none') given to both versions (this tree's default "
+                             "adapter unless set; the versions' own defaults differ); --old-flags / --new-flags "
+                             "may override it per side")
+    parser.add_argument("--precision", default="float32", choices=list(PRECISIONS),
+                        help="evaluate.py --precision given to both versions: float32 by default (the one every "
+                             "version runs); auto is resolved here once, for this CPU; --old-flags / --new-flags "
+                             "may override it per side")
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of both")
     parser.add_argument("--scratch", default=str(defaults.GRISP_HOME / "bench"), help="old code and run directories")
     main(parser.parse_args())

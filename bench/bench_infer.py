@@ -3,12 +3,15 @@
 1. beam: 8 beams x N new tokens (sampling, temperature 0.4, top-p 0.9) after the skeleton prompt of a
    demo question, no end-of-turn (both run exactly N steps): generate.beam_search on model.py (after
    cpu_speed.prepare_for_inference, and with plain nn.Linear) against transformers' `generate(num_beams=8,
-   do_sample=True, temperature=0.4, top_p=0.9)` on the same weights. Round-robin, median over rounds.
+   do_sample=True, temperature=0.4, top_p=0.9)` on the same weights. Round-robin (each round starts one
+   further along), median over rounds.
 2. rerank: the re-ranking calls of oracle-skeleton resolutions of the demo questions, replayed with the
-   prefix cache and without it (one full forward per prompt, the reference), alternating; prompt
-   tokens, tokens run, time per call, and how far the scores differ.
+   prefix cache and without it (one full forward per prompt, the reference), alternating who goes
+   first; prompt tokens, tokens run, time per call, and how far the scores differ.
 3. e2e: per-question timings (generate, search, constraint, rerank, validate, total) with oracle (gold)
    skeletons and with generated skeletons.
+`--precision` (default float32) sets the weights of every model: GRISP's, the plain model.py one and
+transformers'; the header names it and the CPU.
 
     python bench/bench_infer.py --adapter none
     python bench/bench_infer.py --adapter none --parts beam --rounds 5 --new-tokens 60
@@ -25,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
+from bench.rotation import rotated  # noqa: E402
 from grisp.generate import beam_search  # noqa: E402
 from grisp.options import Options  # noqa: E402
 from grisp.pipeline import Grisp, GrispError  # noqa: E402
@@ -33,6 +37,7 @@ from grisp.rerank import ModelReranker  # noqa: E402
 from grisp.skeleton import skeletonize  # noqa: E402
 from grisp.sparql import SparqlError  # noqa: E402
 from jsonl import read_jsonl  # noqa: E402
+from llm.cpu_speed import cpu_name, native_bf16, pick_precision  # noqa: E402
 from llm.tokenizer import chat_prompt  # noqa: E402
 from model import Transformer  # noqa: E402
 
@@ -65,8 +70,9 @@ def bench_beam(grisp: Grisp, args: argparse.Namespace, question: str) -> None:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     prompt = grisp.tokenizer.encode(chat_prompt(skeleton_messages(question)))
-    plain = Transformer.from_pretrained(args.model_dir)  # nn.Linear everywhere: isolates the search itself
-    hf = Qwen2ForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).eval()
+    dtype = getattr(torch, args.precision)  # GRISP's model was loaded in it too (main)
+    plain = Transformer.from_pretrained(args.model_dir, dtype)  # nn.Linear everywhere: isolates the search itself
+    hf = Qwen2ForCausalLM.from_pretrained(args.model_dir, dtype=dtype).eval()
     W, N = args.num_beams, args.new_tokens
 
     def ours(model, steps):
@@ -86,10 +92,10 @@ def bench_beam(grisp: Grisp, args: argparse.Namespace, question: str) -> None:
         for run in warmups:
             run()
         times = {name: [] for name in impls}
-        for _ in range(args.rounds):
-            for name, run in impls.items():
+        for r in range(args.rounds):
+            for name in rotated(impls, r):
                 start = time.perf_counter()
-                run()
+                impls[name]()
                 times[name].append(time.perf_counter() - start)
     reference = times["transformers generate"]
     print(f"\n## beam search: {W} beams x {N} new tokens after a {len(prompt)}-token prompt, {args.rounds} rounds "
@@ -116,8 +122,8 @@ def bench_rerank(grisp: Grisp, args: argparse.Namespace, questions: list[dict]) 
         return
 
     per_call, scores, counts = {True: [], False: []}, {}, {}
-    for _ in range(args.rounds):
-        for prefix_cache in (False, True):
+    for r in range(args.rounds):
+        for prefix_cache in rotated((False, True), r):
             reranker = ModelReranker(grisp.model, grisp.tokenizer, prefix_cache=prefix_cache, prompt_format=grisp.prompt_format)
             start = time.perf_counter()
             scores[prefix_cache] = [reranker(*call) for call in calls]
@@ -166,7 +172,9 @@ def main(args: argparse.Namespace) -> int:
     # --- setup
     torch.set_num_threads(args.threads)
     adapter = None if args.adapter.lower() == "none" else args.adapter
-    options = Options(max_new_tokens=args.max_new_tokens, time_budget=args.time_budget)
+    # auto resolved once, so that every model gets the same explicit precision
+    args.precision, why_precision = pick_precision(args.precision, torch.device("cpu"))
+    options = Options(max_new_tokens=args.max_new_tokens, time_budget=args.time_budget, precision=args.precision)
     try:
         grisp = Grisp(args.model_dir, adapter, args.index, args.endpoint, options, "cpu")
     except (GrispError, SparqlError) as e:
@@ -174,6 +182,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     questions = read_jsonl(args.questions_file)[:args.questions]
     print(f"config: {json.dumps(vars(args))}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"CPU {cpu_name()} (native bf16: {native_bf16()}); every model in {args.precision} ({why_precision})")
 
     # --- the parts, cheapest first
     if "rerank" in args.parts:
@@ -203,5 +212,9 @@ if __name__ == "__main__":
     parser.add_argument("--new-tokens", type=int, default=60, help="new tokens per beam in the beam part")
     parser.add_argument("--max-new-tokens", type=int, default=160, help="skeleton length limit in the e2e part")
     parser.add_argument("--time-budget", type=float, default=60.0, help="seconds per question in the e2e part")
+    parser.add_argument("--precision", default="float32", choices=["float32", "bfloat16", "auto"],
+                        help="weights of every model (GRISP's, the plain model.py one, transformers'); auto = "
+                             "what infer.py runs on this CPU (bfloat16 with native bf16, else float32), resolved "
+                             "once for all")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     sys.exit(main(parser.parse_args()))

@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
+from bench.rotation import rotated  # noqa: E402
 from llm import cpu_speed  # noqa: E402
 
 IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (float32: split matmuls for few rows; bf16: plain)",
@@ -36,12 +37,19 @@ IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (float32: split ma
          "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)"}
 
 
+def runs_in(impl: str, precision: str) -> str:
+    """What `impl` computes in under `--precision precision`: ours-int8 and ours-autocast keep float32
+    weights whatever it says (see load)."""
+    return {"ours-int8": "float32 weights, dynamic int8 matmuls",
+            "ours-autocast": "float32 weights under bfloat16 autocast"}.get(impl, precision)
+
+
 def load(impl: str, model_dir: Path, room: int, dtype: torch.dtype):
     """The model (weights in `dtype`) and a `step(ids, cache) -> (next_ids [B, 1], cache)` closure for
     greedy decoding; our cache is allocated for the prompt plus `room` new tokens, as generation does."""
     if impl == "transformers":
         from transformers import DynamicCache, Qwen2ForCausalLM
-        model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=dtype).eval()
+        model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
 
         def step(ids, cache):
             cache = DynamicCache() if cache is None else cache
@@ -132,6 +140,8 @@ def main(args: argparse.Namespace) -> None:
     print(f"model {args.model_dir}, CPU {cpu_speed.cpu_name()} (native bf16: {cpu_speed.native_bf16()}), "
           f"{args.threads} threads, {args.precision} ({why}), {args.repeats} rounds, "
           f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens")
+    print("precision per implementation: "
+          + "; ".join(f"{impl} {runs_in(impl, args.precision)}" for impl in args.impls))
     def measure(impl: str, precision: str, agreement: int) -> dict:  # one worker process
         cmd = [sys.executable, __file__, "--worker", impl, "--model-dir", args.model_dir,
                "--threads", str(args.threads), "--prefill-len", str(args.prefill_len),
@@ -144,7 +154,7 @@ def main(args: argparse.Namespace) -> None:
 
     results: dict[str, list[dict]] = {impl: [] for impl in args.impls}
     for r in range(args.repeats):  # alternate implementations, rotating the order, so that background
-        for impl in args.impls[r % len(args.impls):] + args.impls[:r % len(args.impls)]:  # load hits all alike
+        for impl in rotated(args.impls, r):  # load hits all alike
             results[impl].append(measure(impl, args.precision, args.agreement if r == 0 else 0))
             print(f"round {r + 1} {impl}: { {k: v for k, v in results[impl][-1].items() if k != 'tokens'} }",
                   file=sys.stderr)

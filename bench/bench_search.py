@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's modules
+from bench.rotation import rotated  # noqa: E402
 from search import PrefixIndex  # noqa: E402
 
 # ---------------------------------------------------------------------------- data
@@ -165,6 +166,8 @@ def timed(function, *args) -> tuple[float, list]:
 def main(args: argparse.Namespace) -> None:
     from search_index import PrefixIndex as RustPrefixIndex
 
+    from llm.cpu_speed import cpu_name  # here, not at the top: it imports torch, the spawned children need not
+
     work = Path(tempfile.mkdtemp(prefix="bench_search_", dir=args.work_dir))
     tsv = work / "data.tsv"
     load_start = os.getloadavg()[0]
@@ -173,7 +176,7 @@ def main(args: argparse.Namespace) -> None:
     queries = make_queries(names, args.queries, args.seed)
     print(
         f"synthetic set: {sum(map(len, names)):,} names of {len(names):,} items, {vocab:,} distinct "
-        f"words; {len(queries)} queries, k=10, {args.rounds} rounds; data in {work}"
+        f"words; {len(queries)} queries, k=10, {args.rounds} rounds; CPU {cpu_name()}; data in {work}"
     )
 
     # --- build and memory, each in a fresh process
@@ -199,7 +202,7 @@ def main(args: argparse.Namespace) -> None:
     for r in range(args.rounds):
         times = {key: [] for key in rounds}
         for i, q in enumerate(queries):
-            for impl in (["ours", "rust"] if i % 2 == 0 else ["rust", "ours"]):
+            for impl in rotated(["ours", "rust"], i):
                 ms, results[impl, q] = timed(run[impl], q)
                 times[impl].append(ms)
                 times[impl + "_sub"].append(timed(run_sub[impl], q)[0])

@@ -4,7 +4,8 @@ running every conversation whole, on the same model, LoRA and batch.
 A batch of `--batch` conversations from a gen_agent_data.py file (the first ones of similar length),
 all sharing the system instruction and tool definitions; one round = loss.backward_batch on it (forward
 + backward, no optimiser step), once with the shared start and once without (loss.MIN_SHARED_PREFIX
-raised above every start). The rounds alternate so that load from other processes hits both alike;
+raised above every start). The rounds alternate which goes first so that load from other processes
+hits both alike;
 the table shows the median seconds per batch and the ratio whole / shared (> 1: the shared start is
 faster). The gradients of the two are checked to agree first.
 
@@ -22,8 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 import lora  # noqa: E402
+from bench.rotation import rotated  # noqa: E402
 from grisp import loss  # noqa: E402
 from jsonl import read_jsonl  # noqa: E402
+from llm.cpu_speed import cpu_name  # noqa: E402
 from llm.tokenizer import Tokenizer  # noqa: E402
 from model import Transformer  # noqa: E402
 
@@ -43,7 +46,8 @@ def main(args):
     model.train()
     start = loss.shared_start(batch)
     total = sum(loss.units(s, "reference") for s in batch)
-    print(f"{len(batch)} conversations of {[len(s['ids']) for s in batch]} tokens; shared start {start} tokens")
+    print(f"{len(batch)} conversations of {[len(s['ids']) for s in batch]} tokens; shared start {start} tokens; "
+          f"CPU {cpu_name()}, {args.threads} threads, float32")
     if not start:
         sys.exit("error: these conversations share no start long enough to run once")
     min_shared = loss.MIN_SHARED_PREFIX
@@ -62,8 +66,8 @@ def main(args):
     worst = max(float((a - b).abs().max()) for a, b in zip(shared_grads, whole_grads))
     print(f"largest gradient difference, shared vs whole: {worst:.2e}")
     times = {True: [], False: []}
-    for _ in range(args.rounds):
-        for shared in (True, False):
+    for r in range(args.rounds):
+        for shared in rotated((True, False), r):
             times[shared].append(run(shared)[0])
     shared_s, whole_s = statistics.median(times[True]), statistics.median(times[False])
     print("| run | s per batch (median of %d) |" % args.rounds)

@@ -4,11 +4,12 @@ One optimiser step = a batch of `--batch` sequences in micro-batches of `--micro
 `--prompt-len` prompt tokens and `--answer-len` answer tokens (the skeleton task: loss on the answer
 tokens), forward + backward + AdamW. Ours computes logits only at the answer positions (loss.py);
 the reference is the standard transformers recipe, `model(input_ids, labels=labels)` with -100 on the
-prompt, on a `peft.get_peft_model` with the same LoraConfig. Each precision of `--precisions` is a row
-for each implementation: float32, or bfloat16 as train.py trains on a CPU with native bf16 (bf16 base
-weights under `torch.autocast`, LoRA weights and AdamW float32). All models live in this process and
-the rounds alternate (ours, reference, ours, ...) so that load from other processes hits all alike;
-the table shows median training tokens/s and the ratio to the last row (> 1: faster than it).
+prompt, on a `peft.get_peft_model` with the same LoraConfig. Each row of `--rows` is an
+implementation:precision pair; the precision is float32, or bfloat16 as train.py trains on a CPU with
+native bf16 (bf16 base weights under `torch.autocast`, LoRA weights and AdamW float32). All models live
+in this process and each round times every row, starting one row further along each round (a, b, c;
+b, c, a; ...), so that load from other processes hits all alike; the table shows median training
+tokens/s and the ratio to the last row (> 1: faster than it).
 
     python bench/bench_train.py                       # ours float32 and bf16, transformers + peft bf16; all 24 blocks
     python bench/bench_train.py --lora-layers 8       # LoRA on the last 8 blocks
@@ -28,6 +29,7 @@ ROWS = ("ours:float32", "ours:bfloat16", "transformers+peft:bfloat16")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 import lora  # noqa: E402
+from bench.rotation import rotated  # noqa: E402
 from llm.cpu_speed import cpu_name, native_bf16  # noqa: E402
 from model import Transformer  # noqa: E402
 
@@ -113,7 +115,8 @@ def main(args: argparse.Namespace) -> None:
     for name, (model, step, optimizer, _, dtype) in impls.items():  # warm-up step, not timed
         time_step(model, step, batch, optimizer, dtype)
     for round_ in range(args.repeats):
-        for name, (model, step, optimizer, _, dtype) in impls.items():
+        for name in rotated(impls, round_):
+            model, step, optimizer, _, dtype = impls[name]
             times[name].append(time_step(model, step, batch, optimizer, dtype))
             print(f"  round {round_ + 1}: {name} {times[name][-1]:.2f} s/step", flush=True)
 

@@ -16,6 +16,7 @@ import defaults  # noqa: E402
 from grisp import peft_format  # noqa: E402
 from grisp.prompts import skeleton_messages  # noqa: E402
 from jsonl import read_jsonl  # noqa: E402
+from llm.cpu_speed import cpu_name  # noqa: E402
 from llm.tokenizer import Tokenizer, chat_prompt  # noqa: E402
 from model import Transformer  # noqa: E402
 
@@ -38,6 +39,7 @@ def answer_logprobs(model_dir: Path, adapter: Path, tokenizer: Tokenizer, sample
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     samples = read_jsonl(args.questions)[: args.limit]
+    print(f"CPU {cpu_name()}, {args.threads} threads, float32")
     tokenizer = Tokenizer(args.model_dir)
     source = answer_logprobs(args.model_dir, args.source, tokenizer, samples)
     other = answer_logprobs(args.model_dir, args.other, tokenizer, samples)

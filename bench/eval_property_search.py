@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's modules
 import defaults  # noqa: E402
 from jsonl import iter_jsonl  # noqa: E402
+from llm.cpu_speed import cpu_name  # noqa: E402
 from llm.encoder import MINILM, load_encoder  # noqa: E402
 from search import EmbeddingIndex, PrefixIndex, normalize  # noqa: E402
 
@@ -120,7 +121,8 @@ def main(args: argparse.Namespace) -> None:
     popularity = np.zeros(len(names), dtype=np.float32)  # no popularity: the text match alone
     n_names = sum(map(len, names))
     print(
-        f"{len(names)} properties, {n_names} indexed names, {len(queries)} held-out alias queries"
+        f"{len(names)} properties, {n_names} indexed names, {len(queries)} held-out alias queries; "
+        f"CPU {cpu_name()}, {args.threads} threads"
     )
 
     # --- the indices: keywords, and embeddings of every name by each encoder

@@ -19,6 +19,7 @@ from grisp import peft_format  # noqa: E402
 from grisp.prompts import to_alternative  # noqa: E402
 from grisp.rerank import ModelReranker  # noqa: E402
 from grisp.sparql_syntax import PREFIXES  # noqa: E402
+from llm.cpu_speed import cpu_name  # noqa: E402
 from llm.tokenizer import Tokenizer  # noqa: E402
 from model import Transformer  # noqa: E402
 from search import load_indices  # noqa: E402
@@ -46,6 +47,7 @@ def scores_by_length(adapter: str, model_dir: Path, index_dir: Path) -> list[lis
 
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
+    print(f"CPU {cpu_name()}, {args.threads} threads, float32")
     results = {adapter: scores_by_length(adapter, Path(args.model_dir), Path(args.index)) for adapter in args.adapters}
     for number, (question, _) in enumerate(CASES):
         print(f"\n{question}\nright answer (wdt:P57) minus None, by list length; > 0: the re-ranker keeps it")

@@ -1,0 +1,64 @@
+"""Tests for the bench scripts' argument handling and round order (no model, no timing)."""
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import bench_e2e, bench_model  # noqa: E402
+from bench.rotation import rotated  # noqa: E402
+from llm.cpu_speed import SplitLinear  # noqa: E402
+
+
+def test_rotated_puts_each_first_equally_often():
+    assert [rotated("abc", r) for r in range(4)] == [list("abc"), list("bca"), list("cab"), list("abc")]
+    assert rotated({"x": 1, "y": 2}, 1) == ["y", "x"]  # a dict: its keys
+    assert rotated([], 3) == []
+
+
+def e2e_args(**changes) -> argparse.Namespace:
+    return argparse.Namespace(**{"adapter": "/a/grisp-mix-0.5b", "precision": "float32", **changes})
+
+
+def test_e2e_gives_both_sides_the_shared_adapter_and_precision(monkeypatch):
+    monkeypatch.setattr(bench_e2e, "takes_precision", lambda code: True)
+    version = bench_e2e.side("new", Path("/code"), "", e2e_args())
+    assert version["flags"] == ["--adapter", "/a/grisp-mix-0.5b", "--precision", "float32"]
+    assert (version["adapter"], version["precision"]) == ("/a/grisp-mix-0.5b", "float32")
+
+
+def test_e2e_side_flags_come_last_and_show_in_the_header(monkeypatch):
+    monkeypatch.setattr(bench_e2e, "takes_precision", lambda code: True)
+    version = bench_e2e.side("new", Path("/code"), "--precision int8 --adapter=/b", e2e_args())
+    # the side's own precision replaces the shared one; its adapter follows the shared one, and evaluate.py's
+    # argparse keeps the last
+    assert version["flags"] == ["--adapter", "/a/grisp-mix-0.5b", "--precision", "int8", "--adapter=/b"]
+    assert version["adapter"] == "/b" and version["precision"].startswith("int8")
+    assert "adapter /b, precision int8" in bench_e2e.describe("new", version, "this tree")
+
+
+def test_e2e_code_without_a_precision_flag_runs_float32_only(monkeypatch):
+    monkeypatch.setattr(bench_e2e, "takes_precision", lambda code: False)
+    version = bench_e2e.side("old", Path("/old"), "", e2e_args())
+    assert version["flags"] == ["--adapter", "/a/grisp-mix-0.5b"] and version["precision"].startswith("float32")
+    with pytest.raises(SystemExit, match="no --precision flag"):
+        bench_e2e.side("old", Path("/old"), "", e2e_args(precision="bfloat16"))
+
+
+def test_bench_model_names_the_precision_of_every_implementation():
+    assert bench_model.runs_in("ours", "bfloat16") == "bfloat16"
+    assert bench_model.runs_in("transformers", "bfloat16") == "bfloat16"
+    assert bench_model.runs_in("ours-int8", "bfloat16").startswith("float32 weights")
+    assert bench_model.runs_in("ours-autocast", "float32").startswith("float32 weights")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_bench_matmul_times_split_linear_on_both_paths(bias):
+    from bench.bench_matmul import random_linear
+    linear = random_linear(8, 6, bias)
+    x = torch.randn(5, 6)
+    split = SplitLinear(linear, 2, max_rows=5)  # as bench_matmul makes it: the split path at these rows
+    assert (split.bias is not None) == bias
+    torch.testing.assert_close(split(x), linear(x))
