@@ -132,10 +132,12 @@ def shape(sparql: str) -> str:
     ask: an ASK query. aggregate: COUNT, SUM, AVG, MIN, MAX, GROUP_CONCAT, SAMPLE, GROUP BY or HAVING.
     filter/order: FILTER (also FILTER [NOT] EXISTS) or ORDER BY. qualifier: a property through a
     statement node (p:, ps:, pq:, pr: ... variants). other: UNION, OPTIONAL, MINUS, GRAPH, SERVICE, a
-    subquery, no triple pattern, or a WHERE group the triple reader does not handle. two-hop: two or more
-    triple patterns chained through a variable (the object of one is the subject of another; also a
-    sequence path `p1/p2`). intersection: two or more triple patterns, not chained (they share a
-    variable). one triple: exactly one triple pattern."""
+    subquery, no triple pattern, or a WHERE group the triple reader does not handle. two-hop: an
+    intermediate variable, one that is not selected and links two or more triple patterns ("where was
+    the director of X born?"), or a sequence path of two full steps (`p1/p2`; `wdt:P31/wdt:P279*`, a
+    step and a closure, is one hop: a type); under SELECT *, a variable that is the object of one
+    pattern and the subject of another. intersection: two or more triple patterns that meet only in
+    selected variables (a typed one-hop question is one). one triple: exactly one triple pattern."""
     tokens = tokenize(sparql)
     words = Counter(t.text.upper() for t in tokens if t.kind == "word")
     prefixes = {**PREFIXES, **declared_prefixes(tokens)}
@@ -156,13 +158,34 @@ def shape(sparql: str) -> str:
         return "other"
     if not triples:
         return "other"
-    subjects = {tokens[s[0]].text for s, _, _ in triples if s[1] - s[0] == 1 and tokens[s[0]].kind == "var"}
-    chained = any(o[1] - o[0] == 1 and tokens[o[0]].kind == "var" and tokens[o[0]].text in subjects
-                  and tokens[o[0]].text != tokens[s[0]].text for s, _, o in triples)
-    sequence = any(tokens[j].text == "/" for _, (a, b), _ in triples for j in range(a, b))
-    if chained or sequence:
+    if _intermediate_variable(tokens, brace, triples) or any(_full_steps(tokens, verb) > 1 for _, verb, _ in triples):
         return "two-hop"
     return "intersection" if len(triples) > 1 else "one triple"
+
+
+def _intermediate_variable(tokens, brace: int, triples) -> bool:
+    """Does a variable that the query does not select link two triple patterns (as subject or object)?"""
+    def variable(span):
+        return tokens[span[0]].text if span[1] - span[0] == 1 and tokens[span[0]].kind == "var" else None
+    head = tokens[:brace]  # SELECT ... up to the WHERE group
+    if any(t.text == "*" for t in head):  # everything is selected: a chain is an object that is a subject
+        subjects = {variable(s) for s, _, _ in triples} - {None}
+        return any(variable(o) in subjects and variable(o) != variable(s) for s, _, o in triples)
+    selected = {t.text for t in head if t.kind == "var"}
+    uses = Counter(v for s, _, o in triples for v in {variable(s), variable(o)} - {None})
+    return any(n > 1 and v not in selected for v, n in uses.items())
+
+
+def _full_steps(tokens, verb) -> int:
+    """The steps of a property path `p1/p2*/...` that are not closures (`*`): one for a plain property."""
+    a, b = verb
+    steps = [[]]
+    for j in range(a, b):
+        if tokens[j].text == "/":
+            steps.append([])
+        else:
+            steps[-1].append(tokens[j].text)
+    return sum(1 for step in steps if step and step[-1] != "*")
 
 
 def _variant(token, prefixes: dict[str, str]) -> str | None:

@@ -81,7 +81,15 @@ def test_label_match_needs_a_label_or_alias_of_each_gold_item():
     ("SELECT ?x WHERE { wd:Q1 wdt:P57 ?y . ?y wdt:P19 ?x . }", "two-hop"),
     ("SELECT ?x WHERE { ?x wdt:P144 ?y . ?y wdt:P50 wd:Q1 . }", "two-hop"),
     ("SELECT ?x WHERE { ?y wdt:P57 wd:Q1 ; wdt:P161 ?x . ?x wdt:P27 wd:Q145 . }", "two-hop"),  # three hops
-    ("SELECT ?x WHERE { wd:Q1 wdt:P31/wdt:P279* ?x }", "two-hop"),  # a sequence path
+    ("SELECT ?x WHERE { wd:Q1 wdt:P40/wdt:P40 ?x }", "two-hop"),  # a sequence path of two steps
+    ("SELECT ?x WHERE { ?x wdt:P31/wdt:P279* wd:Q5 }", "one triple"),  # a type through subclasses: one hop
+    ("SELECT ?x WHERE { wd:Q1 wdt:P50 ?x . ?x wdt:P31/wdt:P279* wd:Q5 . }", "intersection"),  # a typed one-hop
+    # which way a pattern points does not make a chain: both meet only in the selected ?x
+    ("SELECT ?x WHERE { wd:Q79 wdt:P47 ?x . ?x wdt:P31 wd:Q6256 }", "intersection"),
+    ("SELECT ?x WHERE { ?x wdt:P47 wd:Q79 . ?x wdt:P31 wd:Q6256 }", "intersection"),
+    ("SELECT DISTINCT ?x WHERE { ?y wdt:P50 wd:Q1 . ?y wdt:P136 ?x }", "two-hop"),  # ?y links, unselected
+    ("SELECT * WHERE { wd:Q1 wdt:P57 ?y . ?y wdt:P19 ?x }", "two-hop"),
+    ("SELECT * WHERE { ?x wdt:P161 wd:Q1 ; wdt:P161 wd:Q2 . }", "intersection"),
     ("SELECT ?x WHERE { ?x wdt:P161 wd:Q1 ; wdt:P161 wd:Q2 . }", "intersection"),
     ("SELECT ?x WHERE { ?x wdt:P19 wd:Q1 . ?x wdt:P106 ?y . }", "intersection"),
     ("SELECT ?x WHERE { wd:Q1 p:P161 ?s . ?s ps:P161 ?x ; pq:P453 wd:Q2 . }", "qualifier"),
