@@ -13,6 +13,7 @@ pid file (`server.json`) and log (`server.log`).
     python endpoint.py status                      # python endpoint.py stop
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import defaults
 from grisp.sparql import SparqlClient, SparqlError
-from jsonl import write_atomic
+from jsonl import write_atomic, write_json
 
 RDF_SUFFIXES = (".ttl", ".nt", ".nq", ".trig", ".rdf", ".xml", ".owl", ".n3", ".jsonld")
 
@@ -74,7 +75,7 @@ def load_store(files: list[Path], store_dir: Path) -> bool:
     """Load `files` into `store_dir/db` unless its stamp matches; returns True if it (re)loaded."""
     check_data(files)
     stamp, stamp_path, db = data_stamp(files), store_dir / "stamp.json", store_dir / "db"
-    if db.is_dir() and stamp_path.exists() and json.loads(stamp_path.read_text()) == stamp:
+    if db.is_dir() and _read_stamp(stamp_path) == stamp:
         return False
     # load into a fresh directory first, so a failed load never leaves a half store behind
     tmp = store_dir / "db.loading"
@@ -89,8 +90,16 @@ def load_store(files: list[Path], store_dir: Path) -> bool:
     stamp_path.unlink(missing_ok=True)
     shutil.rmtree(db, ignore_errors=True)
     tmp.rename(db)
-    stamp_path.write_text(json.dumps(stamp, indent=1))
+    write_json(stamp_path, stamp)  # atomic: a cut-off stamp would make every later start fail
     return True
+
+
+def _read_stamp(path: Path) -> dict | None:
+    """The stamp a finished load wrote, or None (none yet, or unreadable: the store is loaded again)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 def _alive(pid: int) -> bool:
@@ -191,13 +200,18 @@ def stop(store_dir: Path) -> bool:
     info = _server_info(store_dir)
     if info is None:
         return False
-    os.kill(info["pid"], signal.SIGTERM)
+    try:
+        os.kill(info["pid"], signal.SIGTERM)
+    except ProcessLookupError:  # it exited on its own after _server_info looked
+        (store_dir / "server.json").unlink(missing_ok=True)
+        return False
     for _ in range(50):
         if not _alive(info["pid"]):
             break
         time.sleep(0.1)
     else:
-        os.kill(info["pid"], signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may end between the last check and the kill
+            os.kill(info["pid"], signal.SIGKILL)
         for _ in range(50):  # until the port is free again
             if not _alive(info["pid"]):
                 break

@@ -105,6 +105,20 @@ def test_a_broken_server_record_counts_as_no_server(tmp_path, text):
     assert not (tmp_path / "server.json").exists()
 
 
+def test_a_cut_off_stamp_means_load_again(tmp_path):
+    kg, store = tmp_path / "kg.ttl", tmp_path / "store"
+    kg.write_text(KG)
+    assert endpoint.load_store([kg], store) is True
+    (store / "stamp.json").write_text('{"files": [')  # a load killed while writing its stamp (before: crashed every start)
+    assert endpoint.load_store([kg], store) is True and endpoint.load_store([kg], store) is False
+
+
+def test_a_server_that_exits_just_before_stop_is_no_error(tmp_path, monkeypatch):
+    (tmp_path / "server.json").write_text('{"pid": 12, "url": "http://127.0.0.1:1/query"}')
+    monkeypatch.setattr(endpoint, "_server_info", lambda store: {"pid": 2 ** 22 + 12345, "url": "x"})  # no such pid
+    assert endpoint.stop(tmp_path) is False and not (tmp_path / "server.json").exists()
+
+
 def run_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "endpoint.py"), *args],
                           capture_output=True, text=True, cwd=REPO)
