@@ -25,7 +25,6 @@ Tests: python -m pytest tests/test_peft_format.py (a checkpoint's conversion: te
 """
 import argparse
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from grisp import checkpoint
+from jsonl import write_atomic, write_json
 from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from llm.cpu_speed import prepare_for_inference
 from lora import (candidate_names, inject_lora, is_target, layer_index, load_lora_state_dict, lora_layers,
@@ -122,14 +122,7 @@ def save_adapter(model: nn.Module, out_dir: str | Path, base_model_name_or_path:
     _check_float(dtype)
     config = _adapter_config(model, base_model_name_or_path)
     tensors = {_peft_key(n): p.detach().cpu() for n, p in lora_state_dict(model).items()}
-    out_dir = _write_adapter(out_dir, tensors, config, dtype)
-    if prompt_format is not None:
-        _write_prompt_format(out_dir, prompt_format)
-    return out_dir
-
-
-def _write_prompt_format(out_dir: Path, prompt_format: str) -> None:
-    (out_dir / GRISP_CONFIG_NAME).write_text(json.dumps({"prompt_format": prompt_format}, indent=2) + "\n")
+    return _write_adapter(out_dir, tensors, config, dtype, prompt_format)
 
 
 def read_prompt_format(adapter_dir: str | Path | None) -> str:
@@ -155,13 +148,20 @@ def _check_float(dtype: torch.dtype | None) -> None:
 
 
 def _write_adapter(out_dir: str | Path, tensors: dict[str, torch.Tensor], config: dict,
-                   dtype: torch.dtype | None) -> Path:
-    """The two files of a PEFT adapter directory: weights (under PEFT's keys, cast to dtype) and config."""
+                   dtype: torch.dtype | None, prompt_format: str | None) -> Path:
+    """The files of an adapter directory: weights (under PEFT's keys, cast to dtype) and config (PEFT's),
+    and grisp_config.json with the prompt format, if known (an older one is removed, not left to mislead).
+    Each file is written atomically: a run killed mid-save (best/ is rewritten at every better
+    validation) leaves the old file or the new one, never half of one."""
     tensors = {key: t.to(dtype or t.dtype).contiguous() for key, t in tensors.items()}
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, out_dir / WEIGHTS_NAME, metadata={"format": "pt"})
-    (out_dir / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
+    write_atomic(out_dir / WEIGHTS_NAME, lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
+    write_json(out_dir / CONFIG_NAME, config)
+    if prompt_format is None:
+        (out_dir / GRISP_CONFIG_NAME).unlink(missing_ok=True)
+    else:
+        write_json(out_dir / GRISP_CONFIG_NAME, {"prompt_format": prompt_format})
     return out_dir
 
 
@@ -258,12 +258,9 @@ def convert_adapter(src_dir: str | Path, out_dir: str | Path, dtype: torch.dtype
         config, tensors, prompt_format = read_adapter_config(src_dir), load_file(src_dir / WEIGHTS_NAME), None
     if base_model_name_or_path is not None:
         config["base_model_name_or_path"] = base_model_name_or_path
-    out_dir = _write_adapter(out_dir, tensors, config, dtype)
-    if prompt_format is not None:
-        _write_prompt_format(out_dir, prompt_format)
-    elif (src_dir / GRISP_CONFIG_NAME).is_file():  # the prompt format travels with the weights
-        shutil.copyfile(src_dir / GRISP_CONFIG_NAME, out_dir / GRISP_CONFIG_NAME)
-    return out_dir
+    if prompt_format is None and (src_dir / GRISP_CONFIG_NAME).is_file():  # it travels with the weights
+        prompt_format = read_prompt_format(src_dir)
+    return _write_adapter(out_dir, tensors, config, dtype, prompt_format)
 
 
 def _checkpoint_adapter(path: Path) -> tuple[dict, dict[str, torch.Tensor], str]:

@@ -241,6 +241,24 @@ def test_prompt_format_is_saved_beside_the_adapter_and_travels_with_convert(mode
         peft_format.read_prompt_format(tmp_path / "new")
 
 
+def test_saving_over_an_adapter_replaces_every_file_and_a_failed_save_keeps_the_old_one(model_dir, tmp_path, monkeypatch):
+    model = host_model(model_dir)
+    lora.inject_lora(model, r=4, alpha=8, layers=[1])
+    peft_format.save_adapter(model, tmp_path / "a", prompt_format="v2")
+    peft_format.save_adapter(model, tmp_path / "a")  # no prompt format now: the old file must not speak for it
+    assert peft_format.read_prompt_format(tmp_path / "a") == "v1"
+    before = (tmp_path / "a" / peft_format.WEIGHTS_NAME).read_bytes()
+
+    def killed(tensors, filename, metadata=None):  # a save cut off half way (a kill, a full disk)
+        open(filename, "wb").write(b"\0" * 10)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(peft_format, "save_file", killed)
+    with pytest.raises(KeyboardInterrupt):
+        peft_format.save_adapter(model, tmp_path / "a")
+    assert (tmp_path / "a" / peft_format.WEIGHTS_NAME).read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [peft_format.CONFIG_NAME, peft_format.WEIGHTS_NAME]
+
+
 def test_the_committed_adapters_name_their_prompt_formats():
     assert peft_format.read_prompt_format(defaults.REPO_DIR / "adapters" / "grisp-wwq-0.5b") == "v1"  # the baseline
     assert peft_format.read_prompt_format(defaults.ADAPTER_DIR) == "v2"  # the default adapter
