@@ -65,6 +65,18 @@ def save(run_dir: Path, model, optimizer, state: dict, config: dict, rank: int, 
     return final
 
 
+def latest(run_dir: Path) -> Path | None:
+    """The checkpoint the file `latest` names, or None. A save at the same step cut off between its two
+    renames left that checkpoint as <name>.old: it is put back."""
+    pointer = run_dir / "latest"
+    if not pointer.exists():
+        return None
+    path = run_dir / pointer.read_text()
+    if not path.exists() and path.with_suffix(".old").is_dir():
+        path.with_suffix(".old").rename(path)
+    return path
+
+
 def read_lora(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """A checkpoint's LoRA rank and alpha (named as in an adapter config: r, lora_alpha) and weights."""
     config = json.loads((path / "config.json").read_text())

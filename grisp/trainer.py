@@ -124,8 +124,7 @@ def resume(run: Run, config: dict, model, optimizer) -> tuple[TrainState, str]:
     """The latest checkpoint's state, with LoRA weights, optimiser and RNG states restored, or, where the
     portable copy (--portable-dir) is further on or the only one, that copy's (see continue_portable); exits
     if a setting outside RESUMABLE_CHANGES differs from the saved one, or the samples do (data_sha256)."""
-    latest = run.run_dir / "latest"
-    local = run.run_dir / latest.read_text() if latest.exists() else None
+    local = checkpoint.latest(run.run_dir)
     where = portable_copy(run.args)
     portable = where if where and (where / "state.json").is_file() else None
     if local is None and portable is None:

@@ -667,3 +667,11 @@ def test_first_epoch_continues_the_sample_stream_and_keeps_the_validation_split(
     with pytest.raises(SystemExit, match="--first-epoch must be at least 0"):
         train.check_args(train.make_parser().parse_args(
             flags + ["--first-epoch", "-1", "--epochs", "1", "--micro-batch-size", "1"]), world=1)
+
+
+def test_latest_puts_back_a_checkpoint_a_cut_off_resave_left_as_old(tmp_path):
+    assert checkpoint.latest(tmp_path) is None
+    (tmp_path / "checkpoint-0000007.old").mkdir()  # a re-save at step 7 killed between its two renames
+    (tmp_path / "latest").write_text("checkpoint-0000007")
+    assert checkpoint.latest(tmp_path) == tmp_path / "checkpoint-0000007"  # resume found nothing there before
+    assert (tmp_path / "checkpoint-0000007").is_dir() and not (tmp_path / "checkpoint-0000007.old").exists()
