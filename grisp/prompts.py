@@ -124,15 +124,22 @@ def rerank_messages(
 
     `marked_query` is the query with earlier placeholders resolved, the current one written
     `<rep>label</rep>` and later ones still `<iri>label</iri>`; `resolved` are the items resolved so far
-    (shown by v2 only). Returns the messages and the identifiers in order; the last identifier stands
-    for "None of the above".
+    (shown by v2 only). Returns the messages and the identifier of each alternative, in the order of
+    `alternatives` (shown grouped by kind when both kinds are there, letters running down the list as
+    shown), then the identifier of "None of the above".
     """
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"unknown prompt format {prompt_format!r}; known: {', '.join(PROMPT_FORMATS)}")
     if len(alternatives) + 1 > len(IDENTIFIERS):
         raise ValueError(f"at most {len(IDENTIFIERS) - 1} alternatives, got {len(alternatives)}")
-    identifiers = list(IDENTIFIERS[: len(alternatives) + 1])
-    lines = [format_alternative(i, alt, show_infos, prompt_format) for i, alt in zip(identifiers, alternatives)]
+    kinds = [alt.kind for alt in alternatives]
+    grouped = prompt_format != "v1" and len(set(kinds)) > 1  # both kinds (a placeholder of unknown position)
+    # letters run down the list as shown: by kind (in order of first appearance) when grouped
+    kind_order = list(dict.fromkeys(kinds))
+    shown = sorted(range(len(alternatives)), key=lambda i: kind_order.index(kinds[i])) if grouped else range(len(alternatives))
+    letter = dict(zip(shown, IDENTIFIERS))
+    identifiers = [letter[i] for i in range(len(alternatives))] + [IDENTIFIERS[len(alternatives)]]
+    lines = [format_alternative(letter[i], alt, show_infos, prompt_format) for i, alt in enumerate(alternatives)]
     none_line = f"{identifiers[-1]}. {NONE_TEXT}"
     if prompt_format == "v1":
         user = (f"Question: {question.strip()}\n"
@@ -142,8 +149,7 @@ def rerank_messages(
         parts = [f"Question:\n{question.strip()}", f"SPARQL:\n{marked_query}"]
         if resolved:
             parts.append(format_resolved(list(resolved)))
-        kinds = [alt.kind for alt in alternatives]
-        if len(set(kinds)) > 1:  # both kinds (a placeholder of unknown position): one group each
+        if grouped:  # one group per kind
             parts += [f"{kind.capitalize()} alternatives:\n" + "\n".join(l for l, k in zip(lines, kinds) if k == kind)
                       for kind in dict.fromkeys(kinds)]
         else:

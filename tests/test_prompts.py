@@ -62,6 +62,21 @@ def test_v2_drops_only_the_description_and_groups_both_kinds():
         "D. None of the above")
 
 
+def test_grouped_kinds_keep_their_letters_in_the_order_shown():
+    """Alternatives in score order may mix kinds (after a backtrack): the letters must still run A, B, C down
+    the grouped list, and each alternative keep its own letter (they ran A, C / B before)."""
+    messages, identifiers = rerank_messages("q", QUERY, [FILM, DIRECTOR, GENRE], show_infos=False)
+    assert identifiers == ["A", "C", "B", "D"]  # FILM, DIRECTOR, GENRE, None
+    assert user(messages).endswith(
+        "Entity alternatives:\n"
+        'A. Pulp Fiction (wd:Q104123), also known as "Pulp fiction", "PF", "a3", "a4", "a5"\n'
+        "B. pulp fiction (wd:Q351718)\n\n"
+        "Property alternatives:\n"
+        'C. director (wdt:P57), also known as "directed by"\n\n'
+        "D. None of the above")
+    assert rerank_messages("q", QUERY, [FILM, DIRECTOR, GENRE], prompt_format="v1")[1] == ["A", "B", "C", "D"]
+
+
 def test_unknown_format_is_refused():
     with pytest.raises(ValueError, match="unknown prompt format 'v9'"):
         rerank_messages("q", QUERY, [FILM], prompt_format="v9")
