@@ -114,7 +114,7 @@ class SumRanking:
     def min_keep(self, eos_ids: list[int]) -> int:  # tokens a top-p set keeps at least
         return 1
 
-    def logprobs(self, logits: torch.Tensor, scaled: torch.Tensor | None, rows, tokens) -> torch.Tensor:
+    def logprobs(self, logits: torch.Tensor, scaled: torch.Tensor | None, rows, tokens, temperature: float) -> torch.Tensor:
         """The log-probabilities a beam's score adds up: the raw ones, whatever was sampled."""
         return torch.log_softmax(logits.float(), dim=-1)
 
@@ -128,8 +128,9 @@ class SumRanking:
 class LengthNormalisedRanking:
     """ranking="length-normalised" (Hugging Face's beam search and beam sampling, what the reference
     decodes with; length_penalty 1.0, early_stopping False): a beam's score is the sum of the *processed*
-    log-probabilities (sampled: the temperature-scaled distribution cut to its top-p set of at least
-    len(eos_ids) + 1 tokens, renormalised); each step looks at max(2, 1 + len(eos_ids)) x W continuations
+    log-probabilities (sampled: as Hugging Face's logits processors leave them, log_softmax(logits) /
+    temperature, -inf outside the top-p set of at least len(eos_ids) + 1 tokens, not renormalised); each
+    step looks at max(2, 1 + len(eos_ids)) x W continuations
     (sampled: drawn from softmax(score) over all W x V without replacement); a hypothesis scores
     score / (generated tokens, the end-of-turn id included), and at the last step the cut-off beams are
     ranked with the finished ones. A longer hypothesis can still overtake, so nothing is final early."""
@@ -141,11 +142,12 @@ class LengthNormalisedRanking:
     def min_keep(self, eos_ids: list[int]) -> int:
         return len(eos_ids) + 1
 
-    def logprobs(self, logits: torch.Tensor, scaled: torch.Tensor | None, rows, tokens) -> torch.Tensor:
+    def logprobs(self, logits: torch.Tensor, scaled: torch.Tensor | None, rows, tokens, temperature: float) -> torch.Tensor:
+        processed = torch.log_softmax(logits.float(), dim=-1)
         if scaled is None:  # not sampled: nothing processed
-            return torch.log_softmax(logits.float(), dim=-1)
-        kept = torch.full_like(scaled, float("-inf")).index_put((rows, tokens), scaled[rows, tokens])
-        return torch.log_softmax(kept, dim=-1)
+            return processed
+        processed = processed / temperature
+        return torch.full_like(processed, float("-inf")).index_put((rows, tokens), processed[rows, tokens])
 
     def sampling_temperature(self, temperature: float) -> float:  # the scores are already scaled
         return 1.0
@@ -222,7 +224,7 @@ def beam_search_stream(
         if sample:  # each beam's top-p set of its temperature-scaled distribution
             scaled = torch.log_softmax(logits.float() / temperature, dim=-1)  # [W, V]
             rows, tokens = top_p_tokens(scaled, top_p, min_keep=rule.min_keep(eos_ids))
-        scores = beam_scores[:, None] + rule.logprobs(logits, scaled, rows, tokens)  # [W, V] each continuation's
+        scores = beam_scores[:, None] + rule.logprobs(logits, scaled, rows, tokens, temperature)  # [W, V] each continuation's
         V = scores.shape[1]
         if sample:
             allowed = rows * V + tokens  # [M] flat indices into scores

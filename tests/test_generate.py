@@ -165,17 +165,20 @@ def test_length_normalised_beam_search_equals_transformers(model, eos, width, ma
 
 
 def processed_score(model, prompt, tokens, temperature, top_p, min_keep):
-    """Sum of the processed log-probabilities (temperature, top-p with min_keep, renormalised) of
-    `tokens`, from one full forward pass; -inf if a token is outside its top-p set."""
+    """Sum of the log-probabilities of `tokens` as transformers' beam sampling processes them (log_softmax,
+    then its own temperature and top-p warpers, no renormalisation), from one full forward pass; -inf if
+    a token is outside its top-p set."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
     ids = torch.tensor([prompt + tokens])
     with torch.no_grad():
-        scaled = torch.log_softmax(model(ids)[0].float() / temperature, dim=-1)  # [T, V]
+        logprobs = torch.log_softmax(model(ids)[0].float(), dim=-1)  # [T, V]
+    warpers = [TemperatureLogitsWarper(temperature), TopPLogitsWarper(top_p, min_tokens_to_keep=min_keep)]
     total = 0.0
     for i, token in enumerate(tokens):
-        row = scaled[len(prompt) - 1 + i]
-        kept = full_sort_top_p_mask(row[None], top_p)[0]
-        kept[row.topk(min_keep).indices] = True
-        total += float(torch.log_softmax(row.masked_fill(~kept, float("-inf")), dim=-1)[token])
+        row = logprobs[len(prompt) - 1 + i][None]
+        for warp in warpers:
+            row = warp(ids[:, : len(prompt) + i], row)
+        total += float(row[0, token])
     return total
 
 
