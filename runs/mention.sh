@@ -4,7 +4,12 @@
 # the entity by the question's words (--mention) and once on the same samples in their plain form (the
 # control); then each re-ranks the shipped adapter's own skeletons (--rerank-adapter, --skeletons-from)
 # on wwq-dev-full and the demo, under None's cut alone (--no-retry: what the re-rankers' None does).
-# Needs the full-system runs of both (PRECISION=bfloat16 bash runs/results.sh demo wwq-dev-full).
+# Needs, in $O, the full system (-none) and w/o re-ranking (-no-rerank) runs of both benchmarks, which
+# the -ablations groups of runs/results.sh make (with their other ablation rows):
+#   PRECISION=bfloat16 bash runs/results.sh demo-ablations wwq-dev-full-ablations
+# docs/results-mention.md compares with full systems under None's cut alone: for its tables give that
+# command OUT=$O EVALUATE_FLAGS=--no-retry and this one the same O, another directory than the default
+# (e.g. O=~/.cache/grisp/eval/grisp-mix-0.5b-bfloat16-no-retry).
 # About 35 min of training and 25 of evaluation on 2 cores.
 #
 # N=480 WORK=~/.cache/grisp/mention2 ARMS=mention bash runs/mention.sh   # the longer run: 120 steps, no control
