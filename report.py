@@ -172,10 +172,10 @@ def skeletons_table(run_dirs: list[Path]) -> list[str]:
 
 
 def outcome(record: dict) -> str:
-    """The record's failure kind, "correct", or "not scored" (its gold query failed or returned nothing)."""
-    if record.get("failure"):
-        return record["failure"]
-    return "correct" if record.get("f1") is not None else "not scored"
+    """"not scored" (its gold query failed or returned nothing), else the record's failure kind or "correct"."""
+    if record.get("f1") is None:
+        return "not scored"
+    return record.get("failure") or "correct"
 
 
 def query_line(record: dict) -> str | None:
@@ -184,9 +184,17 @@ def query_line(record: dict) -> str | None:
     return sparql and " ".join(l for l in sparql.splitlines() if not l.upper().startswith("PREFIX"))
 
 
+def first_per_id(records: list[dict]) -> dict[str, dict]:
+    """id -> its first record: a question answered twice counts once, as evaluate.py counts it."""
+    first = {}
+    for record in records:
+        first.setdefault(record["id"], record)
+    return first
+
+
 def compare(run_a: Path, run_b: Path, show: int) -> list[str]:
     """Question by question: how the outcomes moved from run A to run B, then the first `show` that changed."""
-    a, b = ({r["id"]: r for r in read_jsonl(d / "predictions.jsonl")} for d in (run_a, run_b))
+    a, b = (first_per_id(read_jsonl(d / "predictions.jsonl")) for d in (run_a, run_b))
     common = [i for i in a if i in b]
     moves = Counter((outcome(a[i]), outcome(b[i])) for i in common)
     lines = [f"{len(common)} questions in both runs ({run_a.name} -> {run_b.name})", "", "| A | B | questions |",

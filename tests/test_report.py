@@ -124,6 +124,13 @@ def test_compare_counts_transitions(tmp_path):
     records[0] |= {"f1": None, "em": None, "gold_status": "failed"}
     (a / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert "| not scored | correct | 1 |" in report.compare(a, b, show=5)
+    # also when the pipeline failed on it: a question whose gold failed is "not scored", not a dead end
+    records[1] |= {"f1": None, "em": None, "gold_status": "failed"}
+    # and a question answered twice (a resumed run) counts by its first record, as evaluate.py counts it
+    records.append({**records[2], "failure": None, "f1": 1.0, "em": True})
+    (a / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = report.compare(a, b, show=5)
+    assert "| not scored | correct | 2 |" in lines and "| dead_end | dead_end | 1 |" in lines
 
 
 def test_wrong_kind_of_run_is_a_clear_error(tmp_path):
