@@ -51,15 +51,17 @@ def test_v2_shows_the_resolved_items_with_labels_and_infos():
     assert "Using" not in user(rerank_messages("q", QUERY, [FILM])[0])
 
 
+GROUPED = ("Entity alternatives:\n"
+           'A. Pulp Fiction (wd:Q104123), also known as "Pulp fiction", "PF", "a3", "a4", "a5"\n'
+           "B. pulp fiction (wd:Q351718)\n\n"
+           "Property alternatives:\n"
+           'C. director (wdt:P57), also known as "directed by"\n\n'
+           "D. None of the above")
+
+
 def test_v2_drops_only_the_description_and_groups_both_kinds():
     text = user(rerank_messages("q", QUERY, [FILM, GENRE, DIRECTOR], show_infos=False)[0])
-    assert text.endswith(
-        "Entity alternatives:\n"
-        'A. Pulp Fiction (wd:Q104123), also known as "Pulp fiction", "PF", "a3", "a4", "a5"\n'
-        "B. pulp fiction (wd:Q351718)\n\n"
-        "Property alternatives:\n"
-        'C. director (wdt:P57), also known as "directed by"\n\n'
-        "D. None of the above")
+    assert text.endswith(GROUPED)
 
 
 def test_grouped_kinds_keep_their_letters_in_the_order_shown():
@@ -67,13 +69,7 @@ def test_grouped_kinds_keep_their_letters_in_the_order_shown():
     the grouped list, and each alternative keep its own letter (they ran A, C / B before)."""
     messages, identifiers = rerank_messages("q", QUERY, [FILM, DIRECTOR, GENRE], show_infos=False)
     assert identifiers == ["A", "C", "B", "D"]  # FILM, DIRECTOR, GENRE, None
-    assert user(messages).endswith(
-        "Entity alternatives:\n"
-        'A. Pulp Fiction (wd:Q104123), also known as "Pulp fiction", "PF", "a3", "a4", "a5"\n'
-        "B. pulp fiction (wd:Q351718)\n\n"
-        "Property alternatives:\n"
-        'C. director (wdt:P57), also known as "directed by"\n\n'
-        "D. None of the above")
+    assert user(messages).endswith(GROUPED)  # letters as in the list above, each alternative its own
     assert rerank_messages("q", QUERY, [FILM, DIRECTOR, GENRE], prompt_format="v1")[1] == ["A", "B", "C", "D"]
 
 
