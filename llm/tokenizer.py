@@ -10,11 +10,21 @@ tests/test_agent_backends.py check them against transformers' tokenizer and temp
     ids = tokenizer.encode(chat_prompt([{"role": "user", "content": "Who directed Pulp Fiction?"}]))
 """
 import json
+import re
 from pathlib import Path
 
 import tokenizers
 
 DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+# Qwen's control tokens as text: <|im_end|>, <|endoftext|>, ... and <tool_call>, </tool_call>
+_CONTROL_TEXT = re.compile(r"<(?=\|[A-Za-z0-9_]+\|>|/?tool_call>)")
+
+
+def as_text(content: str) -> str:
+    """`content` with every control token written in it (a question, a label, a query result ending in
+    "<|im_end|>") broken by a zero-width space after its "<", so that encoding reads it as text and not
+    as the end of a turn or a tool call. Other text is returned unchanged."""
+    return _CONTROL_TEXT.sub("<\u200b", content)
 
 
 def chat_prompt(messages: list[dict[str, str]], add_generation_prompt: bool = True,
@@ -27,27 +37,27 @@ def chat_prompt(messages: list[dict[str, str]], add_generation_prompt: bool = Tr
     for m in messages:
         if m["role"] not in ("system", "user", "assistant"):
             raise ValueError(f"unknown chat role {m['role']!r}; use system, user or assistant")
-    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    text = "".join(f"<|im_start|>{m['role']}\n{as_text(m['content'])}<|im_end|>\n" for m in messages)
     return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
 def qwen_tool_prompt(messages: list[dict], tools: list[dict], add_generation_prompt: bool = True) -> str:
     """Qwen2.5's chat template with tools, written by hand (tests compare it with transformers'
     rendering of the template shipped with the model): the tool signatures go into the system turn,
-    an assistant's calls become `<tool_call>` blocks, tool results `<tool_response>` blocks of a user turn."""
-    if not tools:
-        plain = [{"role": m["role"] if m["role"] != "tool" else "user", "content": m.get("content") or ""}
-                 for m in messages]
-        return chat_prompt(plain, add_generation_prompt)
-    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else DEFAULT_SYSTEM
-    signatures = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
-    out = [f"<|im_start|>system\n{system}\n\n# Tools\n\nYou may call one or more functions to assist with the "
-           f"user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-           f"{signatures}\n</tools>\n\nFor each function call, return a json object with function name and "
-           f"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, "
-           f"\"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n"]
+    an assistant's calls become `<tool_call>` blocks, tool results `<tool_response>` blocks of a user turn.
+    Without tools only the system turn differs (no signatures); the turns are written the same way."""
+    system = as_text(messages[0]["content"]) if messages and messages[0]["role"] == "system" else DEFAULT_SYSTEM
+    if tools:
+        signatures = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
+        out = [f"<|im_start|>system\n{system}\n\n# Tools\n\nYou may call one or more functions to assist with the "
+               f"user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+               f"{signatures}\n</tools>\n\nFor each function call, return a json object with function name and "
+               f"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, "
+               f"\"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n"]
+    else:
+        out = [f"<|im_start|>system\n{system}<|im_end|>\n"]
     for i, m in enumerate(messages):
-        role, content = m["role"], m.get("content") or ""
+        role, content = m["role"], as_text(m.get("content") or "")
         if role == "system" and i == 0:
             continue
         if role == "tool":
@@ -56,8 +66,8 @@ def qwen_tool_prompt(messages: list[dict], tools: list[dict], add_generation_pro
             out.append(("<|im_start|>user" if opens else "") + f"\n<tool_response>\n{content}\n</tool_response>"
                        + ("<|im_end|>\n" if closes else ""))
         elif role == "assistant" and m.get("tool_calls"):
-            calls = "".join('\n<tool_call>\n{"name": "' + c["function"]["name"] + '", "arguments": '
-                            + json.dumps(json.loads(c["function"]["arguments"] or "{}"), ensure_ascii=False)
+            calls = "".join('\n<tool_call>\n{"name": "' + as_text(c["function"]["name"]) + '", "arguments": '
+                            + as_text(json.dumps(json.loads(c["function"]["arguments"] or "{}"), ensure_ascii=False))
                             + "}\n</tool_call>" for c in m["tool_calls"])
             out.append("<|im_start|>assistant" + (f"\n{content}" if content else "") + calls + "<|im_end|>\n")
         else:

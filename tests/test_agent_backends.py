@@ -198,6 +198,10 @@ def test_qwen_tool_prompt_matches_the_models_template():
                                           add_generation_prompt=True)
         assert qwen_tool_prompt(msgs, TOOLS) == expected
     assert qwen_tool_prompt(messages[:2], []) == chat_prompt(messages[:2])  # no tools: the plain chat format
+    # without tools only the system turn changes: calls and results are written as with tools (they became
+    # plain user turns and an empty assistant turn before; OpenAI clients ask for the answer with tool_choice none)
+    expected = hf.apply_chat_template(hf_messages, chat_template=template, tokenize=False, add_generation_prompt=True)
+    assert qwen_tool_prompt(messages, []) == expected
 
 
 # ---------------------------------------------------------------------------- the grammar
