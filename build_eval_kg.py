@@ -16,13 +16,22 @@ HTTP on a real oxigraph server), and writes to `--out`. Two settings (`--setting
 
     kg.nt            the knowledge graph (N-Triples)
     questions.jsonl  the covered dev questions (benchmark JSONL, records unchanged)
-    items.jsonl      closed only: the label records of every item in the KG (format of the item cache)
+    items.jsonl      the label records of every labelled item (format of the item cache), for its search
+                     index; their `count` (the index's popularity) is counted in the training material
     stats.json       counts and the configuration that produced them
+
+Popularity (`--popularity`): the item cache's own `count` was counted over training *and validation*
+data, so every WWQ dev answer and topic entity has one while most other items have none; an index
+built on it ranks the gold item first among its namesakes, and search alone looks right. `training`
+(the default) counts each id's occurrences in the gold queries and answers of the training material
+(benchmarks.TRAINING_MATERIAL) instead; `items` keeps the cache's count (evaluations before 2026-12-06).
 
     python build_eval_kg.py                      # WWQ dev -> ~/.cache/grisp/eval_kg/wwq-dev/
     python endpoint.py start --data ~/.cache/grisp/eval_kg/wwq-dev/kg.nt \
         --store ~/.cache/grisp/stores/wwq-dev --port 7879   # serve it for evaluate.py
     python build_eval_kg.py --setting full       # -> ~/.cache/grisp/eval_kg/wwq-dev-full/ (port 7880)
+    python build_index.py --items ~/.cache/grisp/eval_kg/wwq-dev-full/items.jsonl \
+        --out ~/.cache/grisp/indices/wwq-dev-full          # its search index
 """
 import argparse
 import json
@@ -38,6 +47,7 @@ import defaults
 import endpoint
 from build_index import WIKIDATA_ID
 from grisp import benchmarks, metrics, sparql
+from grisp.skeleton import query_iris
 from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, tokenize
 from jsonl import read_jsonl, write_jsonl
 
@@ -148,6 +158,26 @@ def mentioned_ids(triples: list[ox.Triple]) -> set[str]:
     return ids
 
 
+LOCAL_ID = re.compile(r"/([QP]\d+)$")  # the Wikidata id at the end of an entity or property IRI
+
+
+def training_records() -> list[dict]:
+    """Every record of the training material (benchmarks.TRAINING_MATERIAL), held-out parts left out."""
+    return [record for name in benchmarks.TRAINING_MATERIAL for record in benchmarks.load_benchmark(name)]
+
+
+def training_popularity(records: list[dict]) -> Counter:
+    """How often each Wikidata id (Q.., P..) occurs in the records' gold queries (any property variant)
+    and gold answers (where a record keeps them): a popularity no evaluation question has shaped."""
+    counts = Counter()
+    for record in records:
+        iris = query_iris(record["sparql"])
+        iris += [term["value"] for row in record.get("info", {}).get("results") or []
+                 for term in row.values() if isinstance(term, dict) and term.get("type") == "uri"]
+        counts.update(match[1] for iri in iris if (match := LOCAL_ID.search(iri)))
+    return counts
+
+
 def topic_ids(sample: dict) -> set[str]:
     """Ids the resolver must find by search: the query's constant entity and its property."""
     variable, subject, prop, obj = single_pattern(sample["sparql"])
@@ -248,8 +278,9 @@ def main(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     ox.serialize(triples, out / "kg.nt", format=ox.RdfFormat.N_TRIPLES)
     write_jsonl(out / "questions.jsonl", covered)
-    if not setting.all_items:  # the full setting labels the whole item cache: index that file
-        write_jsonl(out / "items.jsonl", (items[i] for i in labelled))
+    popularity = training_popularity(training_records()) if args.popularity == "training" else None
+    write_jsonl(out / "items.jsonl", (items[i] if popularity is None else {**items[i], "count": popularity[i]}
+                                      for i in labelled))
     kg_ids = mentioned_ids(triples)
     stats = {
         "setting": args.setting, "questions": len(samples), "single_pattern": len(candidates),
@@ -259,7 +290,8 @@ def main(args: argparse.Namespace) -> None:
         "label_records": len(labelled), "label_triples": len(labels),
         "triples": len(triples), "items": len([i for i in kg_ids if i.startswith("Q")]),
         "properties": len([i for i in kg_ids if i.startswith("P")]),
-        "unlabelled": sorted(kg_ids - set(labelled)), "items_file": str(items_path), "config": vars(args),
+        "unlabelled": sorted(kg_ids - set(labelled)), "items_file": str(items_path),
+        "popularity": args.popularity, "config": vars(args),
     }
     print(f"{len(covered)} of {len(samples)} questions covered: {len(candidates)} single-pattern, "
           f"{stats['conflicting']} of them dropped because other questions' triples add answers, "
@@ -278,9 +310,8 @@ def main(args: argparse.Namespace) -> None:
         print(f"verified on an oxigraph server: all {len(covered)} covered gold queries return "
               f"exactly their gold answers")
     (out / "stats.json").write_text(json.dumps(stats, indent=2, default=str) + "\n")
-    index_items = items_path if setting.all_items else out / "items.jsonl"  # what the search index covers
-    print(f"wrote {out}/kg.nt, questions.jsonl, {'' if setting.all_items else 'items.jsonl, '}stats.json; "
-          f"its search index: python build_index.py --items {index_items} --out DIR")
+    print(f"wrote {out}/kg.nt, questions.jsonl, items.jsonl (popularity: {args.popularity}), stats.json; "
+          f"its search index: python build_index.py --items {out / 'items.jsonl'} --out DIR")
 
 
 if __name__ == "__main__":
@@ -297,6 +328,10 @@ if __name__ == "__main__":
     parser.add_argument("--items", default=None,
                         help="item label file (JSONL id/label/aliases/description/count); "
                              "default: wikidata/items.jsonl from the data cache")
+    parser.add_argument("--popularity", choices=["training", "items"], default="training",
+                        help="the items.jsonl count its search index ranks by: training = occurrences in the "
+                             "training material's gold queries and answers; items = the item file's own "
+                             "count, which counts validation data too (evaluations before 2026-12-06)")
     parser.add_argument("--extra-kg", nargs="*", default=None,
                         help="RDF files added to the KG; default: none (closed), data/demo/kg.ttl (full)")
     parser.add_argument("--out", default=None,

@@ -46,16 +46,16 @@ use_kg() {  # $1 = KG setting: builds its KG and index once, starts its endpoint
       python endpoint.py start
       python build_index.py --endpoint http://127.0.0.1:7878/query
       kg=(--benchmark demo) ;;
-    wwq-dev-kg)
-      [ -f "$eval_kg/wwq-dev/stats.json" ] || python build_eval_kg.py
+    wwq-dev-kg)  # (re)built unless built with today's popularity (counted in the training material)
+      grep -qs '"popularity": "training"' "$eval_kg/wwq-dev/stats.json" || python build_eval_kg.py
       python build_index.py --items "$eval_kg/wwq-dev/items.jsonl" --out "$home/indices/wwq-dev"
       python endpoint.py start --data "$eval_kg/wwq-dev/kg.nt" --store "$home/stores/wwq-dev" --port 7879
       kg=(--benchmark wwq-dev-kg --endpoint http://127.0.0.1:7879/query --index "$home/indices/wwq-dev") ;;
     wwq-dev-full)
-      [ -f "$eval_kg/wwq-dev-full/stats.json" ] || python build_eval_kg.py --setting full
-      build_items_index
+      grep -qs '"popularity": "training"' "$eval_kg/wwq-dev-full/stats.json" || python build_eval_kg.py --setting full
+      python build_index.py --items "$eval_kg/wwq-dev-full/items.jsonl" --out "$home/indices/wwq-dev-full"
       python endpoint.py start --data "$eval_kg/wwq-dev-full/kg.nt" --store "$home/stores/wwq-dev-full" --port 7880
-      kg=(--benchmark wwq-dev-full --endpoint http://127.0.0.1:7880/query --index "$items_index") ;;
+      kg=(--benchmark wwq-dev-full --endpoint http://127.0.0.1:7880/query --index "$home/indices/wwq-dev-full") ;;
   esac
 }
 

@@ -47,18 +47,29 @@ ITEMS = [{"id": i, "label": f"label {i}", "aliases": [f"alias {i}"] if i == "Q1"
          for i in ["Q1", "Q2", "Q3", "Q4", "Q6", "Q7", "Q30", "P19", "P26", "P27", "P40", "P569"]]
 
 
+# the training material the popularity is counted in (instead of benchmarks.TRAINING_MATERIAL): it asks
+# about Q50, a namesake of the dev questions' Q1, twice, and gives P19's answer Q2 once
+TRAINING = [question("train-1", "wd:Q50 wdt:P19 ?x .", [uri("Q2")]),
+            question("train-2", "wd:Q50 <http://www.wikidata.org/prop/P19> ?s .", [])]
+
+
+@pytest.fixture(autouse=True)
+def fake_training_material(monkeypatch):
+    monkeypatch.setattr(build_eval_kg, "training_records", lambda: TRAINING)
+
+
 def write_jsonl(path, records):
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def build(tmp_path, items=ITEMS, setting="closed", extra_kg=None, name="kg"):
+def build(tmp_path, items=ITEMS, setting="closed", extra_kg=None, name="kg", popularity="training"):
     """Run main on DEV and `items` in `tmp_path`; returns the output directory."""
     write_jsonl(tmp_path / "dev.jsonl", DEV)
     write_jsonl(tmp_path / f"{name}-items.jsonl", items)
     out = tmp_path / name
     build_eval_kg.main(argparse.Namespace(
         setting=setting, benchmark=str(tmp_path / "dev.jsonl"), items=str(tmp_path / f"{name}-items.jsonl"),
-        extra_kg=extra_kg, out=str(out), verify=False, store=None, port=None))
+        extra_kg=extra_kg, out=str(out), verify=False, store=None, port=None, popularity=popularity))
     return out
 
 
@@ -137,6 +148,19 @@ def test_items_file_lists_the_labelled_items(built):
     assert sorted(ids) == sorted(i["id"] for i in ITEMS)
 
 
+def test_popularity_is_counted_in_the_training_material_only(tmp_path):
+    """The item cache counts validation data too (every record here has count 1, the dev items included):
+    the index of an evaluation KG ranks by what training saw, so a dev answer is not first for being one."""
+    def counts(out):
+        return {r["id"]: r["count"] for r in map(json.loads, (out / "items.jsonl").read_text().splitlines())}
+    trained = counts(build(tmp_path, items=ITEMS_FULL, setting="full", name="full"))
+    assert trained["Q50"] == 2 and trained["P19"] == 2 and trained["Q2"] == 1  # queries (any variant) and answers
+    assert trained["Q1"] == trained["Q3"] == trained["P26"] == 0  # asked about only in dev
+    assert counts(build(tmp_path, items=ITEMS_FULL, setting="full", name="old", popularity="items")) == {
+        i["id"]: i["count"] for i in ITEMS_FULL}
+    assert json.loads((tmp_path / "full" / "stats.json").read_text())["popularity"] == "training"
+
+
 # ---------------------------------------------------------------------------- the full setting
 
 ITEMS_FULL = ITEMS + [  # items no question mentions: a homonym of Q1 and an unused property
@@ -187,7 +211,8 @@ def test_full_setting_labels_every_item_and_adds_the_extra_kg(full, tmp_path):
     assert all(ox.Quad(t.subject, t.predicate, t.object) in store for t in extra)
     lines = (full / "kg.nt").read_text().splitlines()
     assert len(lines) == len(set(lines)) == len(store)  # the repeated label is written once
-    assert not (full / "items.jsonl").exists()  # the item cache itself is what gets indexed
+    indexed = [json.loads(line)["id"] for line in (full / "items.jsonl").read_text().splitlines()]
+    assert sorted(indexed) == sorted(item["id"] for item in ITEMS_FULL)  # every item, for the search index
 
 
 def test_full_setting_keeps_gold_answers_exact(full):
