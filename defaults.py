@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parent
-GRISP_HOME = Path(os.environ.get("GRISP_HOME", "~/.cache/grisp")).expanduser()
+GRISP_HOME = Path(os.environ.get("GRISP_HOME") or "~/.cache/grisp").expanduser()  # set but empty: the default, as in bash's ${GRISP_HOME:-...}
 
 MODEL_DIR = GRISP_HOME / "models" / "qwen2.5-coder-0.5b-instruct"  # written by get_model.py
 DATA_DIR = GRISP_HOME / "data"  # benchmark and item caches (filled from ../shared/data or downloads)

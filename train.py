@@ -44,7 +44,7 @@ import lora
 from grisp import checkpoint, loss, mixture, peft_format, samples
 from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from grisp.sparql import SparqlClient
-from grisp.trainer import Run, TrainingLoop, TrainState, data_sha256, resume, start_run_dir
+from grisp.trainer import Run, TrainingLoop, TrainState, data_sha256, portable_copy, resume, start_run_dir
 from llm import cpu_speed
 from llm.tokenizer import Tokenizer
 from model import Transformer, pick_device
@@ -77,6 +77,10 @@ def setup(args: argparse.Namespace) -> Run:
     run_dir = Path(args.runs_dir).expanduser() / args.name
     if (run_dir / "latest").exists() and not args.resume:
         sys.exit(f"error: run {run_dir} exists; continue it with --resume or pick another --name")
+    copy = portable_copy(args)
+    if copy is not None and (copy / "state.json").is_file() and not args.resume:  # its first checkpoint would replace it
+        sys.exit(f"error: {copy} holds a portable copy of run {args.name}; continue it with --resume or pick "
+                 f"another --name")
     return Run(args, world, rank, device, dtype, why_dtype, autocast, run_dir)
 
 

@@ -14,6 +14,10 @@ shift $(( $# > 0 ? 1 : 0 ))
 home=${GRISP_HOME:-$HOME/.cache/grisp}
 logs=$home/logs/$name
 mkdir -p "$logs"
+if [ -f "$logs/pid" ] && kill -0 "$(cat "$logs/pid")" 2>/dev/null; then  # one trainer per run
+  echo "$name is already running (pid $(cat "$logs/pid")); stop it first: kill -INT $(cat "$logs/pid")" >&2
+  exit 1
+fi
 resume=""
 if [ -e "$home/runs/$name/latest" ] || [ -e "runs/$name/state.json" ]; then resume="--resume"; fi
 nohup python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach --name $name --lora-layers 0 \

@@ -393,6 +393,18 @@ def test_resume_without_checkpoint_or_copy_says_so(model_dir, tmp_path):
         train.main(train_args(model_dir, tmp_path, samples, "--resume", "--portable-dir", str(tmp_path / "repo")))
 
 
+def test_a_new_run_does_not_replace_a_portable_copy(model_dir, tmp_path):
+    """A fresh clone holds runs/NAME but no run directory: starting without --resume used to train from step 0
+    and replace the landed copy at its first checkpoint."""
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
+    copy = tmp_path / "repo" / "grisp"
+    copy.mkdir(parents=True)
+    (copy / "state.json").write_text('{"step": 1675}')
+    with pytest.raises(SystemExit, match="holds a portable copy of run grisp; continue it with --resume"):
+        train.main(train_args(model_dir, tmp_path, samples, "--portable-dir", str(tmp_path / "repo")))
+    assert (copy / "state.json").read_text() == '{"step": 1675}' and not (tmp_path / "runs" / "grisp").exists()
+
+
 @pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
 def test_dtype_auto_trains_in_bf16_on_a_native_bf16_cpu(model_dir, tmp_path, mock_native_bf16, native, expected):
     mock_native_bf16(native)
@@ -675,3 +687,11 @@ def test_latest_puts_back_a_checkpoint_a_cut_off_resave_left_as_old(tmp_path):
     (tmp_path / "latest").write_text("checkpoint-0000007")
     assert checkpoint.latest(tmp_path) == tmp_path / "checkpoint-0000007"  # resume found nothing there before
     assert (tmp_path / "checkpoint-0000007").is_dir() and not (tmp_path / "checkpoint-0000007.old").exists()
+
+
+@pytest.mark.parametrize("value, expected", [("", "~/.cache/grisp"), ("/tmp/elsewhere", "/tmp/elsewhere")])
+def test_grisp_home_set_but_empty_is_the_default_as_in_the_scripts(value, expected):
+    # an empty GRISP_HOME made the run directory runs/NAME: the portable copy itself, which a save renames away
+    out = subprocess.run([sys.executable, "-c", "import defaults; print(defaults.GRISP_HOME)"], capture_output=True,
+                         text=True, cwd=Path(train.__file__).parent, env={**os.environ, "GRISP_HOME": value}, check=True)
+    assert out.stdout.strip() == str(Path(expected).expanduser())
