@@ -329,7 +329,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps ...")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weight dtype; auto = bfloat16 on a GPU and on a CPU with native bf16, float32 on "
+                        help="weight dtype; auto = bfloat16 on a GPU with native bf16 (Ampere or newer) and on a CPU with it, float32 on "
                              "other CPUs (llm/cpu_speed.pick_dtype)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     main(parser.parse_args())

@@ -80,12 +80,16 @@ def native_bf16(flags: set[str] | None = None) -> bool:
 
 
 def pick_dtype(choice: str, device: torch.device) -> tuple[torch.dtype, str]:
-    """(dtype, why) for `choice` "auto", "float32" or "bfloat16": auto is bfloat16 on a GPU and on a CPU
-    with native bf16, float32 on other CPUs (and on mps)."""
+    """(dtype, why) for `choice` "auto", "float32" or "bfloat16": auto is bfloat16 on a GPU of compute
+    capability 8.0 or newer (Ampere: native bf16 matmuls) and on a CPU with native bf16, float32 on older
+    GPUs, other CPUs and mps."""
     if choice != "auto":
         return getattr(torch, choice), f"{choice} as asked"
     if device.type == "cuda":
-        return torch.bfloat16, "auto: bfloat16 on a GPU"
+        capability = torch.cuda.get_device_capability(device)
+        if capability >= (8, 0):
+            return torch.bfloat16, "auto: bfloat16 on a GPU with native bf16"
+        return torch.float32, f"auto: float32, a GPU of compute capability {capability[0]}.{capability[1]} has no native bf16"
     if device.type == "cpu" and native_bf16():
         return torch.bfloat16, f"auto: bfloat16, the CPU has native bf16 ({cpu_name()})"
     return torch.float32, f"auto: float32, no native bf16 on {cpu_name() if device.type == 'cpu' else device.type}"
@@ -97,6 +101,8 @@ def pick_precision(choice: str, device: torch.device) -> tuple[str, str]:
     if choice not in PRECISIONS:
         raise ValueError(f"precision {choice!r}: must be one of {', '.join(PRECISIONS)}")
     if choice == "int8":
+        if device.type != "cpu":  # torch's dynamic int8 Linear runs on a CPU only
+            raise ValueError(f"precision int8 runs on a CPU only, not on {device.type}; use auto, float32 or bfloat16")
         return "int8", "int8 as asked (float32 weights, dynamic int8 matmuls except down_proj)"
     dtype, why = pick_dtype(choice, device)
     return str(dtype).removeprefix("torch."), why

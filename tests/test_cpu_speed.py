@@ -110,7 +110,21 @@ def test_auto_precision_follows_the_cpu(mock_native_bf16, native, expected):
     assert dtype == expected and ("native bf16" in why)
     assert cpu_speed.pick_dtype("float32", torch.device("cpu"))[0] == torch.float32  # asked for: always
     assert cpu_speed.pick_dtype("bfloat16", torch.device("cpu"))[0] == torch.bfloat16
-    assert cpu_speed.pick_dtype("auto", torch.device("cuda"))[0] == torch.bfloat16
+
+
+@pytest.mark.parametrize("capability, expected", [((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16),
+                                                  ((7, 5), torch.float32), ((7, 0), torch.float32)])
+def test_auto_precision_on_a_gpu_follows_its_compute_capability(monkeypatch, capability, expected):
+    # a T4 (7.5) or V100 (7.0) has no native bf16 matmuls: auto took bf16 on every GPU
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert cpu_speed.pick_dtype("auto", torch.device("cuda"))[0] == expected
+    assert cpu_speed.pick_precision("auto", torch.device("cuda"))[0] == str(expected).removeprefix("torch.")
+
+
+def test_int8_is_refused_off_the_cpu():
+    for device in ("cuda", "mps"):
+        with pytest.raises(ValueError, match="int8 runs on a CPU only"):
+            cpu_speed.pick_precision("int8", torch.device(device))
 
 
 @pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
