@@ -12,3 +12,4 @@ python get_model.py                                   # -> ~/.cache/grisp/models
 python endpoint.py start                              # data/demo/kg.ttl on http://127.0.0.1:7878/query
 python build_index.py --endpoint http://127.0.0.1:7878/query   # -> ~/.cache/grisp/indices/demo
 python infer.py "$question"                            # adapters/grisp-mix-0.5b, the shipped adapter
+echo "The demo endpoint keeps running for more questions (python infer.py \"...\"); stop it: python endpoint.py stop"
