@@ -13,6 +13,8 @@ model's tokenizer is present. A sample (see samples.py):
     {"id": record id, "epoch": 0, "task": "skeleton", "messages": [system, user], "target": "SELECT ..."}
     {"id": ..., "epoch": 0, "task": "rerank", "messages": [...], "target": "C",
      "identifiers": ["A", ..., "K"], "iri": gold item IRI or null when dropped}
+    a composed record's samples also carry "composed_from": [the ids of the records it was made of]
+    (train.py --samples trains on one only if none of them is held out for validation)
 
     python gen_data.py --data wwq --epochs 4 --out ~/.cache/grisp/data/wwq-samples.jsonl
     python gen_data.py --data wwq,qald10,qald7,lcquad2,sq,spinach --epochs 1     # the mixture's statistics

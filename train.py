@@ -132,9 +132,12 @@ def load_data(args, tokenizer: Tokenizer):
         by_epoch = samples.read_samples(args.samples)
         check_prompt_format(args.samples, by_epoch, args.prompt_format)
         epochs = sorted(by_epoch)
+        # a composed sample is made of other records: it trains only if none of them is held out, and
+        # validates only if all are (as the online path composes within each part)
+        held_out = lambda s: [is_val(i) for i in s.get("composed_from", [s["id"]])]
         train_epoch = lambda e: prepare([s for s in by_epoch[epochs[(e + args.first_epoch) % len(epochs)]]
-                                         if not is_val(s["id"])])
-        val = [s for s in by_epoch[epochs[0]] if is_val(s["id"])]
+                                         if not any(held_out(s))])
+        val = [s for s in by_epoch[epochs[0]] if all(held_out(s))]
     else:  # fresh samples per epoch from (seed, epoch, record), the records drawn by the mixture's weights
         data = mixture.read(args.data)
         indices = build_index.open_index(args.index, args.data)

@@ -219,6 +219,8 @@ class SampleGenerator:
             stats["skipped_unknown_iri"] += 1
             return []
         base = {"id": record["id"]} | ({"source": record["source"]} if "source" in record else {})
+        if "composed_from" in record.get("info", {}):  # a validation split must know the records it was made of
+            base["composed_from"] = record["info"]["composed_from"]
         samples = [base | {"task": "skeleton", "messages": skeleton_messages(question), "target": skeletonized.skeleton}]
         stats["skeleton"] += 1
         if not skeletonized.iris:

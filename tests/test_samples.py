@@ -232,6 +232,9 @@ def test_an_epoch_adds_samples_of_composed_records(tiny, monkeypatch):
                                 r"\?y <iri>death relation \(wdt\)</iri> \?x \. \}", s["target"]), s["target"]
     no_compose = SampleGenerator(records, indices, Augment(compose=0.0, alias=0.0), seed=0).epoch(0)[0]
     assert [s for s in samples if not s["id"].startswith("composed:")] == no_compose
+    # each composed sample names the records it was made of (train.py --samples splits by them)
+    assert all(s["id"].endswith("+".join(s["composed_from"])) and len(s["composed_from"]) == 2 for s in composed)
+    assert not any("composed_from" in s for s in no_compose)
 
 
 COMPOSED_SHAPE = {"ask": "ask", "intersection": "intersection", "superlative": "filter/order", "count": "aggregate",

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 import lora
 import train
 from grisp import checkpoint, loss, peft_format, trainer
+from grisp import samples as samples_module
 from grisp.prompts import Alternative, rerank_messages, skeleton_messages
 from jsonl import read_jsonl
 from llm.tokenizer import Tokenizer
@@ -679,6 +680,25 @@ def test_first_epoch_continues_the_sample_stream_and_keeps_the_validation_split(
     with pytest.raises(SystemExit, match="--first-epoch must be at least 0"):
         train.check_args(train.make_parser().parse_args(
             flags + ["--first-epoch", "-1", "--epochs", "1", "--micro-batch-size", "1"]), world=1)
+
+
+def test_precomputed_composed_samples_stay_on_the_side_of_their_records(model_dir, tmp_path):
+    """gen_data.py composes from every record; train.py --samples then splits by id hash. A composed sample
+    was split by its own id, so the facts of held-out records trained: now it trains only if none of its
+    records is held out, and validates only if all are."""
+    rows = make_samples(12)
+    is_val = samples_module.validation_split(0.5, 0)
+    held, kept = [r for r in (f"r{i}" for i in range(12)) if is_val(r)], [r for r in (f"r{i}" for i in range(12)) if not is_val(r)]
+    assert len(held) >= 2 and len(kept) >= 2
+    skeleton = rows[0]
+    pairs = {"both kept": kept[:2], "both held": held[:2], "mixed": [kept[0], held[0]]}
+    composed = [skeleton | {"id": f"composed:chain:{'+'.join(pair)}", "composed_from": pair} for pair in pairs.values()]
+    path = write_jsonl(tmp_path / "s.jsonl", rows + composed)
+    args = train_args(model_dir, tmp_path, path, "--val-fraction", "0.5", "--seed", "0")
+    train_epoch, val = train.load_data(args, Tokenizer(model_dir))
+    plain_val = sum(is_val(r["id"]) for r in rows)
+    assert len(train_epoch(0)) == len(rows) - plain_val + 1  # + the composed sample of two kept records
+    assert len(val) == plain_val + 1  # + the one of two held-out records; the mixed one is in neither
 
 
 def test_latest_puts_back_a_checkpoint_a_cut_off_resave_left_as_old(tmp_path):
