@@ -105,8 +105,9 @@ def made_by(manifest: dict, source: str, args: argparse.Namespace) -> bool:
     if source == "hf":
         return (manifest["source"] == "hf" and manifest["repo"] == args.hf_repo
                 and manifest["revision"] == args.revision)
-    if source == "pypi":  # the wheels hold DEFAULT_HF_REPO only (main never tries them for another repo)
-        return manifest["source"] == "pypi"
+    if source == "pypi":  # the wheels hold DEFAULT_HF_REPO only (main never tries them for another repo);
+        # a directory converted from their GGUF file with --gguf is the same model
+        return manifest["source"] == "pypi" or manifest.get("gguf_sha256") == GGUF_SHA256
     # a local GGUF file: any directory converted from the same file (pypi's too) is the same model
     return manifest.get("gguf_sha256") == sha256_file(Path(args.gguf).expanduser())
 
@@ -120,13 +121,19 @@ def describe(manifest: dict) -> str:
     return f"the conversion of the GGUF file {manifest['path']}"
 
 
+REQUIRED_KEYS = {"config.json": "model_type", "tokenizer.json": "model"}  # what every such file holds
+
+
 def content_error(path: Path, name: str) -> str | None:
-    """Why `path` cannot be the model file `name`, or None: a .json file must parse, a .safetensors file
-    must have a header whose data offsets exactly cover the file. This catches, without a checksum, what
-    a proxy may send with status 200 instead (an HTML page)."""
+    """Why `path` cannot be the model file `name`, or None: a .json file must parse as an object (config.json
+    and tokenizer.json with their REQUIRED_KEYS), a .safetensors file must have a header whose data offsets
+    exactly cover the file. This catches, without a checksum, what a proxy may send with status 200
+    instead (an HTML page, a JSON error)."""
     try:
         if name.endswith(".json"):
-            json.loads(path.read_bytes())
+            document = json.loads(path.read_bytes())
+            if not isinstance(document, dict) or REQUIRED_KEYS.get(name, "") not in {"", *document}:
+                return f"a JSON document without {REQUIRED_KEYS.get(name, 'an object')!r}"
         elif name.endswith(".safetensors"):
             with safe_open(path, framework="np"):  # reads the header, checks its offsets against the file size
                 pass

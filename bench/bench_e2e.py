@@ -68,6 +68,16 @@ def own_flags(flags: list[str]) -> argparse.Namespace:
     return parser.parse_known_args(flags)[0]
 
 
+def without_precision(flags: list[str]) -> list[str]:
+    """`flags` without their --precision (as `--precision X` or `--precision=X`)."""
+    kept, skip = [], False
+    for flag in flags:
+        if not skip and flag != "--precision" and not flag.startswith("--precision="):
+            kept.append(flag)
+        skip = flag == "--precision"
+    return kept
+
+
 def takes_precision(code: Path) -> bool:
     """Does the evaluate.py of `code` have a --precision flag? (Its --help; 3c21e6d's has none.)"""
     done = subprocess.run([sys.executable, "evaluate.py", "--help"], cwd=code, capture_output=True, text=True,
@@ -84,7 +94,11 @@ def side(name: str, code: Path, extra: str, args: argparse.Namespace) -> dict:
     own = own_flags(extra_flags)
     flags = ["--adapter", args.adapter]
     if own.precision is not None:
-        precision = f"{own.precision} (--{name}-flags)"
+        if not takes_precision(code):
+            sys.exit(f"error: --{name}-flags gives --precision, but the {name} code's evaluate.py has no such flag")
+        resolved = pick_precision(own.precision, torch.device("cpu"))[0]  # auto: what this CPU gets, shown and passed
+        extra_flags = without_precision(extra_flags) + ["--precision", resolved]
+        precision = f"{resolved} (--{name}-flags)"
     elif takes_precision(code):
         flags += ["--precision", args.precision]
         precision = args.precision

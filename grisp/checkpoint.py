@@ -73,7 +73,10 @@ def latest(run_dir: Path) -> Path | None:
         return None
     path = run_dir / pointer.read_text()
     if not path.exists() and path.with_suffix(".old").is_dir():
-        path.with_suffix(".old").rename(path)
+        try:
+            path.with_suffix(".old").rename(path)
+        except FileNotFoundError:  # another process of the run (DDP) put it back first
+            pass
     return path
 
 

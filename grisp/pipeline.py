@@ -98,7 +98,7 @@ class Grisp:
     def _load_model(self, model_dir: Path, adapter_dir: str | Path | None, options: Options, device: str) -> None:
         self.options, self.device = options, pick_device(device)
         # the precision this machine gets (options.precision "auto": bf16 where the CPU has native bf16)
-        self.precision, self.why_precision = pick_precision(options.precision, self.device)
+        self.precision, self.why_precision = _precision(options.precision, self.device)
         self.tokenizer = Tokenizer(model_dir)
         # the adapter folded into the weights: inference runs at base speed
         self.model = _load_weights(model_dir, adapter_dir, self.precision, self.device)
@@ -120,7 +120,7 @@ class Grisp:
 
     def check_options(self, options: Options) -> None:
         """GrispError if this Grisp cannot answer with `options` (see fixed_options)."""
-        if pick_precision(options.precision, self.device)[0] != self.precision:
+        if _precision(options.precision, self.device)[0] != self.precision:
             raise GrispError(f"this Grisp was loaded in {self.precision} ({self.why_precision}); it cannot "
                              f"answer in {options.precision}")
         if "rerank" in self.fixed_options() and options.rerank:
@@ -290,6 +290,14 @@ def _check_model(model_dir: Path, adapter_dir: str | Path | None) -> None:
     if adapter_dir is not None and not (Path(adapter_dir) / peft_format.CONFIG_NAME).exists():
         raise GrispError(f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
                          f"train.py, or pass --adapter none to run the base model")
+
+
+def _precision(choice: str, device) -> tuple[str, str]:
+    """pick_precision, its refusals (e.g. int8 off the CPU) as GrispError."""
+    try:
+        return pick_precision(choice, device)
+    except ValueError as error:
+        raise GrispError(str(error)) from None
 
 
 def _load_weights(model_dir: Path, adapter_dir: str | Path | None, precision: str, device: str):

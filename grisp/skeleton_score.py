@@ -177,15 +177,16 @@ def _intermediate_variable(tokens, brace: int, triples) -> bool:
 
 
 def _full_steps(tokens, verb) -> int:
-    """The steps of a property path `p1/p2*/...` that are not closures (`*`): one for a plain property."""
+    """The steps of a property path `p1/p2*/...` that are not closures (`*`, `+`, `?`): one for a plain
+    property. Parentheses are read through: `(wdt:P31/wdt:P279*)` is one step and a closure."""
     a, b = verb
     steps = [[]]
     for j in range(a, b):
         if tokens[j].text == "/":
             steps.append([])
-        else:
+        elif tokens[j].text not in ("(", ")"):
             steps[-1].append(tokens[j].text)
-    return sum(1 for step in steps if step and step[-1] != "*")
+    return sum(1 for step in steps if step and step[-1] not in ("*", "+", "?"))
 
 
 def _variant(token, prefixes: dict[str, str]) -> str | None:

@@ -14,7 +14,8 @@ shift $(( $# > 0 ? 1 : 0 ))
 home=${GRISP_HOME:-$HOME/.cache/grisp}
 logs=$home/logs/$name
 mkdir -p "$logs"
-if [ -f "$logs/pid" ] && kill -0 "$(cat "$logs/pid")" 2>/dev/null; then  # one trainer per run
+# one trainer per run (a pid file whose process is gone, or is another program, does not count)
+if [ -f "$logs/pid" ] && ps -p "$(cat "$logs/pid")" -o args= 2>/dev/null | grep -q -- "train.py.*--name $name "; then
   echo "$name is already running (pid $(cat "$logs/pid")); stop it first: kill -INT $(cat "$logs/pid")" >&2
   exit 1
 fi

@@ -34,9 +34,19 @@ def test_e2e_side_flags_come_last_and_show_in_the_header(monkeypatch):
     version = bench_e2e.side("new", Path("/code"), "--precision int8 --adapter=/b", e2e_args())
     # the side's own precision replaces the shared one; its adapter follows the shared one, and evaluate.py's
     # argparse keeps the last
-    assert version["flags"] == ["--adapter", "/a/grisp-mix-0.5b", "--precision", "int8", "--adapter=/b"]
+    assert version["flags"] == ["--adapter", "/a/grisp-mix-0.5b", "--adapter=/b", "--precision", "int8"]
     assert version["adapter"] == "/b" and version["precision"].startswith("int8")
     assert "adapter /b, precision int8" in bench_e2e.describe("new", version, "this tree")
+
+
+def test_e2e_a_sides_own_precision_is_resolved_and_needs_the_flag(monkeypatch, mock_native_bf16):
+    mock_native_bf16(True)
+    monkeypatch.setattr(bench_e2e, "takes_precision", lambda code: True)
+    version = bench_e2e.side("new", Path("/code"), "--precision auto", e2e_args())
+    assert version["flags"][-2:] == ["--precision", "bfloat16"] and version["precision"].startswith("bfloat16")
+    monkeypatch.setattr(bench_e2e, "takes_precision", lambda code: False)
+    with pytest.raises(SystemExit, match="no such flag"):  # it failed only at the first chunk, after the header
+        bench_e2e.side("old", Path("/old"), "--precision float32", e2e_args())
 
 
 def test_e2e_code_without_a_precision_flag_runs_float32_only(monkeypatch):

@@ -122,9 +122,12 @@ def test_auto_precision_on_a_gpu_follows_its_compute_capability(monkeypatch, cap
 
 
 def test_int8_is_refused_off_the_cpu():
+    from grisp import pipeline
     for device in ("cuda", "mps"):
         with pytest.raises(ValueError, match="int8 runs on a CPU only"):
             cpu_speed.pick_precision("int8", torch.device(device))
+        with pytest.raises(pipeline.GrispError, match="int8 runs on a CPU only"):  # a clean message in infer/serve
+            pipeline._precision("int8", torch.device(device))
 
 
 @pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])

@@ -357,9 +357,11 @@ def test_a_finished_directory_is_done_only_for_the_model_asked_for(tiny, tmp_pat
     coder, plain = get_model.DEFAULT_HF_REPO, "Qwen/Qwen2.5-0.5B-Instruct"
     dirs = {"hf": finished_dir(tmp_path / "hf", source="hf", repo=coder, revision="main"),
             "plain": finished_dir(tmp_path / "plain", source="hf", repo=plain, revision="main"),
-            "pypi": finished_dir(tmp_path / "pypi", source="pypi", gguf_sha256=sha256(tiny[0]))}
+            "pypi": finished_dir(tmp_path / "pypi", source="pypi", gguf_sha256=sha256(tiny[0])),
+            # the wheels' GGUF file converted with --gguf (what the failure message suggests offline)
+            "gguf": finished_dir(tmp_path / "gguf", source="gguf", path="/x.gguf", gguf_sha256=get_model.GGUF_SHA256)}
     done = [("hf", []), ("hf", ["--source", "hf"]), ("pypi", []), ("pypi", ["--source", "pypi"]),
-            ("plain", ["--source", "hf", "--hf-repo", plain]), ("pypi", ["--gguf", str(tiny[0])])]
+            ("plain", ["--source", "hf", "--hf-repo", plain]), ("pypi", ["--gguf", str(tiny[0])]), ("gguf", [])]
     (dirs["hf"] / get_model.STAGING / "leftover").mkdir(parents=True)
     for name, argv in done:  # --source auto takes either source of the repo; a GGUF file, any conversion of it
         get_model.main(get_model.parse_args(["--out", str(dirs[name]), "--cache-dir", str(tmp_path), *argv]))
@@ -435,7 +437,8 @@ def hub():
 
 def hub_files(tag: str) -> dict[str, bytes]:
     """Valid model files (JSON; a safetensors file) whose content names `tag`."""
-    files = {name: json.dumps({"model": tag}).encode() for name in get_model.MODEL_FILES if name.endswith(".json")}
+    files = {name: json.dumps({"model": tag, "model_type": "qwen2"}).encode() for name in get_model.MODEL_FILES
+             if name.endswith(".json")}
     return files | {"model.safetensors": save({"w": np.frombuffer(tag.encode(), np.uint8)})}
 
 
@@ -460,6 +463,8 @@ def test_download_rejects_a_file_that_is_not_what_its_name_says(hub, tmp_path):
     html = b"<!DOCTYPE html><html><body>Proxy login</body></html>"
     cut = save({"w": np.arange(100, dtype=np.float32)})[:-4]  # a valid header, the data cut short
     for name, body, message in [("config.json", html, "not a valid config.json"),
+                                ("config.json", b'{"error": "rate limited"}', "without 'model_type'"),
+                                ("tokenizer.json", b"[]", "without 'model'"),
                                 ("model.safetensors", html, "not a valid model.safetensors"),
                                 ("model.safetensors", cut, "not a valid model.safetensors")]:
         RangeServer.files = {name: body}

@@ -83,6 +83,8 @@ def test_label_match_needs_a_label_or_alias_of_each_gold_item():
     ("SELECT ?x WHERE { ?y wdt:P57 wd:Q1 ; wdt:P161 ?x . ?x wdt:P27 wd:Q145 . }", "two-hop"),  # three hops
     ("SELECT ?x WHERE { wd:Q1 wdt:P40/wdt:P40 ?x }", "two-hop"),  # a sequence path of two steps
     ("SELECT ?x WHERE { ?x wdt:P31/wdt:P279* wd:Q5 }", "one triple"),  # a type through subclasses: one hop
+    ("SELECT ?x WHERE { ?x (wdt:P31/wdt:P279*) wd:Q5 }", "one triple"),
+    ("SELECT ?x WHERE { ?x wdt:P31/wdt:P279+ wd:Q5 }", "one triple"),
     ("SELECT ?x WHERE { wd:Q1 wdt:P50 ?x . ?x wdt:P31/wdt:P279* wd:Q5 . }", "intersection"),  # a typed one-hop
     # which way a pattern points does not make a chain: both meet only in the selected ?x
     ("SELECT ?x WHERE { wd:Q79 wdt:P47 ?x . ?x wdt:P31 wd:Q6256 }", "intersection"),
