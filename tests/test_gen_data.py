@@ -23,9 +23,10 @@ def test_command_line_writes_epochs(tiny, tmp_path):
     assert sorted(by_epoch) == [0, 1] and len(by_epoch[0]) == 800
     # the per-source table: 401 records read, the one with an IRI the index does not know skipped
     assert f"| {records_file} | 401 | 0 | 0 | 0 | 1 | 0 | 400 | - | 1 | 400 |" in run.stdout
-    # the shapes table: the 400 usable records are two-hop (wd:Qa wdt:Pp ?x . ?x wdt:Pq wd:Qb)
+    # the shapes table: the 400 usable records are intersections (wd:Qa wdt:Pp ?x . ?x wdt:Pq wd:Qb: two
+    # patterns meeting in the selected ?x)
     assert "| source | ask | aggregate | filter/order | qualifier | other | two-hop | intersection | one triple | all |" in run.stdout
-    assert f"| {records_file} | 0 | 0 | 0 | 0 | 0 | 400 | 0 | 0 | 400 |" in run.stdout
+    assert f"| {records_file} | 0 | 0 | 0 | 0 | 0 | 0 | 400 | 0 | 400 |" in run.stdout
     assert is_sample_file(str(out)) and "samples of epoch 0 by source" in run.stdout
 
 
