@@ -306,14 +306,19 @@ def read_predictions(path: Path) -> list[dict]:
     return read_jsonl(path, appended=True)
 
 
-def selected_records(records: list[dict], samples: list[dict]) -> list[dict]:
-    """The first record of each question of `samples`, in file order (two processes on one --out may
-    both have answered one)."""
-    wanted, chosen = {sample["id"] for sample in samples}, {}
+def first_per_id(records: list[dict]) -> dict[str, dict]:
+    """id -> its first record, in file order (two processes on one --out may both have answered a question:
+    it counts once)."""
+    first = {}
     for record in records:
-        if record["id"] in wanted:
-            chosen.setdefault(record["id"], record)
-    return list(chosen.values())
+        first.setdefault(record["id"], record)
+    return first
+
+
+def selected_records(records: list[dict], samples: list[dict]) -> list[dict]:
+    """The first record of each question of `samples`, in file order (first_per_id)."""
+    wanted = {sample["id"] for sample in samples}
+    return [record for record_id, record in first_per_id(records).items() if record_id in wanted]
 
 
 def select_questions(args: argparse.Namespace) -> list[dict]:

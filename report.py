@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from evaluate import ABLATIONS
+from evaluate import ABLATIONS, first_per_id
 from grisp.skeleton_score import SHAPES
 from jsonl import read_jsonl
 
@@ -182,14 +182,6 @@ def query_line(record: dict) -> str | None:
     """The predicted query without its PREFIX lines."""
     sparql = record.get("sparql")
     return sparql and " ".join(l for l in sparql.splitlines() if not l.upper().startswith("PREFIX"))
-
-
-def first_per_id(records: list[dict]) -> dict[str, dict]:
-    """id -> its first record: a question answered twice counts once, as evaluate.py counts it."""
-    first = {}
-    for record in records:
-        first.setdefault(record["id"], record)
-    return first
 
 
 def compare(run_a: Path, run_b: Path, show: int) -> list[str]:

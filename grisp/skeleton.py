@@ -103,7 +103,7 @@ def substitute(text: str, ph: Placeholder, iri: str) -> str:
 def parses(query: str) -> bool:
     """True if the query (placeholders read as IRIs, PREFIXES predefined) is valid SPARQL 1.1."""
     tokens = tokenize(query)
-    edits = [(t.start, t.end, DUMMY_IRI) for t in tokens if t.kind == "ph"]
+    edits = _placeholders_as_iris(tokens)
     # pyoxigraph evaluates ASK eagerly: point SERVICE at an IRI it cannot call, so no network
     for i, token in enumerate(tokens[:-1]):
         if is_keyword(token, "SERVICE"):
@@ -122,12 +122,16 @@ def parses(query: str) -> bool:
 def sendable(query: str) -> bool:
     """True if the query, placeholders read as IRIs, passes the client's read-only check (no SERVICE,
     no update): a skeleton that fails it could never be sent, however its placeholders resolve."""
-    tokens = tokenize(query)
     try:
-        check_read_only(rewrite(query, [(t.start, t.end, DUMMY_IRI) for t in tokens if t.kind == "ph"]))
+        check_read_only(rewrite(query, _placeholders_as_iris(tokenize(query))))
     except ForbiddenQuery:
         return False
     return True
+
+
+def _placeholders_as_iris(tokens: list[Token]) -> list[tuple[int, int, str]]:
+    """The rewrite edits that put DUMMY_IRI in place of every placeholder (parses and sendable)."""
+    return [(t.start, t.end, DUMMY_IRI) for t in tokens if t.kind == "ph"]
 
 
 # ---------------------------------------------------------------------------- merged wordings
