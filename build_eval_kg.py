@@ -18,7 +18,7 @@ HTTP on a real oxigraph server), and writes to `--out`. Two settings (`--setting
     questions.jsonl  the covered dev questions (benchmark JSONL, records unchanged)
     items.jsonl      the label records of every labelled item (format of the item cache), for its search
                      index; their `count` (the index's popularity) is counted in the training material
-    stats.json       counts and the configuration that produced them
+    stats.json       counts (what was covered and dropped, and `difficulty`: memory, distractors), the configuration
 
 Popularity (`--popularity`): the item cache's own `count` was counted over training *and validation*
 data, so every WWQ dev answer and topic entity has one while most other items have none; an index
@@ -48,8 +48,9 @@ import endpoint
 from build_index import WIKIDATA_ID
 from grisp import benchmarks, metrics, sparql
 from grisp.skeleton import query_iris
-from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, tokenize
+from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, query_key, tokenize
 from jsonl import read_jsonl, write_jsonl
+from search import normalize
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
 RDFS_LABEL, SKOS_ALT_LABEL = expand("rdfs:label"), expand("skos:altLabel")
@@ -178,11 +179,53 @@ def training_popularity(records: list[dict]) -> Counter:
     return counts
 
 
+def topic_entity(sample: dict) -> str:
+    """The id of the single-pattern query's constant entity (`Q..`)."""
+    variable, subject, _, obj = single_pattern(sample["sparql"])
+    return (obj if subject == variable else subject)[len(WD):]
+
+
 def topic_ids(sample: dict) -> set[str]:
     """Ids the resolver must find by search: the query's constant entity and its property."""
-    variable, subject, prop, obj = single_pattern(sample["sparql"])
-    entity = obj if subject == variable else subject
-    return {entity[len(WD):], prop[len(WDT):]}
+    return {topic_entity(sample), single_pattern(sample["sparql"])[2][len(WDT):]}
+
+
+def difficulty(samples: list[dict], candidates: list[dict], covered: list[dict], triples: list[ox.Triple],
+               records: dict[str, dict], popularity: Counter | None, training: list[dict]) -> dict:
+    """How much the KG tests search, re-ranking and memory (the counts the README quotes):
+
+    in_training     questions whose gold query (sparql_syntax.query_key) is also the gold query of a
+                    record of the training material (`training`)
+    one_property    single-pattern questions whose topic entity has exactly one wdt: property in the KG
+                    (then a constrained property search has a single candidate)
+    namesakes       covered questions whose topic entity shares its label (as search normalises it)
+                    with another labelled entity; gold_first_*: of those, how often the gold entity
+                    comes first among its namesakes by popularity (ties: the lower Q number), by the
+                    count written to items.jsonl and by the item cache's own count
+    """
+    train_keys = {query_key(record["sparql"]) for record in training}
+    properties = {}  # entity id -> the wdt: properties of the facts it takes part in
+    for triple in triples:
+        if triple.predicate.value.startswith(WDT):
+            for node in (triple.subject, triple.object):
+                if isinstance(node, ox.NamedNode) and node.value.startswith(WD):
+                    properties.setdefault(node.value[len(WD):], set()).add(triple.predicate.value)
+    namesakes = {}  # normalised label -> labelled entity ids
+    for item_id, record in records.items():
+        if item_id.startswith("Q"):
+            namesakes.setdefault(" ".join(normalize(record["label"])), []).append(item_id)
+    own_count = {item_id: record.get("count") or 0 for item_id, record in records.items()}
+    counts = {"written": own_count if popularity is None else popularity, "item_cache": own_count}
+    shared = [(topic, ids) for topic in map(topic_entity, covered)
+              if len(ids := namesakes[" ".join(normalize(records[topic]["label"]))]) > 1]
+    first = {name: sum(min(ids, key=lambda i: (-count[i], int(i[1:]))) == topic for topic, ids in shared)
+             for name, count in counts.items()}
+    return {
+        "in_training": sum(query_key(sample["sparql"]) in train_keys for sample in samples),
+        "one_property": sum(len(properties.get(topic_entity(sample), ())) == 1 for sample in candidates),
+        "namesakes": len(shared),
+        "gold_first_by_written_count": first["written"], "gold_first_by_item_cache_count": first["item_cache"],
+    }
 
 
 def gold_matches(result: metrics.ResultSet, sample: dict) -> bool:
@@ -278,7 +321,8 @@ def main(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     ox.serialize(triples, out / "kg.nt", format=ox.RdfFormat.N_TRIPLES)
     write_jsonl(out / "questions.jsonl", covered)
-    popularity = training_popularity(training_records()) if args.popularity == "training" else None
+    training = training_records()
+    popularity = training_popularity(training) if args.popularity == "training" else None
     write_jsonl(out / "items.jsonl", (items[i] if popularity is None else {**items[i], "count": popularity[i]}
                                       for i in labelled))
     kg_ids = mentioned_ids(triples)
@@ -291,7 +335,10 @@ def main(args: argparse.Namespace) -> None:
         "triples": len(triples), "items": len([i for i in kg_ids if i.startswith("Q")]),
         "properties": len([i for i in kg_ids if i.startswith("P")]),
         "unlabelled": sorted(kg_ids - set(labelled)), "items_file": str(items_path),
-        "popularity": args.popularity, "config": vars(args),
+        "popularity": args.popularity,
+        "difficulty": difficulty(samples, candidates, covered, triples, {i: items[i] for i in labelled}, popularity,
+                                 training),
+        "config": vars(args),
     }
     print(f"{len(covered)} of {len(samples)} questions covered: {len(candidates)} single-pattern, "
           f"{stats['conflicting']} of them dropped because other questions' triples add answers, "
@@ -301,6 +348,12 @@ def main(args: argparse.Namespace) -> None:
           f"{len(extra)} extra KG files, {len(labels)} label triples of {len(labelled)} label records), "
           f"{stats['items']} items, {stats['properties']} properties, "
           f"{len(stats['unlabelled'])} without a label record")
+    hard = stats["difficulty"]
+    print(f"difficulty: {hard['in_training']} of {len(samples)} gold queries are also gold queries of the training material; "
+          f"{hard['one_property']} of {len(candidates)} single-pattern topics have one wdt: property in the KG; "
+          f"{hard['namesakes']} of {len(covered)} covered topics have a namesake, the gold one first by "
+          f"popularity in {hard['gold_first_by_written_count']} (item cache's count: "
+          f"{hard['gold_first_by_item_cache_count']})")
     if args.verify:
         mismatched = verify_on_server(out / "kg.nt", covered, Path(args.store), args.port)
         if mismatched:

@@ -232,6 +232,23 @@ def test_full_setting_keeps_gold_answers_exact(full):
     assert (stats["items"], stats["properties"]) == (8 + 4, 6)  # labelled + unlabelled ids
 
 
+def test_difficulty_counts_what_the_readme_quotes(tmp_path, monkeypatch):
+    """stats.json's difficulty: memory (dev queries in the training material, however written), property
+    distractors (topics with one wdt: property in the KG) and namesakes (the gold one first by which count)."""
+    subject_rewritten = {"id": "train-3", "question": "who?", "info": {},
+                         "sparql": f"SELECT DISTINCT ?who WHERE {{ ?who <{WDT}P26> <{WD}Q3> }}"}
+    monkeypatch.setattr(build_eval_kg, "training_records", lambda: TRAINING + [subject_rewritten])
+    (tmp_path / "extra.ttl").write_text(EXTRA_KG)
+    out = build(tmp_path, items=ITEMS_FULL, setting="full", extra_kg=[str(tmp_path / "extra.ttl")])
+    assert json.loads((out / "stats.json").read_text())["difficulty"] == {
+        "in_training": 1,  # "subject", asked with another variable name and full IRIs
+        "one_property": 4,  # Q3 (P26), Q6 and Q7 (P40), Q99 (P19); Q1 has P19, P569 and P27
+        "namesakes": 2,  # "literal" and "full-iris" ask about Q1, whose label Q50 shares
+        "gold_first_by_written_count": 0,  # training counts Q50 twice, Q1 never
+        "gold_first_by_item_cache_count": 2,  # the cache counts Q1 once, Q50 never
+    }
+
+
 def test_closed_setting_is_unchanged_by_more_item_records(tmp_path, built):
     more = build(tmp_path, items=ITEMS_FULL, name="more")  # the default setting, a larger item cache
     for name in ("kg.nt", "questions.jsonl", "items.jsonl"):
