@@ -92,9 +92,10 @@ def parse_options(values: object, base: Options) -> Options:
                 isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float))):
             problems.append(f"{name} must be a JSON {'boolean' if kind is bool else 'whole number' if kind is int else 'number'}"
                             f", not {json.dumps(value)}")
-        elif kind is float and not math.isfinite(value):  # Python's json reads Infinity; JSON has no such number
-            problems.append(f"{name} must be a finite number, not {value} (JSON has no infinity; a large "
-                            f"number such as 1000 does the same here)")
+        elif kind is float and not abs(value) <= sys.float_info.max:  # Python's json reads Infinity and NaN;
+            # a whole number past a float's range compares exactly here, where math.isfinite would overflow
+            problems.append(f"{name} must be a finite number of at most {sys.float_info.max:.3g}, not {value} "
+                            f"(JSON has no infinity; a large number such as 1000 does the same here)")
         elif name in CAPS and value > CAPS[name]:
             problems.append(f"{name} = {value} is over this server's limit of {CAPS[name]}")
     if problems:
