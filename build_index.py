@@ -379,7 +379,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--lang",
         default="en",
-        help="language of labels, aliases and descriptions (untagged literals are always used)",
+        help="language of labels, aliases and descriptions: exactly this tag first, then its regional "
+        "variants (en-gb for en), then untagged literals",
     )
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="rows per paged SPARQL query")
     # output

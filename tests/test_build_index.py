@@ -52,6 +52,9 @@ ex:alice ex:knows ex:bob ; rdfs:label "Alice"@en, "Alicia"@es ; skos:altLabel "A
 ex:bob ex:worksFor ex:ACME_Corp .
 ex:carol ex:worksFor ex:ACME_Corp .
 ex:worksFor rdfs:label "works for"@en .
+ex:carol ex:memberOf ex:org .
+ex:org rdfs:label "Org", "Organisation"@en-gb, "Organization"@en ;
+    schema:description "an organised group"@en-GB, "an organized group"@EN .
 """
 
 
@@ -267,6 +270,9 @@ def test_build_from_generic_endpoint(oxigraph_server, tmp_path):
     indices = load_indices(out)
     alice = indices.item("http://example.org/alice")
     assert alice.label == "Alice" and alice.aliases == ["Ally"] and alice.description == "a person"
+    organization = indices.item("http://example.org/org")  # en before en-gb before untagged, whatever their order
+    assert organization.label == "Organization" and organization.aliases == ["Organisation", "Org"]
+    assert organization.description == "an organized group"
     assert indices.item("http://example.org/ACME_Corp").label == "ACME Corp"
     assert indices.item("http://example.org/ACME_Corp").popularity == 2  # two occurrences
     assert indices.search("entity", "acme", k=3)[0].id == "http://example.org/ACME_Corp"
