@@ -277,8 +277,8 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
                 PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
         settings = source | {"encoder": encoder}
         wanted = embed == "all" or (embed == "properties" and kind == "property")
-        if not wanted and (out / sub / "embedding").exists() and not built_with(out / sub / "embedding", settings):
-            shutil.rmtree(out / sub / "embedding")  # of other items: it would still be loaded (and used, for properties)
+        if not wanted and (out / sub / "embedding").exists():
+            shutil.rmtree(out / sub / "embedding")  # search would still load and use it, against the manifest
         current = EmbeddingIndex.is_current(out / sub / "embedding")  # earlier (float32) vectors: rebuilt
         if wanted and not (current and is_built(out / sub / "embedding", settings, force)):
             from llm.encoder import load_encoder  # torch only when embedding

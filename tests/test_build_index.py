@@ -149,17 +149,15 @@ def test_a_build_cut_short_leaves_no_index_and_mixed_parts_are_refused(tmp_path,
         load_indices(tmp_path / "index")
 
 
-def test_an_embedding_of_other_items_no_longer_asked_for_is_removed(tmp_path):
+def test_an_embedding_no_longer_asked_for_is_removed(tmp_path):
     items = tmp_path / "items.jsonl"
     items.write_text(json.dumps({"id": "P19", "label": "place of birth", "count": 3}) + "\n")
     assert run("--items", str(items), "--out", str(tmp_path / "index")).returncode == 0  # properties embedded
     assert load_indices(tmp_path / "index").default_method("property") == "embedding"
     assert run("--items", str(items), "--out", str(tmp_path / "index"), "--embed", "none").returncode == 0
-    assert (tmp_path / "index" / "properties" / "embedding").exists()  # of these items: kept (costly to redo)
-    items.write_text(json.dumps({"id": "P20", "label": "place of death", "count": 3}) + "\n")
-    assert run("--items", str(items), "--out", str(tmp_path / "index"), "--embed", "none").returncode == 0
-    assert not (tmp_path / "index" / "properties" / "embedding").exists()  # of other items: removed
-    assert load_indices(tmp_path / "index").default_method("property") == "prefix"
+    assert not (tmp_path / "index" / "properties" / "embedding").exists()  # of the same items, removed all the same
+    indices = load_indices(tmp_path / "index")
+    assert indices.default_method("property") == "prefix" and indices.manifest["settings"]["embed"] == "none"
 
 
 def test_the_default_wikidata_index_follows_its_items_file(tmp_path, monkeypatch, capsys):
