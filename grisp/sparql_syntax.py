@@ -167,11 +167,24 @@ def query_key(query: str) -> str:
 _UPDATE_WORDS = ("INSERT", "DELETE", "LOAD", "CLEAR", "CREATE", "DROP", "COPY", "MOVE", "ADD", "WITH")
 
 
+# SPARQL 1.1 section 19.2: `\uXXXX` and `\UXXXXXXXX` spell any character anywhere in a query, decoded
+# before parsing (so `\u0053ERVICE` is SERVICE to an engine that follows the letter of the spec)
+_CODEPOINT_ESCAPE = re.compile(r"\\u([0-9A-Fa-f]{4})|\\U([0-9A-Fa-f]{8})")
+
+
+def _decode_codepoint_escapes(query: str) -> str:
+    def decode(match: re.Match) -> str:
+        code = int(match.group(1) or match.group(2), 16)
+        return chr(code) if code <= 0x10FFFF else match.group()
+    return _CODEPOINT_ESCAPE.sub(decode, query)
+
+
 def check_read_only(query: str) -> None:
     """Raise ForbiddenQuery if the query federates (SERVICE), is a SPARQL Update, or holds a skeleton
     placeholder (`<iri>...</iri>` is read as one token, which could hide a SERVICE clause before a
-    `</iri>` in a comment; a query to send has none)."""
-    for token in tokenize(query):
+    `</iri>` in a comment; a query to send has none). Checked on the query with its codepoint escapes
+    decoded, as an engine reads it (character positions in the messages are of that text)."""
+    for token in tokenize(_decode_codepoint_escapes(query)):
         if token.kind == "ph":
             raise ForbiddenQuery(
                 f"refusing to send a query with a skeleton placeholder {token.text[:40]!r} (at character "

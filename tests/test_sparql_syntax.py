@@ -30,11 +30,17 @@ def test_check_read_only_on_text():
                   "SELECT * WHERE { ?s ?p ?o # c\rSERVICE <http://e/sparql> { ?a ?b ?c } }",
                   # a placeholder token would swallow what lies before a `</iri>` in a comment
                   "BASE <http://e/> SELECT * WHERE { ?s <iri> ?o . SERVICE <http://e/sparql> { ?a ?b ?c } } #</iri>",
-                  "SELECT ?x WHERE { ?x <iri>director</iri> ?y }"):
+                  "SELECT ?x WHERE { ?x <iri>director</iri> ?y }",
+                  # codepoint escapes spell characters anywhere in a query (SPARQL 1.1, section 19.2)
+                  r"SELECT * WHERE { \u0053ERVICE <http://e/sparql> { ?s ?p ?o } }",
+                  r"\U00000049NSERT DATA { <http://e/a> <http://e/b> <http://e/c> }",
+                  # an escape in an IRI would end the IRI token early and start a "comment" at its `#`
+                  r"SELECT * WHERE { <http://e/\u0041#> SERVICE <http://e/sparql> { ?s ?p ?o } }"):
         with pytest.raises(ForbiddenQuery, match="refusing") as error:
             check_read_only(query)
         assert isinstance(error.value, SparqlError)
     assert [t.text for t in tokenize("?a # note\r?b")] == ["?a", "?b"]
+    check_read_only(r'SELECT ?x WHERE { ?x <http://e/name> "caf\u00e9 \uZZZZ" }')  # harmless escapes pass
 
 
 def test_brackets_and_top_level_triples():
