@@ -130,6 +130,13 @@ def fetch_pairs(client, name: str, query: str, page_size: int) -> list[tuple[str
                 return rows
 
 
+def language_rank(term: dict, lang: str) -> int:
+    """0 for a literal tagged exactly `lang`, 1 for one of its regional variants (en-gb for en: LANGMATCHES
+    lets them through), 2 for an untagged literal. Tags compare without case, as in RDF."""
+    tag = term.get("xml:lang")
+    return 2 if not tag else 0 if tag.lower() == lang.lower() else 1
+
+
 def local_name(iri: str) -> str:
     """Readable fallback label from an IRI: `.../dblp/authoredBy` -> "authored By"."""
     name = unquote(re.split(r"[/#]", iri.rstrip("/#"))[-1]).replace("_", " ")
@@ -146,8 +153,8 @@ def items_from_endpoint(url: str, schema: str, lang: str, page_size: int) -> dic
     finally:
         client.close()
     texts = {n: defaultdict(list) for n in ("labels", "aliases", "descriptions")}
-    for n, table in texts.items():  # language-tagged text first, untagged after
-        for iri, term in sorted(pairs[n], key=lambda p: "xml:lang" not in p[1]):
+    for n, table in texts.items():  # exactly `lang` first, then its regional variants, untagged last
+        for iri, term in sorted(pairs[n], key=lambda p: language_rank(p[1], lang)):
             if term["value"] not in table[iri]:
                 table[iri].append(term["value"])
 
