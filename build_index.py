@@ -115,19 +115,22 @@ def count_triples(url: str) -> int:
 
 
 def fetch_pairs(client, name: str, query: str, page_size: int) -> list[tuple[str, dict]]:
-    """All (item IRI, value term) rows of `query`, fetched in pages of `page_size` rows."""
-    rows = []
+    """All (item IRI, value term) rows of `query`, fetched in pages of up to `page_size` rows. A server may
+    cap its results below that (Virtuoso's ResultSetMaxRows): each page starts after the rows received,
+    and only an empty page ends the fetch."""
+    rows, offset = [], 0
     with tqdm(desc=f"fetch {name}", unit=" rows", leave=False) as bar:
-        for offset in range(0, sys.maxsize, page_size):
+        while True:
             page = client.query(f"{query} ORDER BY ?item ?value LIMIT {page_size} OFFSET {offset}")
+            if not page.rows:
+                return rows
             rows += [
                 (r["item"]["value"], r["value"])
                 for r in page.rows
                 if r.get("item", {}).get("type") == "uri" and "value" in r
             ]
+            offset += len(page.rows)
             bar.update(len(page.rows))
-            if len(page.rows) < page_size:
-                return rows
 
 
 def language_rank(term: dict, lang: str) -> int:

@@ -4,16 +4,18 @@ bad input."""
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import endpoint
-from build_index import current_embedding, local_name, open_index
+from build_index import current_embedding, fetch_pairs, local_name, open_index
 from conftest import free_port
 from search import EmbeddingIndex, load_indices
 
@@ -200,6 +202,19 @@ def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path, capsys):
     reused = [line for line in old.stdout.splitlines() if line.startswith("reusing")]
     assert old.returncode == 0 and len(reused) == 4 and not any(line.endswith("/embedding") for line in reused)
     assert EmbeddingIndex.is_current(part)
+
+
+def test_paged_fetch_goes_on_past_a_server_that_caps_its_results():
+    rows = [{"item": {"type": "uri", "value": f"http://x/{i}"}, "value": {"type": "literal", "value": str(i)}}
+            for i in range(7)]
+
+    class Capped:  # at most 2 rows whatever the LIMIT, as Virtuoso's ResultSetMaxRows
+        def query(self, text: str) -> SimpleNamespace:
+            limit, offset = map(int, re.search(r"LIMIT (\d+) OFFSET (\d+)", text).groups())
+            return SimpleNamespace(rows=rows[offset:offset + min(limit, 2)])
+
+    pairs = fetch_pairs(Capped(), "labels", "SELECT ?item ?value WHERE { ?item ?p ?value }", page_size=5)
+    assert [iri for iri, _ in pairs] == [f"http://x/{i}" for i in range(7)]
 
 
 def test_build_from_wikidata_endpoint(oxigraph_server, tmp_path):
