@@ -108,7 +108,8 @@ def answer_table(grisp: Grisp, answer: Answer, limit: int = 20) -> str:
 
 # what each endpoint fault (sparql.ENDPOINT_FAULTS) means, for the final message
 FAULT_TEXT = {"ServerError": "answered HTTP 5xx", "InvalidResponse": "sent invalid JSON or a broken answer",
-              "QueryTimeout": "did not answer in time", "EndpointUnreachable": "could not be reached"}
+              "QueryTimeout": "did not answer in time",
+              "EndpointUnreachable": "could not be reached or refused the request"}
 
 
 def fault_report(answer: Answer) -> str:

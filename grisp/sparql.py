@@ -13,11 +13,13 @@ PREFIXES table, compact / expand, the read-only check) lives in sparql_syntax.py
     result = client.query("SELECT ?d WHERE { wd:Q104123 wdt:P57 ?d }")
     result.variables, result.rows  # ['d'], [{'d': {'type': 'uri', 'value': '...Q3772'}}]
 
-Every failure is a `SparqlError`: `EndpointUnreachable`, `QueryTimeout`, `BadQuery` (4xx),
-`ServerError` (5xx after retries), `InvalidResponse` (invalid or truncated JSON, or a connection lost
-mid-answer; oxigraph reports a query cancelled by its timeout as HTTP 200 with truncated JSON),
-`ForbiddenQuery` (SERVICE, a SPARQL Update or a skeleton placeholder, refused before anything is
-sent; defined with the check in sparql_syntax.py). `ENDPOINT_FAULTS` are the endpoint's failures rather than the query's.
+Every failure is a `SparqlError`: `EndpointUnreachable` (also an endpoint that refuses requests: 401,
+403, 404, 405 ...), `QueryTimeout`, `BadQuery` (400 or 422: the query's fault), `ServerError` (5xx, 408
+or 429 after retries; 413, 414 or 431: a request too large for it), `InvalidResponse` (invalid or
+truncated JSON, or a connection lost mid-answer; oxigraph reports a query cancelled by its timeout as
+HTTP 200 with truncated JSON), `ForbiddenQuery` (SERVICE, a SPARQL Update or a skeleton placeholder,
+refused before anything is sent; defined with the check in sparql_syntax.py). `ENDPOINT_FAULTS` are the
+endpoint's failures rather than the query's.
 
 A `deadline` (time.monotonic() seconds) makes the time budget a hard limit: every request's connect
 and read timeouts are cut to the time left, and no retry waits past it. The read timeout bounds the
@@ -44,7 +46,8 @@ from grisp.sparql_syntax import PREFIXES, ForbiddenQuery, SparqlError, check_rea
 
 
 class EndpointUnreachable(SparqlError):
-    """No connection to the endpoint (refused, DNS, connect timeout), also after retries."""
+    """No connection to the endpoint (refused, DNS, connect timeout), also after retries; or an endpoint
+    that refuses requests whatever the query (HTTP 401, 403, 404, 405 ...: access, a ban, a wrong URL)."""
 
 
 class QueryTimeout(SparqlError):
@@ -52,11 +55,12 @@ class QueryTimeout(SparqlError):
 
 
 class BadQuery(SparqlError):
-    """The endpoint rejected the query with a 4xx status; the message carries the server's text."""
+    """The endpoint rejected the query (HTTP 400 or 422); the message carries the server's text."""
 
 
 class ServerError(SparqlError):
-    """The endpoint kept answering 5xx (or 429) after all retries."""
+    """The endpoint kept answering 5xx (or 408, 429) after all retries, or found the request too large
+    (HTTP 413, 414, 431: its limits, not the query's meaning)."""
 
 
 class InvalidResponse(SparqlError):
@@ -238,13 +242,20 @@ class SparqlClient:
             except (requests.RequestException, urllib3.exceptions.HTTPError) as e:  # e.g. an answer cut off mid-stream
                 raise InvalidResponse(f"broken answer from {self.url}: {e}") from None
             message = body[:500].decode("utf-8", "replace").strip()
-            if response.status_code >= 500 or response.status_code == 429:
+            status = response.status_code
+            if status >= 500 or status in (408, 429):  # busy or failing: worth another attempt
                 if _TIMEOUT_TEXT.search(message):
                     raise QueryTimeout(f"the endpoint {self.url} timed out: {message}")
-                error = ServerError(f"HTTP {response.status_code} from {self.url}: {message}")
+                error = ServerError(f"HTTP {status} from {self.url}: {message}")
                 continue
-            if response.status_code >= 400:
-                raise BadQuery(f"HTTP {response.status_code} from {self.url}: {message}")
+            if status in (400, 422):  # the query's fault: syntax, an unknown prefix or function
+                raise BadQuery(f"HTTP {status} from {self.url}: {message}")
+            if status in (413, 414, 431):  # the same again on a retry
+                hint = "; method='post' sends the query in the body" if self.method == "get" else ""
+                raise ServerError(f"HTTP {status} from {self.url}: the request is too large for it{hint}: {message}")
+            if status >= 400:  # 401, 403, 404, 405 ...: refused whatever the query, so not the query's fault
+                raise EndpointUnreachable(f"HTTP {status} from {self.url}: it refuses the request (check the URL's "
+                                          f"path and access to it): {message}")
             try:
                 return parse_results(body)
             except InvalidResponse as e:

@@ -131,6 +131,21 @@ def test_500_is_retried_then_raised(fake):
     assert result.iris() == ["http://e/1"] and len(server.requests) == 2
 
 
+@pytest.mark.parametrize("status, error, attempts", [
+    (400, BadQuery, 1), (422, BadQuery, 1),  # the query's fault
+    (401, EndpointUnreachable, 1), (403, EndpointUnreachable, 1),  # refused whatever the query: no access, a ban,
+    (404, EndpointUnreachable, 1), (405, EndpointUnreachable, 1),  # a wrong path or method
+    (414, ServerError, 1), (408, ServerError, 3),  # too large for this endpoint; busy (retried)
+])
+def test_only_400_and_422_blame_the_query(fake, status, error, attempts):
+    server = fake((status, "refused", 0.0))
+    client = SparqlClient(server.url, retries=2, backoff_s=0.01)
+    with pytest.raises(error, match=f"HTTP {status} from"):
+        client.query("SELECT * WHERE { ?s ?p ?o }")
+    assert len(server.requests) == attempts
+    assert client.tally.faults == ({} if error is BadQuery else {error.__name__: 1})
+
+
 def test_client_read_timeout(fake):
     server = fake((200, ROW, 1.0))
     with pytest.raises(QueryTimeout, match="within 0.2 s"):
