@@ -3,6 +3,7 @@ reports bad input (missing or invalid RDF, busy port) clearly."""
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -96,6 +97,27 @@ def test_a_server_that_dies_at_start_is_reported_though_another_answers(tmp_path
     with pytest.raises(endpoint.EndpointError, match="did not come up"):
         endpoint.start([kg], tmp_path / "store", port=free_port())
     assert not (tmp_path / "store" / "server.json").exists()
+
+
+def test_a_server_that_answers_after_the_wait_is_kept(tmp_path, monkeypatch):
+    # the check itself takes up to 6 s: its answer decides, not the clock after it
+    kg, store = tmp_path / "kg.ttl", tmp_path / "store"
+    kg.write_text(KG)
+    answers = endpoint._answers
+
+    def slow_answers(url: str) -> bool:
+        for _ in range(100):  # as one slow check that ends with an answer
+            if answers(url):
+                return True
+            time.sleep(0.05)
+        return False
+
+    monkeypatch.setattr(endpoint, "_answers", slow_answers)
+    try:
+        url = endpoint.start([kg], store, port=free_port(), wait_s=0.0)
+        assert ask(url, "ASK { wd:Q104123 wdt:P57 wd:Q3772 }") and endpoint.status(store) is not None
+    finally:
+        endpoint.stop(store)
 
 
 @pytest.mark.parametrize("text", ['{"pid": 12', "", '{"url": "x"}', '[1]'])
