@@ -6,7 +6,8 @@ into an oxigraph store directory with the `oxigraph` CLI (PyPI package `oxigraph
 read-only on localhost with a per-query timeout in the background, waits until it answers, and
 prints the endpoint URL. The store is stamped with the data files' SHA-256: starting again over
 unchanged files reuses it, changed files are reloaded. The store directory also holds the server's
-pid file (`server.json`) and log (`server.log`).
+pid file (`server.json`), its log (`server.log`) and a lock file (`server.lock`: one start or stop at
+a time per store).
 
     python endpoint.py start                       # the demo KG data/demo/kg.ttl on port 7878
     python endpoint.py start --data my.ttl more.nt --store /tmp/mystore --port 7879
@@ -14,6 +15,7 @@ pid file (`server.json`) and log (`server.log`).
 """
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -152,6 +154,15 @@ def _answers(url: str) -> bool:
         client.close()
 
 
+@contextlib.contextmanager
+def _locked(store_dir: Path):
+    """Hold the store's lock file (an fcntl lock: released when closed, also if this process dies)."""
+    store_dir.mkdir(parents=True, exist_ok=True)
+    with open(store_dir / "server.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int = 30,
           host: str = "127.0.0.1", wait_s: float = 60.0) -> str:
     """Load (if needed) and serve `files` read-only in the background; returns the query URL.
@@ -161,13 +172,19 @@ def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int =
     """
     store_dir = Path(store_dir).expanduser().resolve()
     check_data(files)
+    with _locked(store_dir):  # one start or stop per store at a time: two starts could both find the port free
+        return _start(files, store_dir, port, timeout_s, host, wait_s)
+
+
+def _start(files: list[Path], store_dir: Path, port: int, timeout_s: int, host: str, wait_s: float) -> str:
+    """start() with the store's lock held."""
     url = f"http://{host}:{port}/query"
     info = _server_info(store_dir)
     if info is not None:
         same = info["url"] == url and info["timeout_s"] == timeout_s and info["stamp"] == data_stamp(files)
         if same and _answers(url):
             return url
-        stop(store_dir)
+        _stop(store_dir)
     load_store(files, store_dir)
     if not _port_free(host, port):
         raise EndpointError(f"port {port} on {host} is already in use by another program; "
@@ -187,7 +204,7 @@ def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int =
     while not (up := _answers(url)) and proc.poll() is None and time.monotonic() <= deadline:
         time.sleep(0.1)
     if not up or proc.poll() is not None:
-        stop(store_dir)
+        _stop(store_dir)
         tail = (store_dir / "server.log").read_text(errors="replace").splitlines()[-5:]
         raise EndpointError(f"oxigraph did not come up on {url}; last log lines:\n  " + "\n  ".join(tail))
     return url
@@ -196,6 +213,14 @@ def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int =
 def stop(store_dir: Path) -> bool:
     """Stop the server running over `store_dir`; returns False if none was running."""
     store_dir = Path(store_dir).expanduser().resolve()
+    if not store_dir.is_dir():
+        return False
+    with _locked(store_dir):
+        return _stop(store_dir)
+
+
+def _stop(store_dir: Path) -> bool:
+    """stop() with the store's lock held."""
     info = _server_info(store_dir)
     if info is None:
         return False

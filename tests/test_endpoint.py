@@ -3,6 +3,7 @@ reports bad input (missing or invalid RDF, busy port) clearly."""
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -91,7 +92,7 @@ def test_a_server_that_dies_at_start_is_reported_though_another_answers(tmp_path
     # the port was free when checked, then another program took it: its answers are not our server's
     kg = tmp_path / "kg.ttl"
     kg.write_text(KG)
-    monkeypatch.setattr(endpoint, "load_store", lambda files, store_dir: Path(store_dir).mkdir(parents=True))
+    monkeypatch.setattr(endpoint, "load_store", lambda files, store_dir: Path(store_dir).mkdir(parents=True, exist_ok=True))
     monkeypatch.setattr(endpoint, "oxigraph_binary", lambda: "false")  # exits at once
     monkeypatch.setattr(endpoint, "_answers", lambda url: True)
     with pytest.raises(endpoint.EndpointError, match="did not come up"):
@@ -118,6 +119,50 @@ def test_a_server_that_answers_after_the_wait_is_kept(tmp_path, monkeypatch):
         assert ask(url, "ASK { wd:Q104123 wdt:P57 wd:Q3772 }") and endpoint.status(store) is not None
     finally:
         endpoint.stop(store)
+
+
+def test_two_starts_at_once_launch_one_server(tmp_path, monkeypatch):
+    # both would find the port free (the check is slowed here to make sure they overlap) and launch
+    kg, store, port = tmp_path / "kg.ttl", tmp_path / "store", free_port()
+    kg.write_text(KG)
+    endpoint.load_store([kg], store)
+    port_free, popen, launched = endpoint._port_free, subprocess.Popen, []
+
+    def slow_port_free(host: str, port: int) -> bool:
+        free = port_free(host, port)
+        time.sleep(0.3)
+        return free
+
+    def recording_popen(cmd, **kwargs):
+        proc = popen(cmd, **kwargs)
+        if "serve-read-only" in cmd:
+            launched.append(proc)
+        return proc
+
+    monkeypatch.setattr(endpoint, "_port_free", slow_port_free)
+    monkeypatch.setattr(endpoint.subprocess, "Popen", recording_popen)
+    results = []
+
+    def start() -> None:
+        try:
+            results.append(endpoint.start([kg], store, port=port))
+        except endpoint.EndpointError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=start) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        url = f"http://127.0.0.1:{port}/query"
+        assert results == [url, url] and len(launched) == 1
+        assert endpoint.status(store)["pid"] == launched[0].pid
+    finally:
+        endpoint.stop(store)
+        for proc in launched:  # a server left without a pid file (the old race) is ended here
+            proc.kill()
+            proc.wait()
 
 
 @pytest.mark.parametrize("text", ['{"pid": 12', "", '{"url": "x"}', '[1]'])
