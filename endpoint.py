@@ -134,8 +134,14 @@ def _server_info(store_dir: Path) -> dict | None:
     return None
 
 
+def _host_port(host: str, port: int) -> str:
+    """`host:port`, an IPv6 address in brackets (`[::1]:7878`), as URLs and oxigraph's --bind write it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # an IPv4 socket cannot bind ::1
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server does
         try:
             s.bind((host, port))
@@ -170,7 +176,7 @@ def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int =
     A server already running over the same store, data, port and timeout is reused; one with other
     settings is stopped first.
     """
-    store_dir = Path(store_dir).expanduser().resolve()
+    store_dir, host = Path(store_dir).expanduser().resolve(), host.removeprefix("[").removesuffix("]")
     check_data(files)
     with _locked(store_dir):  # one start or stop per store at a time: two starts could both find the port free
         return _start(files, store_dir, port, timeout_s, host, wait_s)
@@ -178,7 +184,7 @@ def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int =
 
 def _start(files: list[Path], store_dir: Path, port: int, timeout_s: int, host: str, wait_s: float) -> str:
     """start() with the store's lock held."""
-    url = f"http://{host}:{port}/query"
+    url = f"http://{_host_port(host, port)}/query"
     info = _server_info(store_dir)
     if info is not None:
         same = info["url"] == url and info["timeout_s"] == timeout_s and info["stamp"] == data_stamp(files)
@@ -192,7 +198,7 @@ def _start(files: list[Path], store_dir: Path, port: int, timeout_s: int, host: 
     # --- launch in its own session, so the server outlives this process and Ctrl-C here
     log = open(store_dir / "server.log", "ab")
     cmd = [oxigraph_binary(), "serve-read-only", "--location", str(store_dir / "db"),
-           "--bind", f"{host}:{port}", "--timeout-s", str(timeout_s)]
+           "--bind", _host_port(host, port), "--timeout-s", str(timeout_s)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, env=_run_env())
     log.close()
@@ -290,7 +296,7 @@ if __name__ == "__main__":
                         help="store directory (database, data stamp, pid file and log)")
     # server
     parser.add_argument("--port", type=int, default=7878, help="TCP port to serve on")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (keep it local)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (keep it local), e.g. ::1 for IPv6")
     parser.add_argument("--timeout-s", type=int, default=30,
                         help="per-query timeout of the server (s); oxigraph checks it only now and then, "
                              "so clients should set their own read timeout too")

@@ -76,6 +76,17 @@ def test_bad_rdf_is_reported_and_leaves_no_store(tmp_path):
         endpoint.start([odd], tmp_path / "store", port=free_port())
 
 
+def test_an_ipv6_host_is_served_and_its_url_has_brackets(tmp_path):
+    kg, store, port = tmp_path / "kg.ttl", tmp_path / "store", free_port()
+    kg.write_text(KG)
+    try:
+        url = endpoint.start([kg], store, port=port, host="::1")
+        assert url == f"http://[::1]:{port}/query" and ask(url, "ASK { wd:Q104123 wdt:P57 wd:Q3772 }")
+        assert not endpoint._port_free("::1", port)
+    finally:
+        endpoint.stop(store)
+
+
 def test_busy_port_is_reported(tmp_path):
     kg = tmp_path / "kg.ttl"
     kg.write_text(KG)
@@ -92,7 +103,8 @@ def test_a_server_that_dies_at_start_is_reported_though_another_answers(tmp_path
     # the port was free when checked, then another program took it: its answers are not our server's
     kg = tmp_path / "kg.ttl"
     kg.write_text(KG)
-    monkeypatch.setattr(endpoint, "load_store", lambda files, store_dir: Path(store_dir).mkdir(parents=True, exist_ok=True))
+    monkeypatch.setattr(endpoint, "load_store",
+                        lambda files, store_dir: Path(store_dir).mkdir(parents=True, exist_ok=True))
     monkeypatch.setattr(endpoint, "oxigraph_binary", lambda: "false")  # exits at once
     monkeypatch.setattr(endpoint, "_answers", lambda url: True)
     with pytest.raises(endpoint.EndpointError, match="did not come up"):
