@@ -331,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default=S, help=f"address to listen on; 0.0.0.0 exposes it {cfg('server', 'host')}")
     parser.add_argument("--port", type=int, default=S, help=f"port to listen on {cfg('server', 'port')}")
     parser.add_argument("--max-waiting", type=int, default=S,
-                        help=f"jobs that may wait; more get 503 {cfg('server', 'max_waiting')}")
+                        help=f"jobs that may wait behind the running one, more get 503; 0: a job only when none runs "
+                             f"{cfg('server', 'max_waiting')}")
     parser.add_argument("--time-limit", type=float, default=S,
                         help="seconds per GRISP question or chat completion from the start of its work, then 504; an "
                              f"agent run has [agent] time_limit_s {cfg('server', 'time_limit_s')}")

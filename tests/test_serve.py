@@ -4,6 +4,7 @@ Answer and stream (the stream's trace is the answer's trace, event by event, not
 generate-only mode, options, 400s, a full queue (503), the time limit (504, timeout event), cancelling
 by leaving, the endpoint failing mid-question, and 8 concurrent clients.
 """
+import asyncio
 import json
 import re
 import socket
@@ -23,6 +24,7 @@ from grisp.sparql import SparqlClient
 from llm.cpu_speed import cpu_name
 from serve import make_app
 from tests.serving import GOLD, KNOXVILLE, QUESTION, running, scripted_grisp, sse
+from web.jobs import Job, QueueFull, Worker
 
 torch.set_num_threads(1)
 DEAD_END = "SELECT ?x WHERE { <iri>zzzz qqqq</iri> <iri>director (wdt)</iri> ?x . }"
@@ -199,6 +201,31 @@ def test_full_queue_is_503_with_retry_after(grisp, server):
     start = time.monotonic()
     assert requests.post(url + "/api/answer", json={"question": QUESTION}, timeout=60).status_code == 200
     assert time.monotonic() - start < 10
+
+
+def test_max_waiting_0_takes_a_job_only_when_none_runs():
+    release = threading.Event()
+    worker = Worker(lambda job: release.wait(10) and {"type": "answer"}, max_waiting=0).start()
+    loop = asyncio.new_event_loop()
+
+    def until(condition) -> None:
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    try:
+        first = Job("first", loop, time_limit=60)
+        assert worker.submit(first) == 0  # a free worker takes it (before: refused, as every job passes the queue)
+        until(lambda: worker.current is first)
+        with pytest.raises(QueueFull, match="a question is being answered and none may wait"):
+            worker.submit(Job("second", loop, time_limit=60))
+        release.set()
+        until(lambda: worker.current is None)
+        assert worker.submit(Job("third", loop, time_limit=60)) == 0
+    finally:
+        release.set()
+        worker.stop()
+        loop.close()
 
 
 def test_time_limit_is_504_and_a_timeout_event(grisp, server):

@@ -38,8 +38,9 @@ class QueueFull(Exception):
     """The queue is full; retry_after estimates the seconds until a place frees up."""
 
     def __init__(self, waiting: int, retry_after: int):
-        waiting_text = "1 question is" if waiting == 1 else f"{waiting} questions are"
-        super().__init__(f"the server is busy: {waiting_text} waiting; try again in {retry_after} s")
+        waiting_text = ("a question is being answered and none may wait" if waiting == 0 else
+                        "1 question is waiting" if waiting == 1 else f"{waiting} questions are waiting")
+        super().__init__(f"the server is busy: {waiting_text}; try again in {retry_after} s")
         self.retry_after = retry_after
 
 
@@ -102,7 +103,8 @@ class Job:
 
 class Worker:
     """The one thread that runs the jobs in order; at most `max_waiting` jobs wait behind the running one
-    (jobs cancelled while waiting give up their place at once)."""
+    (jobs cancelled while waiting give up their place at once). With 0, a job is taken only when the worker
+    is free."""
 
     def __init__(self, run: Callable[[Job], dict], max_waiting: int):
         self.run, self.max_waiting = run, max_waiting
@@ -130,7 +132,8 @@ class Worker:
         """Queue `job`; return how many jobs are ahead of it. QueueFull if `max_waiting` already wait."""
         with self.changed:
             self.waiting = deque(j for j in self.waiting if not j.cancelled.is_set())
-            if len(self.waiting) >= self.max_waiting or self.stopping:
+            busy = self.current is not None or bool(self.waiting)  # else the job starts at once: it does not wait
+            if busy and len(self.waiting) >= self.max_waiting or self.stopping:
                 raise QueueFull(len(self.waiting), math.ceil(self.seconds_per_job))
             ahead = len(self.waiting) + (self.current is not None)
             self.waiting.append(job)
