@@ -344,11 +344,7 @@ def open_index(index: str | None, data: str) -> Indices:
             print(f"{why} at {directory}: building the Wikidata index there from {items} "
                   "(once, a few minutes of CPU)", file=sys.stderr)
             build(directory, items=items)
-            stale = False
-    if stale:
-        print(f"warning: {directory} holds float32 encoder vectors, whose property rankings may differ between "
-              "CPUs; build_index.py --force rebuilds it", file=sys.stderr)
-    return load_indices(directory)
+    return load_indices(directory)  # which warns of another index's float32 encoder vectors
 
 
 def current_embedding(directory: Path) -> bool:

@@ -41,6 +41,7 @@ import json
 import mmap
 import re
 import string
+import sys
 import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -572,8 +573,14 @@ class Indices:
 
 
 def load_indices(directory: Path, encoder=None) -> Indices:
-    """Open an index directory; arrays are memory-mapped. `encoder` overrides the saved encoder."""
-    return Indices(directory, encoder)
+    """Open an index directory; arrays are memory-mapped. `encoder` overrides the saved encoder. An index
+    of float32 encoder vectors (built before the float64 encoder) is used with a warning."""
+    indices = Indices(directory, encoder)
+    parts = [indices.directory / KINDS[kind] / "embedding" for kind in KINDS if "embedding" in indices.methods[kind]]
+    if not all(EmbeddingIndex.is_current(part) for part in parts):
+        print(f"warning: {indices.directory} holds float32 encoder vectors, whose property rankings may differ "
+              "between CPUs; build_index.py --force rebuilds it", file=sys.stderr)
+    return indices
 
 
 def main(args: argparse.Namespace) -> None:

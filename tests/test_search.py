@@ -312,6 +312,23 @@ def test_item_store_and_load_indices(tmp_path):
         load_indices(tmp_path / "missing")
 
 
+def test_load_indices_warns_of_float32_encoder_vectors(tmp_path, capsys):
+    # serve.py, infer.py and the agent load with load_indices: the warning is there, not only in build_index
+    for sub, names in (("entities", [["Pulp Fiction"]]), ("properties", [["place of birth"]])):
+        ItemStore.write(tmp_path / sub / "items", [{"id": f"http://ex.org/{sub}", "label": names[0][0], "aliases": [],
+                                                   "description": "", "popularity": 1.0}])
+        PrefixIndex.build(names, np.ones(1)).save(tmp_path / sub / "prefix")
+    EmbeddingIndex.build([["place of birth"]], np.ones(1), bag_of_letters, "letters").save(
+        tmp_path / "properties" / "embedding")
+    (tmp_path / "manifest.json").write_text(json.dumps({"counts": {"entity": 1, "property": 1}}))
+    load_indices(tmp_path)
+    assert "warning" not in capsys.readouterr().err
+    config = tmp_path / "properties" / "embedding" / "config.json"  # as built before the float64 encoder
+    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "vectors_from"}))
+    assert load_indices(tmp_path).default_method("property") == "embedding"
+    assert "holds float32 encoder vectors" in capsys.readouterr().err
+
+
 def test_search_cli(tmp_path):
     assert (
         subprocess.run(
