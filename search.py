@@ -74,10 +74,11 @@ _COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\u
 
 
 def normalize(text: str) -> list[str]:
-    """Words of `text`: ASCII-transliterated, lowercased, punctuation stripped at both ends.
+    """Words of `text`: lowercased, NFKD-decomposed without combining accents, punctuation stripped at both ends.
 
-    "Café Müller-Straße, Ltd." -> ["cafe", "muller-strasse", "ltd"]. Letters without an ASCII
-    form (e.g. CJK) are kept, so such names still match themselves.
+    "Café Müller-Straße, Ltd." -> ["cafe", "muller-strasse", "ltd"]. Accents go in every script ("Йорк" ->
+    "иорк"); other scripts are not spelled in ASCII (CJK stays, Hangul becomes jamo), so such names still
+    match themselves (docs/method.md 5.2).
     """
     text = text.lower()
     if not text.isascii():  # é -> e + combining accent (NFKD) -> e

@@ -44,6 +44,9 @@ def test_normalize_accents_punctuation_case():
     assert normalize("“Ærø” ØRESUND naïve") == ["aero", "oresund", "naive"]
     assert normalize("(U.S.)  ...  --") == ["u.s"]  # punctuation only at word ends
     assert normalize("东京 Tower") == ["东京", "tower"]  # no ASCII form: kept as is
+    # as docs/method.md 5.2 says: accents go in every script, NFKD rewrites compatibility forms and Hangul
+    assert normalize("Нью-Йорк Ελλάδα") == ["нью-иорк", "ελλαδα"] and normalize("ﬁ Ⅻ") == ["fi", "xii"]
+    assert normalize("서울") == ["\u1109\u1165\u110b\u116e\u11af"]  # the jamo of 서 and 울
     assert normalize("  \t\n") == []
 
 
