@@ -11,7 +11,7 @@ and `build` writes into one directory:
     properties/ items + prefix/ + embedding/
 
 Finished parts are reused when built again with the same settings and source (an items file's size and
-time stamp, an endpoint's triple count; force=True rebuilds).
+SHA-256, an endpoint's URL, schema, language and triple count; force=True rebuilds).
 Item ids are full IRIs; a Wikidata property's id is its entity IRI (wd:P19), whatever variant
 (wdt:, p:, ps:, pq:) the KG uses in triples. Popularity: Wikidata sitelinks when present, else the
 number of triples an entity occurs in; properties: number of triples using them, external-id
