@@ -32,6 +32,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -206,7 +207,9 @@ def load_init_adapter(model, args) -> None:
 
 # ---------------------------------------------------------------------------- main
 def main(args: argparse.Namespace) -> None:
-    # --- setup: processes, device, run directory
+    # --- setup: processes, device, run directory. Until the loop takes over SIGINT/SIGTERM (checkpoint, then
+    # exit), an INT ends the process: a background job of a shell (runs/mix.sh) starts with INT ignored
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     run = setup(args)
 
     # --- data
@@ -282,6 +285,8 @@ def check_args(args: argparse.Namespace, world: int) -> None:
          f"need --lr > 0 and 0 <= --warmup < 1, got {args.lr}, {args.warmup}"),
         (args.checkpoint_every < 1 or args.keep_checkpoints < 1, "--checkpoint-every and --keep-checkpoints must be "
                                                                  "at least 1"),
+        (args.patience < 1, f"--patience must be at least 1 (validations without a new best), got {args.patience}; "
+                            f"a large value turns early stopping off"),
     ] if bad]
     if problems:
         sys.exit("error: " + "; ".join(problems))
@@ -365,7 +370,7 @@ def make_parser() -> argparse.ArgumentParser:
                                                                 "them (0 = all epochs)")
     group.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (0 = after each epoch)")
     group.add_argument("--patience", type=int, default=2, help="stop after this many validations without a new best "
-                                                               "loss")
+                                                               "loss (at least 1; a large value: never stop early)")
     # checkpoints
     group = parser.add_argument_group("checkpoints")
     group.add_argument("--runs-dir", default=str(defaults.RUNS_DIR), help="where runs live")
@@ -400,3 +405,5 @@ if __name__ == "__main__":
         main(make_parser().parse_args())
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
+    except KeyboardInterrupt:
+        sys.exit("interrupted outside the training loop (before its first step or after its last checkpoint)")

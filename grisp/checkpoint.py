@@ -123,6 +123,18 @@ def save_portable(checkpoint_dir: Path, run_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+def recover_portable(out_dir: Path) -> Path:
+    """`out_dir`, put back from <name>.old where a save_portable was cut off between its two renames (the
+    copy the run would continue from, on a machine whose checkpoints are gone). Returns out_dir."""
+    old = out_dir.with_name(out_dir.name + ".old")
+    if not out_dir.exists() and (old / "state.json").is_file():
+        try:
+            old.rename(out_dir)
+        except FileNotFoundError:  # another process of the run (DDP) put it back first
+            pass
+    return out_dir
+
+
 def copy_in_bf16(src: Path, dst: Path) -> None:
     """Copy a safetensors file with its float tensors cast to bfloat16."""
     tensors = load_file(src)

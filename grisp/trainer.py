@@ -34,14 +34,17 @@ from grisp import checkpoint, loss, peft_format
 from jsonl import append_jsonl, read_jsonl, write_jsonl
 from llm import cpu_speed
 
-# flags that may differ on --resume: they change neither the samples nor the math (a different
-# --micro-batch-size or precision only changes float rounding and peak memory: a run may move to a machine of
-# the other kind; --runs-dir: a run moved elsewhere)
+# flags that may differ on --resume: they change neither the samples nor the schedule (a different
+# --micro-batch-size or precision changes float rounding, LoRA dropout's masks and peak memory: a run may
+# move to a machine of the other kind; --runs-dir: a run moved elsewhere)
 RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "keep_checkpoints", "device",
                      "micro_batch_size", "runs_dir", "dtype", "portable_dir", "rewarm_steps", "accept_new_samples"}
 # settings added after runs were saved, with the value that gives such a run's samples (a run saved without
 # one resumes with it)
 LATER_SETTINGS = {"mention": 0.0, "first_epoch": 0, "compose_shapes": "chain"}
+# settings compared by what they name, not by where it lies: a run may move to a machine with another home
+# directory (the base model is its directory's name; its shapes are checked by trainable_parameters)
+COMPARED_AS = {"model_dir": lambda path: Path(str(path)).name}
 
 
 @dataclass
@@ -116,8 +119,9 @@ def rewarm(step: int, rewarm_from: int | None, rewarm_steps: int) -> float:
 
 # ---------------------------------------------------------------------------- resume, run directory
 def portable_copy(args: argparse.Namespace) -> Path | None:
-    """Where the run's portable copy lives (--portable-dir/NAME), or None without --portable-dir."""
-    return Path(args.portable_dir).expanduser() / args.name if args.portable_dir else None
+    """Where the run's portable copy lives (--portable-dir/NAME; one cut off mid-swap is put back), or None
+    without --portable-dir."""
+    return checkpoint.recover_portable(Path(args.portable_dir).expanduser() / args.name) if args.portable_dir else None
 
 
 def resume(run: Run, config: dict, model, optimizer) -> tuple[TrainState, str]:
@@ -142,7 +146,8 @@ def check_same_run(saved: dict, config: dict, accept_new_samples: bool = False) 
     """Exit if a setting outside RESUMABLE_CHANGES, or the samples (data_sha256), differ from the run's; other
     samples may be accepted (--accept-new-samples): then the note for the stretch's start line, else ''."""
     checked = config.keys() - RESUMABLE_CHANGES - {"data_sha256"}  # the fingerprint is checked below
-    changed = {k for k in checked if saved.get(k, LATER_SETTINGS.get(k)) != config[k]}
+    same = lambda k, was, now: COMPARED_AS[k](was) == COMPARED_AS[k](now) if k in COMPARED_AS else was == now
+    changed = {k for k in checked if not same(k, saved.get(k, LATER_SETTINGS.get(k)), config[k])}
     if changed:
         settings = ", ".join(f"{k}={config[k]} (was {saved.get(k)})" for k in sorted(changed))
         sys.exit(f"error: --resume with different settings: {settings}")

@@ -5,8 +5,8 @@
 #   bash runs/mix.sh                          # NAME=mix: the run behind adapters/grisp-mix-0.5b
 #   bash runs/mix.sh NAME [train.py flags]    # the same recipe under another name, with more flags
 #                                             # (e.g. --compose-shapes ...); a resumed run must get the same flags
-# Runs in the background; stop it with: kill -INT $(cat ~/.cache/grisp/logs/NAME/pid)   (it checkpoints,
-# copies, and exits)
+# Runs in the background; stop it with: kill -INT $(cat ~/.cache/grisp/logs/NAME/pid)   (in the loop it
+# checkpoints, copies, and exits; before the first step it just exits)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:-mix}
@@ -20,7 +20,10 @@ if [ -f "$logs/pid" ] && ps -p "$(cat "$logs/pid")" -o args= 2>/dev/null | grep 
   exit 1
 fi
 resume=""
-if [ -e "$home/runs/$name/latest" ] || [ -e "runs/$name/state.json" ]; then resume="--resume"; fi
+# (runs/NAME.old: a copy whose swap was cut off; train.py puts it back)
+if [ -e "$home/runs/$name/latest" ] || [ -e "runs/$name/state.json" ] || [ -e "runs/$name.old/state.json" ]; then
+  resume="--resume"
+fi
 nohup python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach --name $name --lora-layers 0 \
   --loss-weighting reference --epochs 2 --checkpoint-every 10 --val-fraction 0.02 --threads 2 \
   --micro-batch-size 1 --portable-dir runs $resume "$@" >> "$logs/train.log" 2>&1 &

@@ -388,6 +388,22 @@ def test_a_copy_landed_after_the_last_validation_becomes_the_adapter_on_a_fresh_
         torch.testing.assert_close(tensor.float(), expected.float(), rtol=0, atol=0, msg=name)
 
 
+def test_a_copy_cut_off_mid_swap_is_put_back_and_continued(model_dir, tmp_path):
+    """save_portable renames the old copy to NAME.old before the new one takes its name: a kill between the two
+    renames leaves only NAME.old, which a fresh machine's --resume must still find."""
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(4))
+    flags = ["--portable-dir", str(tmp_path / "repo"), "--checkpoint-every", "1", "--epochs", "2"]
+    train.main(train_args(model_dir, tmp_path, samples, *flags, "--stop-after", "3"))
+    copy = tmp_path / "repo" / "grisp"
+    copy.rename(copy.with_name("grisp.old"))  # cut off between the renames
+    shutil.rmtree(tmp_path / "runs")  # a fresh machine
+    train.main(train_args(model_dir, tmp_path, samples, *flags, "--resume"))
+    stretches = [json.loads(line) for line in (tmp_path / "runs" / "grisp" / "stretches.jsonl").read_text().splitlines()]
+    assert (stretches[-2]["event"], stretches[-2]["step"]) == ("start", 3)
+    assert stretches[-2]["from"].startswith(f"portable copy {copy}")
+    assert (copy / "state.json").is_file() and not copy.with_name("grisp.old").exists()
+
+
 def test_resume_without_checkpoint_or_copy_says_so(model_dir, tmp_path):
     samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
     with pytest.raises(SystemExit, match="no checkpoint and .* no portable copy"):
@@ -564,11 +580,33 @@ def test_help_explains_every_flag(capsys):
     (["--samples", "no/such.jsonl"], "--samples no/such.jsonl does not exist"),
     (["--batch-size", "0"], "--batch-size 0 must be"),
     (["--val-fraction", "1.5"], "--val-fraction must be in"),
+    (["--patience", "0"], "--patience must be at least 1"),  # 0 would stop after the first step
 ])
 def test_bad_settings_exit_with_a_message(model_dir, tmp_path, flags, message):
     args = train.make_parser().parse_args(["--model-dir", str(model_dir), "--runs-dir", str(tmp_path), *flags])
     with pytest.raises(SystemExit, match=message):
         train.main(args)
+
+
+INTERRUPTED_STARTUP = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a background job of a non-interactive shell starts
+import train
+train.setup = lambda args: os.kill(os.getpid(), signal.SIGINT)  # an INT while the run starts up
+try:
+    train.main(train.make_parser().parse_args(sys.argv[1:]))
+except KeyboardInterrupt:
+    sys.exit("stopped by the INT")
+"""
+
+
+def test_an_interrupt_before_the_loop_ends_a_background_run(tmp_path):
+    """runs/mix.sh starts train.py in the background with SIGINT ignored: its documented `kill -INT` must
+    still stop a run that has not reached the loop (which then checkpoints and exits on INT itself)."""
+    run = subprocess.run([sys.executable, "-c", INTERRUPTED_STARTUP, "--runs-dir", str(tmp_path),  # no model:
+                          "--model-dir", str(tmp_path / "no-model")], cwd=REPO,  # a run not stopped fails fast
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1 and run.stderr.strip().endswith("stopped by the INT"), run.stderr[-2000:]
 
 
 def test_bad_data_exits_non_zero_without_traceback(model_dir, tmp_path):
@@ -666,6 +704,14 @@ def test_a_run_saved_before_a_later_setting_resumes_with_its_old_value():
     check_same_run(saved, {**config, "compose_shapes": "chain"})  # saved before --compose-shapes: chains only
     with pytest.raises(SystemExit, match="compose_shapes=chain,ask"):
         check_same_run(saved, {**config, "compose_shapes": "chain,ask"})
+
+
+def test_a_run_moves_to_another_home_directory_but_not_to_another_base_model():
+    from grisp.trainer import check_same_run
+    saved = {"model_dir": "/root/.cache/grisp/models/qwen2.5-coder-0.5b-instruct", "data_sha256": "x"}
+    check_same_run(saved, {**saved, "model_dir": "/home/ada/.cache/grisp/models/qwen2.5-coder-0.5b-instruct"})
+    with pytest.raises(SystemExit, match="different settings: model_dir=/m/qwen2.5-0.5b-instruct"):
+        check_same_run(saved, {**saved, "model_dir": "/m/qwen2.5-0.5b-instruct"})
 
 
 def test_first_epoch_continues_the_sample_stream_and_keeps_the_validation_split(model_dir, tiny):
