@@ -197,7 +197,9 @@ def summary(sources: list[Source], records: list[dict], usable: list[dict], skip
         held = held_out_count(source.benchmark)
         values = {"read": read, "held out (dev)": held, **{k: skipped[source.name, k] for k in SKIP_REASONS},
                   "label service rewritten": skipped[source.name, "label_service_rewritten"], "usable": len(mine),
-                  "validation": val, "train records/epoch": records_per_epoch(source.weight, len(mine) - val)}
+                  # validation uses each held-out record once at most: min(1, weight) of them
+                  "validation": records_per_epoch(min(1.0, source.weight), val),
+                  "train records/epoch": records_per_epoch(source.weight, len(mine) - val)}
         totals.update(values)
         rows.append([source.name, *[str(values[k]) for k in head[1:-2]], f"{source.weight:g}",
                      str(values["train records/epoch"])])

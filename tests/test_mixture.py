@@ -89,6 +89,16 @@ def test_prepare_skips_and_counts_by_source_and_reason():
     assert lines[4].startswith("| total | 5 | 0 | 1 | 1 | 1 | 1 | 2 | 1 |")
 
 
+def test_the_table_counts_the_validation_records_validation_uses():
+    """Validation draws min(1, weight) of a source's held-out records (train.load_data): a fractional weight
+    validates on fewer than are held out, a weight above 1 repeats none."""
+    usable = [{"id": f"{source}{i}", "source": source} for source in "st" for i in range(6)]
+    table = mixture.summary([Source("s", "x", 0.5), Source("t", "y", 3.0)], usable, usable, Counter(),
+                            is_validation=lambda record_id: record_id[1] in "0123")  # 4 of each held out
+    s_row, t_row = table.splitlines()[2:4]
+    assert s_row.endswith("| 6 | 2 | 0.5 | 1 |") and t_row.endswith("| 6 | 4 | 3 | 6 |")
+
+
 def test_epoch_records_draw_by_weight():
     records = [{"id": f"a{i}", "source": "a"} for i in range(10)] + [{"id": f"b{i}", "source": "b"} for i in range(20)]
     epoch = epoch_records(records, {"a": 2, "b": 0.25}, seed=0, epoch=0)
