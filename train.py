@@ -66,6 +66,8 @@ def setup(args: argparse.Namespace) -> Run:
     """Processes (torchrun sets WORLD_SIZE/RANK/LOCAL_RANK), threads, flag checks, seed, device, run directory."""
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
     device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", 0)))
+    if device.type == "cuda":  # this process's GPU for NCCL and for the CUDA RNG state its checkpoints save
+        torch.cuda.set_device(device)
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     if args.threads:
@@ -117,6 +119,18 @@ def describe_plan(args, device: torch.device, dtype: torch.dtype, total_steps: i
             f"continue with --resume.")
 
 
+def open_index_once(index: str | None, data: str):
+    """build_index.open_index, which builds a missing index: with several processes rank 0 opens (builds) it
+    first and the others wait, so they do not build into the same directories at once."""
+    several, first = dist.is_initialized() and dist.get_world_size() > 1, int(os.environ.get("RANK", 0)) == 0
+    if several and not first:
+        dist.barrier()
+    indices = build_index.open_index(index, data)
+    if several and first:
+        dist.barrier()
+    return indices
+
+
 def load_data(args, tokenizer: Tokenizer):
     """(encoded training samples of epoch e as a function of e, encoded validation samples)."""
     def prepare(rows: list[dict]) -> list[dict]:
@@ -141,7 +155,7 @@ def load_data(args, tokenizer: Tokenizer):
         val = [s for s in by_epoch[epochs[0]] if all(held_out(s))]
     else:  # fresh samples per epoch from (seed, epoch, record), the records drawn by the mixture's weights
         data = mixture.read(args.data)
-        indices = build_index.open_index(args.index, args.data)
+        indices = open_index_once(args.index, args.data)
         data.prepare(indices)
         if os.environ.get("RANK", "0") == "0":
             print(data.table(is_val if args.val_data is None else None))
@@ -155,7 +169,7 @@ def load_data(args, tokenizer: Tokenizer):
         check_prompt_format(args.val_data, val, args.prompt_format)
         val = val[min(val)]
     elif args.val_data is not None:
-        indices = build_index.open_index(args.index, args.data)
+        indices = open_index_once(args.index, args.data)
         val = generator(mixture.read(args.val_data).prepare(indices).usable, {}).epoch(0)[0]
     return train_epoch, prepare(val)
 

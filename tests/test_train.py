@@ -635,6 +635,34 @@ def test_two_process_ddp_equals_one_process(model_dir, tmp_path):
     assert [r["loss"] for r in ddp] == pytest.approx([r["loss"] for r in single], abs=1e-5)
 
 
+@pytest.mark.parametrize("rank, order", [("0", ["open", "barrier"]), ("1", ["barrier", "open"])])
+def test_with_several_processes_rank_0_builds_the_index_first(monkeypatch, rank, order):
+    """A missing index is built by whoever opens it: under torchrun rank 0 opens it before the others pass the
+    barrier, so they never build into the same directories at once."""
+    calls = []
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(train.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(train.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(train.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(train.build_index, "open_index", lambda index, data: calls.append("open") or "indices")
+    assert train.open_index_once(None, "wwq") == "indices" and calls == order
+
+
+def test_a_gpu_process_selects_its_own_device(monkeypatch, model_dir):
+    """Without torch.cuda.set_device every torchrun process saves and restores cuda:0's RNG state (and NCCL
+    opens a context on GPU 0), so a resumed rank k > 0 would draw other dropout masks."""
+    class Selected(Exception):
+        pass
+
+    def select(device):
+        raise Selected(device)
+    monkeypatch.setattr(train, "pick_device", lambda name, local_rank: torch.device("cuda", local_rank))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(train.torch.cuda, "set_device", select)
+    with pytest.raises(Selected, match="cuda:1"):
+        train.setup(train.make_parser().parse_args(["--model-dir", str(model_dir)]))
+
+
 # ---------------------------------------------------------------------------- recipe, mixture, prompt format
 def test_unset_flags_take_the_devices_recipe(model_dir):
     for device, expected in (("cpu", (0, 1, 2)), ("cuda", (0, 1, 4))):  # the tiny model has 2 blocks: LoRA on all
