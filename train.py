@@ -262,20 +262,21 @@ def main(args: argparse.Namespace) -> None:
 
     # --- save: the best adapter by validation loss (or the last one without validation data)
     if run.rank == 0:
-        best = run.run_dir / "best"
+        best, adapter = run.run_dir / "best", run.run_dir / "adapter"
+        shutil.rmtree(adapter, ignore_errors=True)
         if val and best.exists():
+            shutil.copytree(best, adapter)
             what = f"best validation loss {state.best_val}, step {state.best_step}"
-        else:  # no validation data, or best/ stayed on the machine whose validation made it (a portable copy has none)
-            peft_format.save_adapter(checkpoint.unwrap(model), best, str(args.model_dir), prompt_format=args.prompt_format)
+        else:  # no validation data, or best/ stayed on the machine whose validation made it (a portable copy has
+            # none): the last weights, written to adapter/ only (best/ is only ever step best_step's weights)
+            peft_format.save_adapter(checkpoint.unwrap(model), adapter, str(args.model_dir), prompt_format=args.prompt_format)
             what = "the last step's weights"
             if state.best_step == state.step:
                 what += f", also the best by validation loss ({state.best_val})"
             elif state.best_step is not None:
                 what += (f"; the best validation loss {state.best_val} was step {state.best_step}'s, whose weights "
                          f"stayed on the machine that validated it (the run continued from a portable copy)")
-        shutil.rmtree(run.run_dir / "adapter", ignore_errors=True)
-        shutil.copytree(best, run.run_dir / "adapter")
-        print(f"adapter ({what}) saved to {run.run_dir / 'adapter'}")
+        print(f"adapter ({what}) saved to {adapter}")
     if run.world > 1:
         dist.destroy_process_group()
 

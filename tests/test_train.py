@@ -359,6 +359,9 @@ def test_a_best_left_on_another_machine_is_named_not_faked(model_dir, tmp_path, 
            "the machine that validated it" in out
     assert not (run_dir / "adapter" / "stale").exists()
     assert (run_dir / "adapter" / peft_format.WEIGHTS_NAME).is_file()
+    assert not (run_dir / "best").exists()  # best/ holds only the best step's weights: not these
+    train.main(train_args(model_dir, tmp_path, samples, *flags, "--resume"))  # the run is over: rewrites adapter/
+    assert "adapter (the last step's weights; the best validation loss -1.0 was step 2's" in capsys.readouterr().out
 
 
 def test_a_copy_landed_after_the_last_validation_becomes_the_adapter_on_a_fresh_machine(model_dir, tmp_path, capsys):
