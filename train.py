@@ -339,12 +339,11 @@ def make_parser() -> argparse.ArgumentParser:
     group = parser.add_argument_group("model")
     group.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (Hugging Face Qwen2 "
                                                                             "layout)")
-    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="precision of the base "
-                       "weights and the compute (bfloat16: under autocast; the LoRA weights and AdamW stay float32): "
-                       "auto = "
-                       "bfloat16 on GPUs of compute capability 8.0+ and on CPUs with native bf16 (flag avx512_bf16/amx_bf16/bf16), float32 on "
-                       "other "
-                       "CPUs, where bf16 is several times slower; may change on --resume")
+    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                       help="precision of the base weights and the compute (bfloat16: under autocast; the LoRA weights "
+                            "and AdamW stay float32): auto = bfloat16 on GPUs of compute capability 8.0+ and on CPUs "
+                            "with native bf16 (flag avx512_bf16/amx_bf16/bf16), float32 on other CPUs, where bf16 is "
+                            "several times slower; may change on --resume")
     # LoRA
     group = parser.add_argument_group("LoRA")
     group.add_argument("--lora-r", type=int, default=32, help="rank")
