@@ -359,6 +359,8 @@ def main(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"error: items file {args.items} does not exist; pass an items JSONL (see --help)"
         )
+    if args.page_size < 1:  # LIMIT 0 returns an empty first page: the fetch would end with no items
+        raise SystemExit(f"error: --page-size {args.page_size}: a page needs at least 1 row")
     build(Path(args.out), items=args.items and Path(args.items), endpoint=args.endpoint, schema=args.schema,
           lang=args.lang, page_size=args.page_size, embed=args.embed, encoder=args.encoder, force=args.force)
 

@@ -311,3 +311,5 @@ def test_help_and_bad_input(tmp_path):
     down = run("--endpoint", url, "--out", str(tmp_path / "o"))
     assert down.returncode != 0 and url in down.stderr and "Traceback" not in down.stderr
     assert run("--out", str(tmp_path / "o")).returncode != 0  # no source
+    empty = run("--endpoint", url, "--page-size", "0", "--out", str(tmp_path / "o"))  # refused before any fetch
+    assert empty.returncode != 0 and "--page-size 0" in empty.stderr and "Traceback" not in empty.stderr
