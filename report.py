@@ -34,6 +34,13 @@ def load_summary(run_dir: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def load_predictions(run_dir: Path) -> list[dict]:
+    path = run_dir / "predictions.jsonl"
+    if not path.exists():
+        sys.exit(f"error: {path} does not exist (is {run_dir} an evaluate.py run?)")
+    return read_jsonl(path)
+
+
 def system_name(summary: dict, with_adapter: bool, shared: frozenset = frozenset()) -> str:
     """The ablation's name, then what else sets the run apart: gold skeletons, changed knobs (but not
     the `shared` notes, which every run of the table has), the adapter, another re-ranker's adapter (for
@@ -145,7 +152,7 @@ def skeleton_cell(block: dict | None) -> str:
 
 
 def median_seconds(run_dir: Path) -> float | None:
-    seconds = [r["seconds"] for r in read_jsonl(run_dir / "predictions.jsonl") if r.get("seconds") is not None]
+    seconds = [r["seconds"] for r in load_predictions(run_dir) if r.get("seconds") is not None]
     return statistics.median(seconds) if seconds else None
 
 
@@ -186,7 +193,7 @@ def query_line(record: dict) -> str | None:
 
 def compare(run_a: Path, run_b: Path, show: int) -> list[str]:
     """Question by question: how the outcomes moved from run A to run B, then the first `show` that changed."""
-    a, b = (first_per_id(read_jsonl(d / "predictions.jsonl")) for d in (run_a, run_b))
+    a, b = (first_per_id(load_predictions(d)) for d in (run_a, run_b))
     common = [i for i in a if i in b]
     moves = Counter((outcome(a[i]), outcome(b[i])) for i in common)
     lines = [f"{len(common)} questions in both runs ({run_a.name} -> {run_b.name})", "", "| A | B | questions |",
@@ -203,6 +210,8 @@ def main(args: argparse.Namespace) -> None:
     for run_dir in args.run_dirs:
         if not run_dir.is_dir():
             sys.exit(f"error: no run directory {run_dir}")
+    if args.show < 0:
+        sys.exit(f"error: --show {args.show}: the number of changed questions to print is 0 or more")
     if args.table == "systems":
         lines = systems_table(args.run_dirs)
     elif args.table == "skeletons":

@@ -142,6 +142,15 @@ def test_wrong_kind_of_run_is_a_clear_error(tmp_path):
         report.load_summary(tmp_path)
 
 
+def test_compare_refuses_a_folder_without_predictions_and_a_negative_show(tmp_path):
+    a = system_run(tmp_path, "a", "none", [None])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="predictions.jsonl does not exist"):
+        report.main(report.make_parser().parse_args(["compare", str(a), str(tmp_path / "empty")]))
+    with pytest.raises(SystemExit, match="--show -1"):
+        report.main(report.make_parser().parse_args(["compare", str(a), str(a), "--show", "-1"]))
+
+
 def agent_config(model_dir="/models/qwen2.5-coder-0.5b-instruct", adapter=None):
     return {"system": "agent", "ablation": "none", "options": {}, "adapter": "none",
             "agent": {"model": {"backend": "local", "model": "", "model_dir": model_dir, "adapter": adapter}}}
