@@ -281,7 +281,8 @@ def main(args: argparse.Namespace) -> None:
     setting = SETTINGS[args.setting]  # its defaults fill the flags left unset
     args.out = str(Path(args.out or setting.out).expanduser())
     args.store = str(Path(args.store or setting.store).expanduser())
-    args.port = args.port or setting.port
+    args.port = setting.port if args.port is None else args.port
+    endpoint.check_port(args.port)  # here, not after the whole build at the check on the server
     extra_files = setting.extra_kg if args.extra_kg is None else args.extra_kg
     args.extra_kg = [str(Path(f).expanduser()) for f in extra_files]
     print(f"config: {json.dumps(vars(args), default=str)}")

@@ -139,6 +139,13 @@ def _host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def check_port(port: int) -> None:
+    """Raise EndpointError unless `port` is a TCP port a server can listen on (0 asks the system for any
+    free port: the server would run, but not at the URL this module waits on and hands out)."""
+    if not 1 <= port <= 65535:
+        raise EndpointError(f"port {port} is not a TCP port; pick one in 1..65535 with --port")
+
+
 def _port_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET  # an IPv4 socket cannot bind ::1
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -177,6 +184,7 @@ def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int =
     settings is stopped first.
     """
     store_dir, host = Path(store_dir).expanduser().resolve(), host.removeprefix("[").removesuffix("]")
+    check_port(port)
     check_data(files)
     with _locked(store_dir):  # one start or stop per store at a time: two starts could both find the port free
         return _start(files, store_dir, port, timeout_s, host, wait_s)

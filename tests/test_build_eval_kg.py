@@ -291,3 +291,14 @@ def test_missing_extra_kg_exits_with_a_message(tmp_path):
     assert result.returncode != 0
     assert "nope.ttl" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("port", ["70000", "0"])
+def test_a_bad_port_is_refused_before_the_build(tmp_path, port):
+    """--port 0 was replaced by the setting's port; 70000 failed only at the check after the build."""
+    write_jsonl(tmp_path / "dev.jsonl", DEV)
+    write_jsonl(tmp_path / "items.jsonl", ITEMS)
+    result = run_script("--benchmark", str(tmp_path / "dev.jsonl"), "--items", str(tmp_path / "items.jsonl"),
+                        "--out", str(tmp_path / "o"), "--store", str(tmp_path / "s"), "--port", port)
+    assert result.returncode != 0 and f"port {port} is not a TCP port" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()

@@ -208,6 +208,10 @@ def test_cli_help_and_clear_errors(tmp_path):
     done = run_script("start", "--data", str(tmp_path / "nope.ttl"), "--store", str(tmp_path / "s"))
     assert done.returncode != 0
     assert "nope.ttl does not exist" in done.stderr and "Traceback" not in done.stderr
+    for port in ("70000", "0"):  # refused before the store is loaded (70000 was an OverflowError, 0 a minute's wait)
+        done = run_script("start", "--port", port, "--store", str(tmp_path / "s"), "--wait-s", "5")
+        assert done.returncode != 0 and f"port {port} is not a TCP port" in done.stderr
+        assert "Traceback" not in done.stderr and not (tmp_path / "s" / "db").exists()
     done = run_script("status", "--store", str(tmp_path / "s"))
     assert done.returncode != 0 and "no endpoint is running" in done.stdout
 
