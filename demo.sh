@@ -5,6 +5,10 @@
 #   bash demo.sh                                   # the README question
 #   bash demo.sh "Who composed the music for Jaws?"
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # usage: the comment above
+  sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
+  exit 0
+fi
 cd "$(dirname "$0")"
 question=${1:-"Where was the Pulp Fiction director born?"}
 python -m pip install -q -r requirements.txt

@@ -14,6 +14,10 @@
 #
 # N=480 WORK=~/.cache/grisp/mention2 ARMS=mention bash runs/mention.sh   # the longer run: 120 steps, no control
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # usage: the comment above
+  sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 N=${N:-120}                                   # worded training samples, as many plain beside them
 ARMS=${ARMS:-mention control}

@@ -8,6 +8,14 @@
 # Runs in the background; stop it with: kill -INT $(cat ~/.cache/grisp/logs/NAME/pid)   (in the loop it
 # checkpoints, copies, and exits; before the first step it just exits)
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # usage: the comment above
+  sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
+  exit 0
+fi
+if [[ ${1:-} == -* ]]; then  # train.py flags come after the name (its log, pid and run directory)
+  echo "error: NAME $1 starts with '-': give the run's name first (bash runs/mix.sh mix $*); see --help" >&2
+  exit 2
+fi
 cd "$(dirname "$0")/.."
 name=${1:-mix}
 shift $(( $# > 0 ? 1 : 0 ))

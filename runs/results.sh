@@ -20,6 +20,10 @@
 # run's for a training run's `adapter/`), EVALUATE_FLAGS (added to every evaluate.py run: flags that
 # every kind of run takes, such as --limit or --seed).
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # usage: the comment above
+  sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
+  exit 0
+fi
 adapter=$(realpath "${ADAPTER:-$(dirname "$0")/../adapters/grisp-mix-0.5b}")
 cd "$(dirname "$0")/.."
 precision=${PRECISION:-auto}
@@ -95,17 +99,24 @@ skeletons() {  # $1 = benchmark: demo (labels from the demo index), qald10-dev o
   python report.py skeletons "$out/$1-skeletons"
 }
 
-echo "adapter $adapter, precision $precision, runs in $out; groups: ${groups[*]}"
+all_skeletons() {
+  for benchmark in demo qald10-dev wwq-dev; do skeletons $benchmark; done
+  python report.py skeletons "$out"/{demo,qald10-dev,wwq-dev}-skeletons
+}
+
+steps=()  # every group name is checked before the first group runs
 for group in "${groups[@]}"; do
   case $group in
-    skeletons)
-      for benchmark in demo qald10-dev wwq-dev; do skeletons $benchmark; done
-      python report.py skeletons "$out"/{demo,qald10-dev,wwq-dev}-skeletons ;;
-    demo-skeletons | qald10-dev-skeletons | wwq-dev-skeletons) skeletons "${group%-skeletons}" ;;
-    demo | wwq-dev-kg | wwq-dev-full) full_system "$group" ;;
-    demo-ablations | wwq-dev-kg-ablations | wwq-dev-full-ablations) ablations "${group%-ablations}" ;;
+    skeletons) steps+=(all_skeletons) ;;
+    demo-skeletons | qald10-dev-skeletons | wwq-dev-skeletons) steps+=("skeletons ${group%-skeletons}") ;;
+    demo | wwq-dev-kg | wwq-dev-full) steps+=("full_system $group") ;;
+    demo-ablations | wwq-dev-kg-ablations | wwq-dev-full-ablations) steps+=("ablations ${group%-ablations}") ;;
     *) echo "unknown group $group (skeletons or demo-, qald10-dev-, wwq-dev-skeletons; demo, wwq-dev-kg," \
             "wwq-dev-full, each also with -ablations)" >&2
        exit 2 ;;
   esac
+done
+echo "adapter $adapter, precision $precision, runs in $out; groups: ${groups[*]}"
+for step in "${steps[@]}"; do
+  $step  # a function and its group's KG setting or benchmark
 done

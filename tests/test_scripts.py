@@ -1,0 +1,52 @@
+"""The shell scripts (demo.sh, runs/*.sh) answer --help with their usage and refuse bad arguments before they
+start anything: run with a `python` (and `nohup`) on PATH that only records being called."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = ["demo.sh", "runs/mix.sh", "runs/mention.sh", "runs/results.sh"]
+
+
+def run(tmp_path: Path, script: str, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Run `bash script args` with stub programs that append their command lines to tmp_path/calls;
+    returns the process and what the stubs recorded."""
+    stubs, calls = tmp_path / "bin", tmp_path / "calls"
+    stubs.mkdir(exist_ok=True)
+    for name in ("python", "python3", "nohup", "pip"):
+        (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "{calls}"\n')
+        (stubs / name).chmod(0o755)
+    env = os.environ | {"PATH": f"{stubs}:{os.environ['PATH']}", "GRISP_HOME": str(tmp_path / "home"),
+                        "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(REPO / script), *args], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=60)
+    return done, calls.read_text() if calls.exists() else ""
+
+
+def usage(script: str) -> str:
+    """The script's header comment (after the #! line), without the comment signs."""
+    lines = (REPO / script).read_text().splitlines()[1:]
+    header = lines[:next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+    return "".join(line.removeprefix("#").removeprefix(" ") + "\n" for line in header)
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_prints_the_usage_and_starts_nothing(tmp_path, script, flag):
+    done, calls = run(tmp_path, script, flag)
+    assert done.returncode == 0 and done.stdout == usage(script) and "bash" in done.stdout, done.stderr
+    assert calls == "" and not (tmp_path / "home").exists()
+
+
+def test_mix_refuses_a_name_that_is_a_flag(tmp_path):
+    done, calls = run(tmp_path, "runs/mix.sh", "--lr", "1e-4")
+    assert done.returncode != 0 and "NAME --lr starts with '-'" in done.stderr
+    assert calls == "" and not (tmp_path / "home").exists()
+
+
+def test_results_checks_every_group_before_running_any(tmp_path):
+    done, calls = run(tmp_path, "runs/results.sh", "demo", "wwq-dev-ful")
+    assert done.returncode != 0 and "unknown group wwq-dev-ful" in done.stderr
+    assert calls == ""
