@@ -137,7 +137,21 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def chunk_bounds(n: int, chunks: int) -> list[int]:
+    """The --limit of each chunk's evaluate.py: `chunks` even steps up to n, none 0 (needs n >= chunks)."""
+    assert 1 <= chunks <= n, f"{n} questions in {chunks} chunks"
+    return [n * (i + 1) // chunks for i in range(chunks)]
+
+
 def main(args: argparse.Namespace) -> None:
+    # --- checks, before the old code is checked out
+    if args.chunks < 1:
+        sys.exit(f"error: --chunks {args.chunks}: give 1 or more")
+    if args.limit is not None and args.limit < 1:
+        sys.exit(f"error: --limit {args.limit}: give 1 or more (or leave it out for all questions)")
+    n = args.limit or len([line for line in Path(benchmark_file(args)).read_text().splitlines() if line.strip()])
+    if n < args.chunks:
+        sys.exit(f"error: {n} questions cannot fill --chunks {args.chunks}: give --chunks {n} or fewer")
     scratch = Path(args.scratch).expanduser()
     scratch.mkdir(parents=True, exist_ok=True)
     # absolute paths: each version runs in its own directory, and both must read the same files
@@ -148,15 +162,13 @@ def main(args: argparse.Namespace) -> None:
     args.precision, why_precision = pick_precision(args.precision, torch.device("cpu"))
     versions = {"old": side("old", checkout(args.old, scratch), args.old_flags, args),
                 "new": side("new", REPO, args.new_flags, args)}
-    n = args.limit or len([line for line in Path(benchmark_file(args)).read_text().splitlines() if line.strip()])
     run = Path(tempfile.mkdtemp(prefix="e2e-", dir=scratch))
     header = "\n".join([f"CPU {cpu_name()} (native bf16: {native_bf16()}), {args.threads} threads; "
                         f"--precision {args.precision} ({why_precision})",
                         describe("old", versions["old"], args.old), describe("new", versions["new"], "this tree")])
     print(f"{header}\n{n} questions of {args.benchmark} in {args.chunks} chunks; runs in {run}", file=sys.stderr)
     processes = {name: [] for name in versions}
-    bounds = [round(n * (i + 1) / args.chunks) for i in range(args.chunks)]
-    for i, limit in enumerate(bounds):
+    for i, limit in enumerate(chunk_bounds(n, args.chunks)):
         for name in rotated(versions, i):
             code, flags = versions[name]["code"], versions[name]["flags"]
             before = {r["id"] for r in records(run / name)}
@@ -194,7 +206,7 @@ def benchmark_file(args: argparse.Namespace) -> str:
         return str(defaults.DEMO_DIR / "questions.jsonl")
     if Path(args.benchmark).exists():
         return args.benchmark
-    sys.exit("error: give --limit for a named benchmark other than demo (or a JSONL path)")
+    sys.exit(f"error: --benchmark {args.benchmark} is neither demo nor a JSONL file: give --limit N with a benchmark name")
 
 
 if __name__ == "__main__":
@@ -203,8 +215,10 @@ if __name__ == "__main__":
     parser.add_argument("--old", default=OLD_REV, help="git revision of the old code")
     parser.add_argument("--old-flags", default="", help="extra evaluate.py flags for the old code (one string)")
     parser.add_argument("--new-flags", default="", help="extra evaluate.py flags for the new code, e.g. '--precision int8'")
-    parser.add_argument("--benchmark", default="demo", help="evaluate.py --benchmark (demo or a JSONL path)")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N questions (default: all)")
+    parser.add_argument("--benchmark", default="demo", help="evaluate.py --benchmark: demo, a JSONL path, or another "
+                        "benchmark name (wwq-dev ...) with --limit")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N questions (default: all; "
+                        "needed for a benchmark name other than demo)")
     parser.add_argument("--chunks", type=int, default=4, help="alternating chunks (one process per version each)")
     parser.add_argument("--endpoint", default=defaults.ENDPOINT_URL, help="SPARQL endpoint (python endpoint.py start)")
     parser.add_argument("--index", default=str(defaults.DEMO_INDEX_DIR), help="search index directory")

@@ -1,5 +1,6 @@
 """Tests for the bench scripts' argument handling and round order (no model, no timing)."""
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,6 +56,27 @@ def test_e2e_code_without_a_precision_flag_runs_float32_only(monkeypatch):
     assert version["flags"] == ["--adapter", "/a/grisp-mix-0.5b"] and version["precision"].startswith("float32")
     with pytest.raises(SystemExit, match="no --precision flag"):
         bench_e2e.side("old", Path("/old"), "", e2e_args(precision="bfloat16"))
+
+
+@pytest.mark.parametrize("n, chunks", [(2, 2), (3, 2), (5, 4), (53, 4), (7, 7)])
+def test_e2e_chunk_bounds_rise_to_n_and_are_never_0(n, chunks):
+    bounds = bench_e2e.chunk_bounds(n, chunks)  # round(2 * 1/4) was 0: evaluate.py --limit 0 aborts
+    assert len(bounds) == chunks and bounds[0] >= 1 and bounds[-1] == n
+    assert all(a < b for a, b in zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--limit", "2", "--chunks", "4"], "2 questions cannot fill --chunks 4"),
+    (["--chunks", "0"], "--chunks 0"),
+    (["--limit", "0"], "--limit 0"),
+    (["--benchmark", "wwq-dev"], "give --limit N"),
+])
+def test_e2e_bad_arguments_are_refused_before_the_old_code_is_checked_out(tmp_path, flags, message):
+    """(--old names no commit: a check that came after the checkout would report that instead.)"""
+    done = subprocess.run([sys.executable, "bench/bench_e2e.py", "--old", "no-such-rev", "--scratch", str(tmp_path),
+                           *flags], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().startswith("error:") and list(tmp_path.iterdir()) == []
 
 
 def test_bench_model_names_the_precision_of_every_implementation():
