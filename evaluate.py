@@ -53,7 +53,7 @@ from grisp.skeleton_score import SHAPES, shape as question_shape
 from grisp.tracing import Stopwatch
 from jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
 from llm.cpu_speed import cpu_name, pick_precision
-from model import pick_device
+from model import DEVICES, pick_device
 
 # paper table 5: ablation name -> the options.Options fields it switches off (w/o KG guidance also
 # drops constrained search; "all disabled" leaves plain index search, "re-ranking only" adds re-ranking)
@@ -557,7 +557,7 @@ if __name__ == "__main__":
                         help="re-rank with the base model and this adapter instead of --adapter's (a second model "
                              "in memory; e.g. an adapter trained further on re-ranking alone); the skeletons "
                              "stay --adapter's")
-    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, mps")
+    parser.add_argument("--device", default="auto", help=f"{DEVICES}; auto: cuda, then mps, then cpu")
     # pipeline: ablations (paper table 5) and knobs; unset knobs keep the options.Options defaults
     parser.add_argument("--ablation", default="none", choices=list(ABLATIONS),
                         help="switch off GRISP mechanisms as in the paper's ablation table")

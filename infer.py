@@ -31,6 +31,7 @@ from grisp.options import add_flags, from_flags
 from grisp.pipeline import Answer, Grisp, GrispError, answer_to_json
 from grisp.sparql import EndpointUnreachable, SparqlError
 from grisp.sparql_syntax import compact
+from model import DEVICES
 
 
 def describe(event: dict) -> str:
@@ -226,6 +227,6 @@ if __name__ == "__main__":
                         help="only generate: print the ranked skeletons with their scores (no index, no endpoint)")
     parser.add_argument("--json", help="write the answer (or with --skeleton-only the skeletons), trace and timings to this JSON file")
     parser.add_argument("--quiet", action="store_true", help="print only the query and the answers")
-    parser.add_argument("--device", default="auto", help="auto (cuda, mps, cpu), cpu, cuda, ...")
+    parser.add_argument("--device", default="auto", help=f"{DEVICES}; auto: cuda, then mps, then cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     sys.exit(main(parser.parse_args()))

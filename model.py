@@ -358,10 +358,20 @@ class Transformer(nn.Module):
 
 
 # ---------------------------------------------------------------------------- loading
+DEVICES = "auto, cpu, cuda, cuda:N (the N-th GPU) or mps"  # what --device (and the config's device) takes
+
+
 def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
-    """`name` as a torch.device; "auto" = cuda (this process's GPU under torchrun), then mps, then cpu."""
+    """`name` as a torch.device; "auto" = cuda (this process's GPU under torchrun), then mps, then cpu.
+    Another name raises a ValueError that lists DEVICES (the scripts print it as a one-line error)."""
     if name != "auto":
-        return torch.device(name)
+        try:
+            device = torch.device(name)
+        except RuntimeError:  # not a device string at all, e.g. "bogus"
+            device = None
+        if device is None or device.type not in ("cpu", "cuda", "mps"):
+            raise ValueError(f"unknown device {name!r}: use {DEVICES}")
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank)
     return torch.device("mps" if torch.backends.mps.is_available() else "cpu")

@@ -59,6 +59,7 @@ from grisp.pipeline import Answer, Grisp, answer_to_json
 from grisp.sparql import SparqlError
 from grisp.sparql_syntax import PREFIXES
 from jsonl import read_jsonl
+from model import DEVICES
 from web.agent_routes import AgentQuestion, agent_info, agent_routes, run_agent
 from web.jobs import Job, QueueFull, Worker
 from web.openai_api import ChatRequest, openai_routes, run_chat
@@ -355,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     # the default options of every request (a request may override each): one flag per options.Options field
     add_flags(parser)
     # runtime
-    parser.add_argument("--device", default=S, help=f"auto (cuda, mps, cpu), cpu, cuda, ... {cfg('model', 'device')}")
+    parser.add_argument("--device", default=S, help=f"{DEVICES}; auto: cuda, then mps, then cpu {cfg('model', 'device')}")
     parser.add_argument("--threads", type=int, default=S,
                         help=f"torch CPU threads, 0: torch's {cfg('server', 'threads')}")
     return parser

@@ -48,7 +48,7 @@ from grisp.sparql import SparqlClient
 from grisp.trainer import Run, TrainingLoop, TrainState, data_sha256, portable_copy, resume, start_run_dir
 from llm import cpu_speed
 from llm.tokenizer import Tokenizer
-from model import Transformer, pick_device
+from model import DEVICES, Transformer, pick_device
 
 # Flags left unset take the recipe of the device (`apply_recipe`): on a CPU the shipped adapter's (LoRA on
 # all blocks, micro-batches of 1 as its run had), on a GPU the paper's; 2 epochs on a CPU, 4 on a GPU.
@@ -65,7 +65,10 @@ CPU_SECONDS_PER_TOKEN = {"float32": (7.5e-3, 0.6e-3), "bfloat16": (1.8e-3, 0.2e-
 def setup(args: argparse.Namespace) -> Run:
     """Processes (torchrun sets WORLD_SIZE/RANK/LOCAL_RANK), threads, flag checks, seed, device, run directory."""
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
-    device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", 0)))
+    try:
+        device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", 0)))
+    except ValueError as error:  # a bad --device
+        sys.exit(f"error: {error}")
     if device.type == "cuda":  # this process's GPU for NCCL and for the CUDA RNG state its checkpoints save
         torch.cuda.set_device(device)
     if world > 1:
@@ -410,7 +413,7 @@ def make_parser() -> argparse.ArgumentParser:
     # CPU
     group = parser.add_argument_group("CPU / device")
     group.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    group.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps")
+    group.add_argument("--device", default="auto", help=f"{DEVICES}; auto: cuda, then mps, then cpu")
     return parser
 
 

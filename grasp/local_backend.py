@@ -99,7 +99,10 @@ class LocalBackend:
         if model is None:
             if not (model_dir / "config.json").exists():
                 raise BackendError(f"no model at {model_dir} (config.json missing); run `python get_model.py`")
-            dev = pick_device(device)
+            try:
+                dev = pick_device(device)
+            except ValueError as e:
+                raise BackendError(f"model.device: {e}") from None
             try:
                 self.precision, self.why_precision = pick_precision(precision, dev)  # "auto": bf16 if the CPU has it
             except ValueError as e:

@@ -96,7 +96,11 @@ class Grisp:
         return grisp
 
     def _load_model(self, model_dir: Path, adapter_dir: str | Path | None, options: Options, device: str) -> None:
-        self.options, self.device = options, pick_device(device)
+        try:
+            self.device = pick_device(device)
+        except ValueError as error:  # a bad --device: the scripts' message, before the weights load
+            raise GrispError(str(error)) from None
+        self.options = options
         # the precision this machine gets (options.precision "auto": bf16 where the CPU has native bf16)
         self.precision, self.why_precision = _precision(options.precision, self.device)
         self.tokenizer = Tokenizer(model_dir)

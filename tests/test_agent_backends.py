@@ -330,6 +330,8 @@ def test_the_local_backend_takes_the_precision_of_the_machine(tiny_models, mock_
     assert make_backend(config).model.model.norm.weight.dtype == torch.float32
     with pytest.raises(BackendError, match="model.precision: precision 'fp8'"):
         LocalBackend(tiny_models[0], precision="fp8")
+    with pytest.raises(BackendError, match="model.device: unknown device 'bogus'"):
+        LocalBackend(tiny_models[0], device="bogus")
 
 
 class SpellingLM:

@@ -593,6 +593,9 @@ def test_skeleton_only_bad_input_exits_with_a_message(skeleton_bench, tiny_index
     result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
                         "--model-dir", str(tmp_path / "no-model"), "--out", str(tmp_path / "run"))
     assert result.returncode != 0 and "get_model.py" in result.stderr and "Traceback" not in result.stderr
+    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
+                        "--device", "bogus", "--out", str(tmp_path / "bogus"))
+    assert result.returncode != 0 and "unknown device 'bogus'" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_an_endpoint_that_goes_away_stops_the_run_and_the_rerun_resumes(bench, tmp_path, endpoint_url, monkeypatch):

@@ -73,6 +73,15 @@ def test_bad_settings_are_clear_errors(tiny_model):
     Options(top_k=12)  # the largest that fits a re-ranking prompt
 
 
+def test_a_bad_device_is_a_clear_error(tiny_model, tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")  # an index directory: the device is checked before it is read
+    for mode in ([], ["--skeleton-only"]):
+        out = run_infer("q?", *mode, "--model-dir", str(tiny_model), "--adapter", "none", "--device", "bogus",
+                        "--index", str(tmp_path), "--no-kg-guidance")  # no endpoint needed
+        assert out.returncode == 2 and "Traceback" not in out.stderr
+        assert "unknown device 'bogus': use auto, cpu, cuda" in out.stderr
+
+
 def test_missing_model_is_a_clear_error(tmp_path):
     out = run_infer("who directed pulp fiction?", "--model-dir", str(tmp_path / "nothing"))
     assert out.returncode == 2 and "get_model.py" in out.stderr and "Traceback" not in out.stderr

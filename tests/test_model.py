@@ -296,6 +296,13 @@ def test_missing_weights_give_a_clear_error(tmp_path):
         M.load_safetensors(tmp_path, torch.float32, "cpu")
 
 
+def test_a_bad_device_is_a_value_error_naming_the_accepted_ones():
+    assert M.pick_device("cpu") == torch.device("cpu") and M.pick_device("cuda:1") == torch.device("cuda", 1)
+    for name in ("bogus", "cuda:x", "meta"):  # not a device string, or not one the scripts run on
+        with pytest.raises(ValueError, match=f"unknown device '{name}': use auto, cpu, cuda, cuda:N .* or mps"):
+            M.pick_device(name)
+
+
 @torch.no_grad()
 def test_bfloat16_loading(model_dir):
     ours16 = M.Transformer.from_pretrained(model_dir, dtype=torch.bfloat16)

@@ -24,6 +24,7 @@ from grisp.sparql import SparqlClient
 from llm.cpu_speed import cpu_name
 from serve import make_app
 from tests.serving import GOLD, KNOXVILLE, QUESTION, running, scripted_grisp, sse
+from tests.tiny import make_model_dir
 from web.jobs import Job, QueueFull, Worker
 
 torch.set_num_threads(1)
@@ -324,6 +325,12 @@ def test_help_and_setup_errors_are_clear(tmp_path, capsys):
     assert "top_k = 13" in run_main("--port", "0", "--top-k", "13")
     assert "none_margin must be finite here" in run_main("--port", "0", "--none-margin", "inf")
     assert "server.threads = -1 must be >= 0" in run_main("--port", "0", "--threads", "-1")
+    tiny, index = make_model_dir(tmp_path / "tiny"), tmp_path / "index"
+    index.mkdir()
+    (index / "manifest.json").write_text("{}")  # an index directory: the device is checked before it is read
+    assert "unknown device 'bogus': use auto, cpu, cuda" in run_main(
+        "--port", "0", "--model-dir", str(tiny), "--adapter", "none", "--index", str(index), "--no-kg-guidance",
+        "--device", "bogus")
 
 
 def test_a_client_that_leaves_is_noticed_while_events_keep_coming(monkeypatch):

@@ -584,6 +584,7 @@ def test_help_explains_every_flag(capsys):
     (["--batch-size", "0"], "--batch-size 0 must be"),
     (["--val-fraction", "1.5"], "--val-fraction must be in"),
     (["--patience", "0"], "--patience must be at least 1"),  # 0 would stop after the first step
+    (["--device", "bogus"], "unknown device 'bogus': use auto, cpu, cuda"),
 ])
 def test_bad_settings_exit_with_a_message(model_dir, tmp_path, flags, message):
     args = train.make_parser().parse_args(["--model-dir", str(model_dir), "--runs-dir", str(tmp_path), *flags])
