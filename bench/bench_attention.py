@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_matmul import seconds  # noqa: E402
+from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
 from llm.cpu_speed import cpu_name  # noqa: E402
 from model import one_query_attention  # noqa: E402
@@ -62,7 +63,7 @@ if __name__ == "__main__":
                         help="tensor dtypes to time")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows (beams)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[300, 700], help="cached positions attended to")
-    parser.add_argument("--rounds", type=int, default=11, help="timed rounds per form (median)")
-    parser.add_argument("--repeats", type=int, default=20, help="calls per timing")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--rounds", type=positive_int, default=11, help="timed rounds per form (median)")
+    parser.add_argument("--repeats", type=positive_int, default=20, help="calls per timing")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     main(parser.parse_args())

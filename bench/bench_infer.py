@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
+from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
 from grisp.generate import beam_search  # noqa: E402
 from grisp.options import Options  # noqa: E402
@@ -174,8 +175,8 @@ def main(args: argparse.Namespace) -> int:
     adapter = None if args.adapter.lower() == "none" else args.adapter
     # auto resolved once, so that every model gets the same explicit precision
     args.precision, why_precision = pick_precision(args.precision, torch.device("cpu"))
-    options = Options(max_new_tokens=args.max_new_tokens, time_budget=args.time_budget, precision=args.precision)
-    try:
+    try:  # Options checks --max-new-tokens and --time-budget (GrispError)
+        options = Options(max_new_tokens=args.max_new_tokens, time_budget=args.time_budget, precision=args.precision)
         grisp = Grisp(args.model_dir, adapter, args.index, args.endpoint, options, "cpu")
     except (GrispError, SparqlError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -207,7 +208,7 @@ if __name__ == "__main__":
     parser.add_argument("--parts", nargs="+", default=["rerank", "e2e", "beam"], choices=["rerank", "e2e", "beam"],
                         help="which measurements to run")
     parser.add_argument("--questions", type=int, default=3, help="first N questions of --questions-file")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per implementation (median)")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="timed rounds per implementation (median)")
     parser.add_argument("--num-beams", type=int, default=8, help="beam width of the beam part")
     parser.add_argument("--new-tokens", type=int, default=60, help="new tokens per beam in the beam part")
     parser.add_argument("--max-new-tokens", type=int, default=160, help="skeleton length limit in the e2e part")
@@ -216,5 +217,5 @@ if __name__ == "__main__":
                         help="weights of every model (GRISP's, the plain model.py one, transformers'); auto = "
                              "what infer.py runs on this CPU (bfloat16 with native bf16, else float32), resolved "
                              "once for all")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     sys.exit(main(parser.parse_args()))

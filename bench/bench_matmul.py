@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
 from llm.cpu_speed import SplitLinear, cpu_name  # noqa: E402
 
@@ -71,7 +72,7 @@ def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="nn.Linear vs cpu_speed.SplitLinear per weight shape and row count.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512], help="input row counts")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per form (median)")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--rows", type=positive_int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512], help="input row counts")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="timed rounds per form (median)")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     main(parser.parse_args())

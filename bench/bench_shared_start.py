@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 import lora  # noqa: E402
+from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
 from grisp import loss  # noqa: E402
 from jsonl import read_jsonl  # noqa: E402
@@ -32,6 +33,8 @@ from model import Transformer  # noqa: E402
 
 
 def main(args):
+    if not Path(args.data).is_file():
+        sys.exit(f"error: no conversations file {args.data}; make one with gen_agent_data.py (see the docstring)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tokenizer = Tokenizer(args.model_dir)
@@ -86,6 +89,6 @@ if __name__ == "__main__":
     parser.add_argument("--micro-batch", type=int, default=4, help="conversations per forward pass")
     parser.add_argument("--lora-layers", type=int, default=8, help="LoRA on the last N blocks")
     parser.add_argument("--r", type=int, default=32, help="LoRA rank (alpha = r)")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of each")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="timed rounds of each")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     main(parser.parse_args())

@@ -29,6 +29,7 @@ ROWS = ("ours:float32", "ours:bfloat16", "transformers+peft:bfloat16")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import defaults  # noqa: E402
 import lora  # noqa: E402
+from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
 from llm.cpu_speed import cpu_name, native_bf16  # noqa: E402
 from model import Transformer  # noqa: E402
@@ -141,8 +142,8 @@ if __name__ == "__main__":
     parser.add_argument("--alpha", type=float, default=32, help="LoRA alpha")
     parser.add_argument("--dropout", type=float, default=0.05, help="LoRA dropout")
     parser.add_argument("--lora-layers", type=int, default=0, help="LoRA on the last N blocks only (0 = all)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps per implementation")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="timed steps per implementation")
+    parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), help="implementation:precision rows to time "
                         "(implementation: ours or transformers+peft; precision: float32 or bfloat16); ratios are to the last")
     main(parser.parse_args())

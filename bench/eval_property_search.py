@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's modules
 import defaults  # noqa: E402
+from bench.flags import positive_int  # noqa: E402
 from jsonl import iter_jsonl  # noqa: E402
 from llm.cpu_speed import cpu_name  # noqa: E402
 from llm.encoder import MINILM, load_encoder  # noqa: E402
@@ -111,6 +112,8 @@ def evaluate(search, queries: list[tuple[str, int]], k: int = 10) -> dict:
 
 
 def main(args: argparse.Namespace) -> None:
+    if not Path(args.items).is_file():
+        sys.exit(f"error: items file {args.items} does not exist; pass an items JSONL with Wikidata P ids (--items)")
     torch.set_num_threads(args.threads)
     names, queries = held_out_split(Path(args.items), args.seed)
     if args.subset:  # a random subset of the properties: only their names and aliases take part
@@ -167,7 +170,7 @@ if __name__ == "__main__":
         "--subset", type=int, default=0, help="a random subset of N properties (0: all)"
     )
     parser.add_argument("--seed", type=int, default=0, help="which alias is held out; the subset")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of the encoders")
+    parser.add_argument("--threads", type=positive_int, default=1, help="torch threads of the encoders")
     parser.add_argument("--qwen", action="store_true", help="also our Qwen model as an encoder")
     parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="Qwen model (--qwen)")
     main(parser.parse_args())

@@ -70,6 +70,9 @@ def classify(events: list[dict], answered_ids: set[str], client: sparql.SparqlCl
 
 
 def main(args: argparse.Namespace) -> None:
+    for run_dir in (args.run_a, args.run_b):
+        if not (Path(run_dir) / "predictions.jsonl").is_file():
+            sys.exit(f"error: {run_dir} has no predictions.jsonl (give evaluate.py run directories, its --out)")
     a, b = ({r["id"]: r for r in read_jsonl(Path(d) / "predictions.jsonl")} for d in (args.run_a, args.run_b))
     properties = property_ids(Path(args.items) if args.items else benchmarks.cached_file(benchmarks.ITEMS_FILE))
     client = sparql.SparqlClient(args.endpoint)

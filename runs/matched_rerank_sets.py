@@ -40,6 +40,9 @@ def matched_pairs(plain: list[dict], worded: list[dict]) -> list[tuple[dict, dic
 
 
 def main(args: argparse.Namespace) -> None:
+    for path in (args.plain, args.worded):
+        if not Path(path).is_file():
+            raise SystemExit(f"error: {path} does not exist; make it with gen_data.py --out (as runs/mention.sh does)")
     pairs = matched_pairs(rerank_samples(Path(args.plain)), rerank_samples(Path(args.worded)))
     changed = [pair for pair in pairs if marked(pair[0]) != marked(pair[1])]
     same = [pair for pair in pairs if marked(pair[0]) == marked(pair[1])]

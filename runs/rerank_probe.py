@@ -79,4 +79,7 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0, help="seed of the record choice and the samples")
     parser.add_argument("--precision", default="auto", help="auto, float32 or bfloat16")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    main(parser.parse_args())
+    try:
+        main(parser.parse_args())
+    except (FileNotFoundError, ValueError) as error:  # a benchmark, index or model that is not there
+        sys.exit(f"error: {error}")
