@@ -79,9 +79,14 @@ SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index", "s
 
 def pipeline_options(args: argparse.Namespace) -> dict:
     """options.Options fields for this run: the ablation preset plus the knobs given on the CLI, with the
-    precision that will run in place of "auto" (its runs on CPUs with and without native bf16 differ)."""
+    precision that will run in place of "auto" (its runs on CPUs with and without native bf16 differ).
+    Bad knobs (--num-beams 0, --top-k 50, --time-budget nan ...) raise a ValueError naming each."""
     options = {**ABLATIONS[args.ablation],
                **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob, None) is not None}}
+    try:
+        Options(**options)  # checked here, before a run directory is written
+    except GrispError as error:
+        raise ValueError(str(error)) from None
     options["precision"] = pick_precision(options.get("precision", Options.precision), pick_device(args.device))[0]
     return options
 

@@ -467,6 +467,17 @@ def test_bad_input_exits_with_a_message(bench, tmp_path, endpoint_url):
         evaluate.main(make_args(bench, tmp_path, "http://127.0.0.1:9/query"))
     with pytest.raises(ValueError, match="--limit must be positive"):
         evaluate.main(make_args(bench, tmp_path, endpoint_url, limit=0))
+    # bad knobs: a message before the run directory is written (was a GrispError traceback after config.json)
+    for knob, value, message in [("num_beams", 0, "num_beams = 0 must be >= 1"), ("top_k", 50, "top_k = 50 must be in"),
+                                 ("time_budget", float("nan"), "time_budget = nan must be > 0"),
+                                 ("seed", -1, "seed = -1 must be in")]:
+        with pytest.raises(ValueError, match=message):
+            evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, **{knob: value}), pipeline=FakePipeline())
+    assert not (tmp_path / "run").exists()
+    result = run_script("--benchmark", str(bench), "--endpoint", endpoint_url, "--num-beams", "0",
+                        "--out", str(tmp_path / "run"))
+    assert result.returncode != 0 and "num_beams = 0 must be >= 1" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------------------- --skeleton-only (no endpoint)
@@ -593,6 +604,10 @@ def test_skeleton_only_bad_input_exits_with_a_message(skeleton_bench, tiny_index
     result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
                         "--model-dir", str(tmp_path / "no-model"), "--out", str(tmp_path / "run"))
     assert result.returncode != 0 and "get_model.py" in result.stderr and "Traceback" not in result.stderr
+    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
+                        "--num-beams", "0", "--out", str(tmp_path / "no-beams"))
+    assert result.returncode != 0 and "num_beams = 0 must be >= 1" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "no-beams").exists()  # checked before the run directory is written
     result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
                         "--device", "bogus", "--out", str(tmp_path / "bogus"))
     assert result.returncode != 0 and "unknown device 'bogus'" in result.stderr and "Traceback" not in result.stderr
