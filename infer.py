@@ -21,8 +21,10 @@ Exit codes:
 """
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -154,10 +156,26 @@ def print_skeletons(args: argparse.Namespace, adapter: str | None) -> int:
     return 0
 
 
+def setup_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the question or the runtime and output flags, found before the model loads (an
+    unwritable --json would only fail after the whole run, losing the answer); None if nothing."""
+    if not args.question.strip():
+        return 'the question is empty; e.g. python infer.py "Who directed Pulp Fiction?"'
+    if args.threads < 0:
+        return f"--threads must be >= 0 (0: torch's default), not {args.threads}"
+    if args.json:
+        folder = Path(args.json).parent
+        if Path(args.json).is_dir():
+            return f"--json {args.json} is a directory; pass a file name"
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            return f"--json {args.json}: the directory {folder} does not exist or is not writable"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     # --- setup
-    if not args.question.strip():
-        print('error: the question is empty; e.g. python infer.py "Who directed Pulp Fiction?"', file=sys.stderr)
+    if problem := setup_problem(args):
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)

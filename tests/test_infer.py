@@ -73,6 +73,17 @@ def test_bad_settings_are_clear_errors(tiny_model):
     Options(top_k=12)  # the largest that fits a re-ranking prompt
 
 
+def test_bad_output_and_runtime_flags_are_clear_errors_before_the_model_loads(tmp_path):
+    # no model there: these are found first (an unwritable --json failed only after the whole run)
+    for flags, message in [(["--json", str(tmp_path / "no" / "such" / "a.json")], "does not exist or is not writable"),
+                           (["--json", str(tmp_path)], "is a directory"),
+                           (["--threads", "-1"], "--threads must be >= 0")]:
+        out = run_infer("q?", "--model-dir", str(tmp_path / "no-model"), *flags)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+        out = run_infer("q?", "--skeleton-only", "--model-dir", str(tmp_path / "no-model"), *flags)
+        assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
 def test_a_bad_device_is_a_clear_error(tiny_model, tmp_path):
     (tmp_path / "manifest.json").write_text("{}")  # an index directory: the device is checked before it is read
     for mode in ([], ["--skeleton-only"]):
