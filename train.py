@@ -73,10 +73,10 @@ def setup(args: argparse.Namespace) -> Run:
         torch.cuda.set_device(device)
     if world > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     apply_recipe(args, device)
     check_args(args, world)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed + rank)
     dtype, why_dtype = cpu_speed.pick_dtype(args.dtype, device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
@@ -299,8 +299,13 @@ def check_args(args: argparse.Namespace, world: int) -> None:
         (args.epochs < 1, f"--epochs must be at least 1, got {args.epochs}"),
         (args.first_epoch < 0, f"--first-epoch must be at least 0, got {args.first_epoch}"),
         (not 0 <= args.val_fraction < 1, f"--val-fraction must be in [0, 1), got {args.val_fraction}"),
-        (args.lr <= 0 or not 0 <= args.warmup < 1,
-         f"need --lr > 0 and 0 <= --warmup < 1, got {args.lr}, {args.warmup}"),
+        (not 0 < args.lr < math.inf, f"--lr must be a finite number > 0, got {args.lr}"),  # nan too
+        (not 0 <= args.warmup < 1, f"--warmup must be in [0, 1), got {args.warmup}"),
+        (args.max_steps < 0, f"--max-steps must be at least 0 (0: all epochs), got {args.max_steps}"),
+        (args.eval_every < 0, f"--eval-every must be at least 0 (0: after each epoch), got {args.eval_every}"),
+        (args.lora_r < 1, f"--lora-r must be at least 1, got {args.lora_r}"),
+        (not 0 <= args.lora_dropout < 1, f"--lora-dropout must be in [0, 1), got {args.lora_dropout}"),
+        (args.threads < 0, f"--threads must be at least 0 (0: torch's default), got {args.threads}"),
         (args.checkpoint_every < 1 or args.keep_checkpoints < 1, "--checkpoint-every and --keep-checkpoints must be "
                                                                  "at least 1"),
         (args.patience < 1, f"--patience must be at least 1 (validations without a new best), got {args.patience}; "

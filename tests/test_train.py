@@ -585,6 +585,14 @@ def test_help_explains_every_flag(capsys):
     (["--val-fraction", "1.5"], "--val-fraction must be in"),
     (["--patience", "0"], "--patience must be at least 1"),  # 0 would stop after the first step
     (["--device", "bogus"], "unknown device 'bogus': use auto, cpu, cuda"),
+    (["--threads", "-1"], "--threads must be at least 0"),  # torch.set_num_threads raised a RuntimeError
+    (["--lr", "nan"], "--lr must be a finite number > 0"),  # nan <= 0 is False
+    (["--lr", "inf"], "--lr must be a finite number > 0"),
+    (["--max-steps", "-1"], "--max-steps must be at least 0"),  # ran 0 steps and saved an untrained adapter/
+    (["--eval-every", "-1"], "--eval-every must be at least 0"),
+    (["--lora-r", "0"], "--lora-r must be at least 1"),  # found by lora.py only after the data and the model loaded
+    (["--lora-dropout", "1"], "--lora-dropout must be in"),  # 1 zeroes every LoRA input
+    (["--lora-dropout", "nan"], "--lora-dropout must be in"),  # nan > 0 is False: silently no dropout
 ])
 def test_bad_settings_exit_with_a_message(model_dir, tmp_path, flags, message):
     args = train.make_parser().parse_args(["--model-dir", str(model_dir), "--runs-dir", str(tmp_path), *flags])
