@@ -30,6 +30,7 @@ Wikidata's label service (`SERVICE wikibase:label { ... }`, 105 of SPINACH's 155
     print(data.table(is_validation))            # the per-source summary
     SampleGenerator(data.usable, indices, Augment(), seed, weights=data.weights)   # samples.py
 """
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -63,8 +64,8 @@ def parse_data(spec: str) -> list[Source]:
             value = float(weight)
         except ValueError:
             raise ValueError(f"--data {spec}: the weight of {name!r} must be a number, got {weight!r}") from None
-        if value <= 0:
-            raise ValueError(f"--data {spec}: the weight of {name!r} must be > 0, got {weight}")
+        if not 0 < value < math.inf:  # nan and inf too: an epoch takes int(weight) full passes
+            raise ValueError(f"--data {spec}: the weight of {name!r} must be a finite number > 0, got {weight}")
         sources.append(Source(name, SOURCES.get(name, name), value))
     names = [s.name for s in sources]
     if not sources or len(set(names)) < len(names):

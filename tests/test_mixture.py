@@ -19,7 +19,9 @@ def test_parse_data():
         Source("demo", "demo", 1.0)]
     assert parse_data("qald10")[0].benchmark == "qald10"  # load_training gives its train part
     assert parse_data("/data/my:file.jsonl") == [Source("/data/my:file.jsonl", "/data/my:file.jsonl", 1.0)]
-    for bad, message in [("wwq:0", "must be > 0"), ("wwq:x", "must be a number"), ("wwq,wwq", "name each source once"),
+    for bad, message in [("wwq:0", "must be a finite number > 0"), ("wwq:nan", "must be a finite number > 0"),
+                         ("wwq:inf", "must be a finite number > 0"), ("lcquad2:-inf", "must be a finite number > 0"),
+                         ("wwq:x", "must be a number"), ("wwq,wwq", "name each source once"),
                          ("", "name each source once")]:
         with pytest.raises(ValueError, match=message):
             parse_data(bad)
