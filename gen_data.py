@@ -43,6 +43,8 @@ def main(args: argparse.Namespace) -> None:
     # --- setup
     if args.epochs < 1:
         sys.exit(f"error: --epochs must be at least 1, got {args.epochs}")
+    if args.show < 0:  # samples[:-1] would print all but the last
+        sys.exit(f"error: --show must be at least 0, got {args.show}")
     print(json.dumps(vars(args), indent=1, default=str), file=sys.stderr)
     try:
         data = mixture.read(args.data)

@@ -49,7 +49,8 @@ def test_command_line_mixture_weights(tiny, tmp_path):
 @pytest.mark.parametrize("flags, message", [(["--data", "no/such.jsonl"], "no/such.jsonl"),
                                             (["--data", "wwq:0"], "must be a finite number > 0"),
                                             (["--data", "wwq:nan"], "must be a finite number > 0"),
-                                            (["--epochs", "0"], "--epochs")])
+                                            (["--epochs", "0"], "--epochs"),
+                                            (["--show", "-1"], "--show must be at least 0")])
 def test_command_line_bad_input(tmp_path, flags, message):
     run = subprocess.run([sys.executable, str(REPO / "gen_data.py"), "--index", str(tmp_path), *flags],
                          capture_output=True, text=True)
