@@ -531,7 +531,7 @@ if __name__ == "__main__":
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     # data
     parser.add_argument("--benchmark", default=None,
-                        help="benchmark name (demo, wwq-dev-kg, wwq-dev-full, wwq-dev, wwq-train, qald10-dev, qald10-train) or a JSONL file "
+                        help=f"benchmark name ({', '.join(benchmarks.NAMES)}) or a JSONL file "
                              "({id, question, sparql, paraphrases, info} per line); default: demo, or "
                              "with --score-only the run's own")
     parser.add_argument("--out", default=None,

@@ -45,6 +45,8 @@ DEV_FRACTION = 0.2
 # what a training run may read (mixture.SOURCES): a held-out question asked there too is not held out
 TRAINING_MATERIAL = ("wwq-train", "qald10-train", "qald7-train", "lcquad2-test", "simplequestions-val", "spinach-val")
 SPLITS = {f"{name}-{part}": (name, part) for name in HELD_OUT for part in ("train", "dev")}
+# every benchmark name benchmark_path takes (the rest are JSONL paths)
+NAMES = (*BENCHMARKS, *SPLITS, "demo", "wwq-dev-kg", "wwq-dev-full")
 # the closed WWQ-dev evaluation KGs written by build_eval_kg.py (their questions: "wwq-dev-kg",
 # and "wwq-dev-full" for `--setting full`: + the demo KG + labels of all items)
 EVAL_KG_DIR = defaults.GRISP_HOME / "eval_kg" / "wwq-dev"
@@ -102,7 +104,7 @@ def benchmark_path(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
         path = Path(name_or_path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"benchmark {str(name_or_path)!r} is neither a known name "
-                                f"({', '.join([*BENCHMARKS, *SPLITS, 'demo', 'wwq-dev-kg', 'wwq-dev-full'])}) nor an existing file {path}")
+                                f"({', '.join(NAMES)}) nor an existing file {path}")
     return path
 
 

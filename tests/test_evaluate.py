@@ -457,6 +457,14 @@ def test_help_exits_zero():
     assert result.returncode == 0 and "--oracle-skeleton" in result.stdout
 
 
+def test_help_names_every_benchmark_name_it_takes():
+    result = subprocess.run([sys.executable, "evaluate.py", "--help"], cwd=defaults.REPO_DIR, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "COLUMNS": "1000"})  # no line breaks in names
+    for name in ("qald7-train", "lcquad2-test", "simplequestions-val", "spinach-val"):  # the help lacked them
+        assert name in result.stdout, name
+    assert all(name in result.stdout for name in evaluate.benchmarks.NAMES)  # the list it is made from
+
+
 def test_bad_input_exits_with_a_message(bench, tmp_path, endpoint_url):
     result = run_script("--benchmark", str(tmp_path / "missing.jsonl"), "--endpoint", endpoint_url)
     assert result.returncode != 0 and "missing.jsonl" in result.stderr and "Traceback" not in result.stderr
