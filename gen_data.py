@@ -118,8 +118,8 @@ if __name__ == "__main__":
     parser.add_argument("--data", default="wwq", help="the mixture (mixture.py): comma-separated sources, each with an "
                         f"optional weight = uses of each record per epoch, e.g. wwq,qald10,lcquad2:0.3; a source is "
                         f"{', '.join(mixture.SOURCES)}, a benchmarks.py name or a JSONL path (never an evaluation set)")
-    parser.add_argument("--index", default=None, help="index directory (default: the demo index for demo, "
-                        f"else {WIKIDATA_INDEX_DIR}, built from the Wikidata items file if missing)")
+    parser.add_argument("--index", default=None, help=f"index directory; unset: {WIKIDATA_INDEX_DIR}, built from the "
+                        "Wikidata items file if missing")
     parser.add_argument("--out", default=None, help="output JSONL (default: statistics only)")
     parser.add_argument("--epochs", type=int, default=4, help="epochs to precompute (fresh samples each)")
     parser.add_argument("--seed", type=int, default=0, help="sample = f(seed, epoch, record)")

@@ -328,9 +328,8 @@ def make_parser() -> argparse.ArgumentParser:
                        "online, fresh per epoch; no evaluation set (qald10-dev, wwq-dev, the demo ...) is ever among them")
     group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online "
                        "generation), or agent conversations from gen_agent_data.py")
-    group.add_argument("--index", default=None, help="search index for online generation (default: demo index for "
-                                                     "demo, "
-                       f"else {defaults.WIKIDATA_INDEX_DIR}, built if missing)")
+    group.add_argument("--index", default=None, help="search index for online generation; unset: "
+                       f"{defaults.WIKIDATA_INDEX_DIR}, built if missing")
     group.add_argument("--val-fraction", type=float, default=0.05, help="records held out (by id hash) for the "
                                                                         "validation loss")
     group.add_argument("--val-data", default=None, help="validation benchmark or samples file instead of the held-out "
