@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from grasp.backends import BackendCancelled, BackendError, BackendTimeout, ToolCall
-from grasp.config import ConfigError, check, load_config, make_backend, override
+from grasp.config import ConfigError, check, load_config, make_backend, override, unset_flag
 from grasp.functions import FunctionError, Functions, KnowledgeGraph, check_known, table
 from grasp.prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
 from grisp.sparql import SparqlClient, SparqlError
@@ -329,12 +329,16 @@ def event_text(e: dict) -> str:
 
 def main(args: argparse.Namespace) -> int:
     # --- configuration: file < environment < flags
-    config = load_config(args.config)
-    config.model = override(config.model, backend=args.backend, model_dir=args.model_dir, adapter=args.adapter,
-                            base_url=args.base_url, model=args.model)
-    config.agent = override(config.agent, task=args.task, max_steps=args.max_steps, time_limit_s=args.time_limit,
-                            feedback=args.feedback or None, know_before_use=False if args.no_know_before_use else None)
+    flag = vars(args).get  # a flag not given is absent (argparse.SUPPRESS): the config's value stays
+    config = load_config(flag("config"))
+    config.model = override(config.model, backend=flag("backend"), model_dir=flag("model_dir"), adapter=flag("adapter"),
+                            base_url=flag("base_url"), model=flag("model"))
+    config.agent = override(config.agent, task=flag("task"), max_steps=flag("max_steps"),
+                            time_limit_s=flag("time_limit"), feedback=args.feedback or None,
+                            know_before_use=False if args.no_know_before_use else None)
     check(config)
+    for name in flag("kg") or []:  # before the endpoints are asked and the model loads
+        config.kg(name)
     questions = read_jsonl(Path(args.file)) if args.file else [{"question": args.question or ""}]
     if not questions or not all(str(q.get("question") or "").strip() for q in questions):
         raise ValueError("no question: pass one (python agent.py \"Who directed Pulp Fiction?\") or --file")
@@ -353,7 +357,7 @@ def main(args: argparse.Namespace) -> int:
     past, code = None, 0
     while questions:
         q = questions.pop(0)
-        r = agent.run(q["question"], kgs=args.kg, past=past,
+        r = agent.run(q["question"], kgs=flag("kg"), past=past,
                       on_event=None if args.quiet else lambda e: print(event_text(e), flush=True))
         print(f"answer: {r.answer or r.explanation or '-'}\nsparql: {r.sparql or '-'}")
         if r.sparql and r.kg in agent.kgs and r.task == "sparql-qa":
@@ -383,30 +387,37 @@ if __name__ == "__main__":
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("question", nargs="?", help="the question (or --file)")
     # data
-    parser.add_argument("--config", default=None,
+    S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset
+    parser.add_argument("--config", default=S,
                         help="TOML or JSON config file (see grasp.toml); default $GRASP_CONFIG or built-in defaults")
     parser.add_argument("--file", default=None, help="JSONL file of questions ({\"question\": ...} per line)")
     parser.add_argument("--out", default=None, help="write one JSON record per question (answer, query, trace) here")
-    parser.add_argument("--kg", action="append", default=None,
-                        help="use only this configured knowledge graph (repeatable)")
+    parser.add_argument("--kg", action="append", default=S,
+                        help="use only this configured knowledge graph (repeatable); default: all of them")
     parser.add_argument("--follow-up", action="store_true",
                         help="after the answer, read follow-up questions from stdin")
     parser.add_argument("--quiet", action="store_true", help="print only the answers, not the trace")
     # model (override the config)
-    parser.add_argument("--backend", choices=["local", "openai"], default=None, help="model backend")
-    parser.add_argument("--model-dir", default=None, help="local backend: Qwen2.5 model directory")
-    parser.add_argument("--adapter", default=None,
-                        help="local backend: LoRA adapter directory, or 'none' for the base model "
-                             "(unset: the config's, by default the shipped agent adapter adapters/grasp-agent-0.5b)")
-    parser.add_argument("--base-url", default=None, help="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--model", default=None, help="openai backend: model name")
+    parser.add_argument("--backend", choices=["local", "openai"], default=S,
+                        help=f"model backend {unset_flag('model', 'backend')}")
+    parser.add_argument("--model-dir", default=S,
+                        help=f"local backend: Qwen2.5 model directory {unset_flag('model', 'model_dir')}")
+    parser.add_argument("--adapter", default=S,
+                        help=f"local backend: LoRA adapter directory, or 'none' for the base model "
+                             f"{unset_flag('model', 'adapter')}")
+    parser.add_argument("--base-url", default=S,
+                        help=f"openai backend: server URL {unset_flag('model', 'base_url')}")
+    parser.add_argument("--model", default=S,
+                        help="openai backend: model name, e.g. Qwen/Qwen2.5-7B-Instruct (config [model] model)")
     # agent (override the config)
-    parser.add_argument("--task", choices=["sparql-qa", "general-qa"], default=None,
-                        help="answer with a query or with text")
+    parser.add_argument("--task", choices=["sparql-qa", "general-qa"], default=S,
+                        help=f"answer with a query or with text {unset_flag('agent', 'task')}")
     parser.add_argument("--feedback", action="store_true", help="GRASP-F: judge the answer, maybe try again")
     parser.add_argument("--no-know-before-use", action="store_true", help="allow IRIs no earlier result showed")
-    parser.add_argument("--max-steps", type=int, default=None, help="model turns per question")
-    parser.add_argument("--time-limit", type=float, default=None, help="seconds per question")
+    parser.add_argument("--max-steps", type=int, default=S,
+                        help=f"model turns per question {unset_flag('agent', 'max_steps')}")
+    parser.add_argument("--time-limit", type=float, default=S,
+                        help=f"seconds per question {unset_flag('agent', 'time_limit_s')}")
     try:
         sys.exit(main(parser.parse_args()))
     except (ConfigError, ValueError, FileNotFoundError, BackendError) as error:

@@ -52,7 +52,7 @@ from starlette.staticfiles import StaticFiles
 import defaults
 from agent import Agent, build_agent
 from grasp.backends import BackendError
-from grasp.config import Config, ConfigError, ModelConfig, ServerConfig, check, load_config, override
+from grasp.config import Config, ConfigError, check, load_config, override, unset_flag
 from grasp.local_backend import LocalBackend
 from grisp.options import GrispError, Options, add_flags, from_flags, preset
 from grisp.pipeline import Answer, Grisp, answer_to_json
@@ -322,21 +322,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset
-
-    def cfg(section: str, name: str) -> str:  # where the value comes from when the flag is not given
-        default = getattr({"server": ServerConfig, "model": ModelConfig}[section], name)
-        return f"(config [{section}] {name}, default {default})"
     parser.add_argument("--config", default=None,
                         help="TOML or JSON config shared with agent.py (grasp.toml); default $GRASP_CONFIG or built-in")
     # network
-    parser.add_argument("--host", default=S, help=f"address to listen on; 0.0.0.0 exposes it {cfg('server', 'host')}")
-    parser.add_argument("--port", type=int, default=S, help=f"port to listen on {cfg('server', 'port')}")
+    parser.add_argument("--host", default=S,
+                        help=f"address to listen on; 0.0.0.0 exposes it {unset_flag('server', 'host')}")
+    parser.add_argument("--port", type=int, default=S, help=f"port to listen on {unset_flag('server', 'port')}")
     parser.add_argument("--max-waiting", type=int, default=S,
                         help=f"jobs that may wait behind the running one, more get 503; 0: a job only when none runs "
-                             f"{cfg('server', 'max_waiting')}")
+                             f"{unset_flag('server', 'max_waiting')}")
     parser.add_argument("--time-limit", type=float, default=S,
                         help="seconds per GRISP question or chat completion from the start of its work, then 504; an "
-                             f"agent run has [agent] time_limit_s {cfg('server', 'time_limit_s')}")
+                             f"agent run has [agent] time_limit_s {unset_flag('server', 'time_limit_s')}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                         help="uvicorn's log level")
     # model, index and knowledge graph
@@ -344,21 +341,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the configured knowledge graph GRISP answers over (config [server] kg, default: the "
                              "first)")
     parser.add_argument("--model-dir", default=S,
-                        help=f"base model directory of GRISP and the agent {cfg('model', 'model_dir')}")
+                        help=f"base model directory of GRISP and the agent {unset_flag('model', 'model_dir')}")
     parser.add_argument("--adapter", default=S,
-                        help=f"GRISP's LoRA adapter directory (PEFT layout), or 'none' {cfg('server', 'adapter')}")
+                        help=f"GRISP's LoRA adapter directory (PEFT layout), or 'none' "
+                             f"{unset_flag('server', 'adapter')}")
     parser.add_argument("--index", default=S, help="search index directory of that knowledge graph (its index)")
     parser.add_argument("--endpoint", default=S, help="SPARQL endpoint URL of that knowledge graph (its endpoint)")
     parser.add_argument("--examples", default=S,
-                        help=f"JSONL with example questions for the page, or 'none' {cfg('server', 'examples')}")
+                        help=f"JSONL with example questions for the page, or 'none' "
+                             f"{unset_flag('server', 'examples')}")
     parser.add_argument("--no-agent", action="store_true",
                         help="GRISP only: no agent mode and no /v1 (the agent's model is not loaded)")
     # the default options of every request (a request may override each): one flag per options.Options field
     add_flags(parser)
     # runtime
-    parser.add_argument("--device", default=S, help=f"{DEVICES}; auto: cuda, then mps, then cpu {cfg('model', 'device')}")
+    parser.add_argument("--device", default=S,
+                        help=f"{DEVICES}; auto: cuda, then mps, then cpu {unset_flag('model', 'device')}")
     parser.add_argument("--threads", type=int, default=S,
-                        help=f"torch CPU threads, 0: torch's {cfg('server', 'threads')}")
+                        help=f"torch CPU threads, 0: torch's {unset_flag('server', 'threads')}")
     return parser
 
 

@@ -226,6 +226,12 @@ def override(section, **values):
                                for key, value in values.items() if value is not None})
 
 
+def unset_flag(section: str, name: str) -> str:
+    """What a script's flag left unset takes, for its --help: "(config [model] backend, default local)"."""
+    default = getattr({"model": ModelConfig, "agent": AgentConfig, "server": ServerConfig}[section], name)
+    return f"(config [{section}] {name}, default {default})"
+
+
 def check(config: Config) -> None:
     """Raise ConfigError naming every bad value (closed sets, positive limits, unique KG names)."""
     a, m, srv = config.agent, config.model, config.server

@@ -335,8 +335,14 @@ def run_agent(*args, **env):
 
 
 def test_command_line_help_and_clear_errors(tmp_path):
-    out = run_agent("--help")
+    out = run_agent("--help", COLUMNS="1000")
     assert out.returncode == 0 and "--follow-up" in out.stdout and "--feedback" in out.stdout
+    for text in ("(config [model] backend, default local)", "(config [agent] task, default sparql-qa)",
+                 "(config [agent] max_steps, default 30)", "(config [agent] time_limit_s, default 300.0)",
+                 f"(config [model] model_dir, default {defaults.MODEL_DIR})"):  # the config's, not "default: None"
+        assert text in out.stdout, text
+    out = run_agent("q?", "--kg", "nosuch", GRASP_KG_WIKIDATA_ENDPOINT="http://127.0.0.1:9/query")
+    assert out.returncode == 1 and "no knowledge graph 'nosuch'; configured: wikidata" in out.stderr  # before all else
     out = run_agent("   ")
     assert out.returncode == 1 and "no question" in out.stderr and "Traceback" not in out.stderr
     out = run_agent("q?", GRASP_KG_WIKIDATA_ENDPOINT="http://127.0.0.1:9/query")
