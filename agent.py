@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import defaults
 from grasp.backends import BackendCancelled, BackendError, BackendTimeout, ToolCall
 from grasp.config import ConfigError, check, load_config, make_backend, override, unset_flag
 from grasp.functions import FunctionError, Functions, KnowledgeGraph, check_known, table
@@ -384,7 +385,7 @@ def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Answer questions over SPARQL knowledge graphs with the GRASP "
                                      "agent (function calling, zero-shot); prints the trace.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=defaults.HelpFormatter)
     parser.add_argument("question", nargs="?", help="the question (or --file)")
     # data
     S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset

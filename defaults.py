@@ -1,8 +1,10 @@
-"""Default locations of the embedded offline setup, shared by every stage.
+"""Default locations of the embedded offline setup, shared by every stage, and how the stages' --help
+shows defaults.
 
 Everything large (base model, indices, the triple store, training runs) lives outside the
 repository under GRISP_HOME (default ~/.cache/grisp); set the environment variable to move it.
 """
+import argparse
 import os
 from pathlib import Path
 
@@ -21,3 +23,11 @@ DEMO_STORE_DIR = GRISP_HOME / "stores" / "demo"
 ENDPOINT_URL = "http://127.0.0.1:7878/query"  # the local oxigraph server started by endpoint.py
 ADAPTER_DIR = REPO_DIR / "adapters" / "grisp-mix-0.5b"  # the shipped LoRA adapter (PEFT layout)
 AGENT_ADAPTER_DIR = REPO_DIR / "adapters" / "grasp-agent-0.5b"  # the GRASP agent's adapter for the local model
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each flag's default after its help, except None: the help of a flag whose default is
+    None says what leaving it unset does (argparse's "(default: None)" would contradict it)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)

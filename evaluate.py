@@ -528,7 +528,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description="Run GRISP over a benchmark, execute gold and predicted queries and score them "
                     "with the GRASP protocol (row F1 with assignment, EM); resumable.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=defaults.HelpFormatter)
     # data
     parser.add_argument("--benchmark", default=None,
                         help=f"benchmark name ({', '.join(benchmarks.NAMES)}) or a JSONL file "

@@ -113,7 +113,7 @@ def shape_table(data: mixture.Mixture) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Precompute GRISP training samples (skeleton + re-ranking) "
-                                     "for N epochs as JSONL.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     "for N epochs as JSONL.", formatter_class=defaults.HelpFormatter)
     # data
     parser.add_argument("--data", default="wwq", help="the mixture (mixture.py): comma-separated sources, each with an "
                         f"optional weight = uses of each record per epoch, e.g. wwq,qald10,lcquad2:0.3; a source is "

@@ -224,8 +224,8 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown after each flag; the epilog (the exit codes) keeps its line breaks."""
+class HelpFormatter(defaults.HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after each flag (but None); the epilog (the exit codes) keeps its line breaks."""
 
 
 if __name__ == "__main__":

@@ -320,7 +320,7 @@ def main(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=defaults.HelpFormatter)
     S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset
     parser.add_argument("--config", default=None,
                         help="TOML or JSON config shared with agent.py (grasp.toml); default $GRASP_CONFIG or built-in")

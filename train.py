@@ -318,7 +318,7 @@ def check_args(args: argparse.Namespace, world: int) -> None:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Fine-tune Qwen2.5 with LoRA jointly on SPARQL skeletons and "
                                      "list-wise re-ranking (GRISP).",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=defaults.HelpFormatter)
     # data
     group = parser.add_argument_group("data")
     group.add_argument("--data", default="wwq", help="the training mixture (mixture.py): comma-separated sources, "
@@ -356,10 +356,8 @@ def make_parser() -> argparse.ArgumentParser:
     group.add_argument("--lora-r", type=int, default=32, help="rank")
     group.add_argument("--lora-alpha", type=float, default=32, help="scaling alpha (update scaled by alpha / r)")
     group.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the LoRA input")
-    group.add_argument("--lora-targets", nargs="+", default=list(lora.DEFAULT_TARGETS), help="module names that get "
-                                                                                             "LoRA (default: all "
-                                                                                             "linear layers of the "
-                                                                                             "blocks)")
+    group.add_argument("--lora-targets", nargs="+", default=list(lora.DEFAULT_TARGETS),
+                       help="module names that get LoRA; the default is every linear layer of a block")
     group.add_argument("--init-adapter", default=None, help="start from these LoRA weights, an adapter or a run's "
                                                             "checkpoint-* directory (same r, alpha, targets, layers), "
                                                             "instead of LoRA's zero update")

@@ -341,6 +341,7 @@ def test_command_line_help_and_clear_errors(tmp_path):
                  "(config [agent] max_steps, default 30)", "(config [agent] time_limit_s, default 300.0)",
                  f"(config [model] model_dir, default {defaults.MODEL_DIR})"):  # the config's, not "default: None"
         assert text in out.stdout, text
+    assert "(default: None)" not in out.stdout  # a None default: the help says what unset means
     out = run_agent("q?", "--kg", "nosuch", GRASP_KG_WIKIDATA_ENDPOINT="http://127.0.0.1:9/query")
     assert out.returncode == 1 and "no knowledge graph 'nosuch'; configured: wikidata" in out.stderr  # before all else
     out = run_agent("   ")

@@ -455,6 +455,7 @@ def run_script(*args):
 def test_help_exits_zero():
     result = run_script("--help")
     assert result.returncode == 0 and "--oracle-skeleton" in result.stdout
+    assert "(default: None)" not in " ".join(result.stdout.split())  # a None default: the help says what unset means
 
 
 def test_help_names_every_benchmark_name_it_takes():

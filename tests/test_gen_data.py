@@ -60,4 +60,5 @@ def test_command_line_bad_input(tmp_path, flags, message):
 def test_help():
     run = subprocess.run([sys.executable, str(REPO / "gen_data.py"), "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "--drop-gold" in run.stdout
+    assert "(default: None)" not in " ".join(run.stdout.split())  # a None default: the help says what unset means
     assert "demo index" not in " ".join(run.stdout.split())  # --data demo is refused (an evaluation set): its index is no default

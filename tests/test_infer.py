@@ -47,6 +47,7 @@ def test_help_explains_every_flag():
     for flag in ("--no-rerank", "--no-constrained", "--no-kg-guidance", "--no-backtracking", "--no-beam-search",
                  "--top-k", "--num-beams", "--num-skeletons", "--time-budget", "--json", "--adapter", "--endpoint"):
         assert flag in out.stdout
+    assert "(default: None)" not in " ".join(out.stdout.split())  # a None default: the help says what unset means
 
 
 def test_answer_json_holds_the_result_as_a_sparql_json_document():

@@ -577,6 +577,7 @@ def test_help_explains_every_flag(capsys):
     text = capsys.readouterr().out
     for group in ("data:", "model:", "LoRA:", "optimisation:", "checkpoints:", "CPU / device:"):
         assert group in text
+    assert "(default: None)" not in " ".join(text.split())  # a None default: the help says what unset means
     assert "demo index" not in " ".join(text.split())  # --data demo is refused (an evaluation set): its index is no default
 
 
