@@ -18,6 +18,7 @@ two constraints on one variable (intersection: "which films directed by x and st
 or latest of them by date (superlative), how many (count) and those before or after a year (filter);
 their answers are typed by the class of the question's noun ("films" -> film: CLASSES), as WWQ's are.
 """
+import math
 import random
 import re
 
@@ -119,8 +120,8 @@ def parse_shapes(text: str) -> dict[str, float]:
             shapes[shape] = float(weight) if weight else 1.0
         except ValueError:
             raise ValueError(f"--compose-shapes: {part!r} needs a number after ':'") from None
-        if not shapes[shape] > 0:
-            raise ValueError(f"--compose-shapes: the weight of {shape} must be > 0, got {weight}")
+        if not 0 < shapes[shape] < math.inf:  # nan and inf too
+            raise ValueError(f"--compose-shapes: the weight of {shape} must be a finite number > 0, got {weight}")
     return shapes
 
 

@@ -323,7 +323,7 @@ def test_compose_shapes_parse_with_weights_and_reject_unknown_ones():
     assert compose.parse_shapes("chain") == {"chain": 1.0}
     assert compose.parse_shapes("chain, ask:0.5,count:2") == {"chain": 1.0, "ask": 0.5, "count": 2.0}
     for text, message in [("chain,cycle", "unknown shape 'cycle'"), ("ask:x", "needs a number"),
-                          ("ask:0", "must be > 0")]:
+                          ("ask:0", "must be a finite number > 0"), ("ask:nan", "finite number"), ("ask:inf", "finite number")]:
         with pytest.raises(ValueError, match=message):
             compose.parse_shapes(text)
 
