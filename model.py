@@ -363,7 +363,8 @@ DEVICES = "auto, cpu, cuda, cuda:N (the N-th GPU) or mps"  # what --device (and 
 
 def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     """`name` as a torch.device; "auto" = cuda (this process's GPU under torchrun), then mps, then cpu.
-    Another name raises a ValueError that lists DEVICES (the scripts print it as a one-line error)."""
+    Another name raises a ValueError that lists DEVICES, and so does a GPU this machine lacks, before any
+    loading (the scripts print it as a one-line error)."""
     if name != "auto":
         try:
             device = torch.device(name)
@@ -371,6 +372,10 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
             device = None
         if device is None or device.type not in ("cpu", "cuda", "mps"):
             raise ValueError(f"unknown device {name!r}: use {DEVICES}")
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise ValueError(f"device {name!r}: torch sees {torch.cuda.device_count()} CUDA GPU(s) here")
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise ValueError(f"device {name!r}: MPS is not available here")
         return device
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank)

@@ -297,10 +297,23 @@ def test_missing_weights_give_a_clear_error(tmp_path):
 
 
 def test_a_bad_device_is_a_value_error_naming_the_accepted_ones():
-    assert M.pick_device("cpu") == torch.device("cpu") and M.pick_device("cuda:1") == torch.device("cuda", 1)
+    assert M.pick_device("cpu") == torch.device("cpu")
     for name in ("bogus", "cuda:x", "meta"):  # not a device string, or not one the scripts run on
         with pytest.raises(ValueError, match=f"unknown device '{name}': use auto, cpu, cuda, cuda:N .* or mps"):
             M.pick_device(name)
+
+
+def test_a_gpu_this_machine_lacks_is_refused_up_front(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert M.pick_device("cuda") == torch.device("cuda") and M.pick_device("cuda:1") == torch.device("cuda", 1)
+    with pytest.raises(ValueError, match="'cuda:2': torch sees 2 CUDA GPU"):
+        M.pick_device("cuda:2")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match="'cuda': torch sees 0 CUDA GPU"):
+        M.pick_device("cuda")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="MPS is not available"):
+        M.pick_device("mps")
 
 
 @torch.no_grad()
