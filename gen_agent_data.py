@@ -1,6 +1,6 @@
 """Synthesise GRASP agent conversations from question-SPARQL pairs, to fine-tune our small model as the
 agent's local backend (docs/agent.md section 9). GRASP itself is zero-shot; the 0.5B model on this
-machine does not follow the function-calling protocol by itself (README Results: it loops), so we show
+machine does not follow the function-calling protocol by itself (docs/results-baselines.md: it loops), so we show
 it the protocol on training questions.
 
 For each record of the mixture `--data` (mixture.py: the QALD-10 hold-out stays out; records whose IRIs

@@ -1,6 +1,6 @@
-"""The README's Results tables, printed from evaluate.py run directories (docs/method.md section 7).
+"""The tables of README Results and docs/results-*.md, printed from evaluate.py run directories (docs/method.md section 7).
 
-Every number in README Results comes from a run directory's summary.json or predictions.jsonl; this
+Every number in those tables comes from a run directory's summary.json or predictions.jsonl; this
 script prints the tables from them, so a table can be re-made to the digit after a re-run.
 
     python report.py systems ~/.cache/grisp/eval/demo-{none,no-rerank,no-beam-search}    # one row per run
