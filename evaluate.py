@@ -7,21 +7,22 @@ on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Wri
     config.json        the resolved configuration of the run
     predictions.jsonl  one record per question: id, question, predicted sparql, answers, skeletons,
                        trace summary, timings, seconds, backtracks, error, pipeline failure,
-                       endpoint queries / faults / verified, gold status, failure kind
+                       endpoint queries / faults / verified, gold status, gold_hash, failure kind
                        (no_skeleton, dead_end, timeout, error, endpoint_error, wrong_answer or
                        null when correct), f1, em, reused_skeletons
     summary.json       F1, EM, scored/skipped samples, seconds per question, backtracks per sample,
                        where failures arise (no skeleton, resolution dead end, wrong answer), and
                        the endpoint's faults counted apart from the method's (docs/method.md 7.3)
 
-Runs resume: ids already in predictions.jsonl are skipped; each record is appended and flushed as
-soon as it is scored. `--oracle-skeleton` feeds the gold query's skeleton to the resolver (the
-paper's skeleton-vs-resolution error split); `--skeletons-from` resolves the skeletons an earlier
-run generated (ablations of the resolution only, or the same questions on another KG, without
-decoding again); `--score-only` re-scores a predictions file without loading the model (the endpoint
-is still needed: gold and predicted queries are executed again). `--skeleton-only` needs no endpoint:
-it scores the top-1 generated skeleton against the gold query's skeleton (skeleton_score.py: structure
-and label match by question shape), writing predictions.jsonl and summary.json the same way.
+Runs resume: ids already in predictions.jsonl are skipped, unless their question or gold query changed
+since (those are run again); each record is appended and flushed as soon as it is scored.
+`--oracle-skeleton` feeds the gold query's skeleton to the resolver (the paper's skeleton-vs-resolution
+error split); `--skeletons-from` resolves the skeletons an earlier run generated (ablations of the
+resolution only, or the same questions on another KG, without decoding again); `--score-only` re-scores
+a predictions file without loading the model (the endpoint is still needed: gold and predicted queries
+are executed again). `--skeleton-only` needs no endpoint: it scores the top-1 generated skeleton against
+the gold query's skeleton (skeleton_score.py: structure and label match by question shape), writing
+predictions.jsonl and summary.json the same way.
 
     python evaluate.py                                  # demo questions on the demo KG
     python evaluate.py --ablation no-rerank --skeletons-from ~/.cache/grisp/eval/demo-none
@@ -50,6 +51,7 @@ import defaults
 from grisp import benchmarks, metrics, sparql
 from grisp.options import GrispError, Options, add_flags, preset
 from grisp.skeleton_score import SHAPES, shape as question_shape
+from grisp.sparql_syntax import query_key
 from grisp.tracing import Stopwatch
 from jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
 from llm.cpu_speed import cpu_name, pick_precision
@@ -131,8 +133,8 @@ def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict]) -
         raise ValueError(f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
                          f"({', '.join(differs) or 'it reused skeletons itself'}); generate them here instead")
     generated = {record["id"]: record for record in read_finished(run_dir / "predictions.jsonl")}  # it may still run
-    for sample in samples:
-        if sample["id"] in generated and generated[sample["id"]]["question"] != sample["question"]:
+    for sample in samples:  # generation sees the question alone: another gold query is fine
+        if sample["id"] in generated and "question" in changes(generated[sample["id"]], sample):
             raise ValueError(f"--skeletons-from {run_dir}: its question {sample['id']} is "
                              f"{generated[sample['id']]['question']!r}, here it is {sample['question']!r}; "
                              f"that run is of another benchmark")
@@ -205,7 +207,7 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
     """Execute gold and predicted query, then set answers, gold status, f1, em and failure kind."""
     gold, gold_error = execute(client, gold_sparql)
     record["gold_status"] = "failed" if gold is None else "empty" if gold.is_empty else "ok"
-    record["gold_error"] = gold_error
+    record["gold_error"], record["gold_hash"] = gold_error, gold_hash(gold_sparql)
     pred, record["pred_error"] = execute(client, record["sparql"]) if record["sparql"] else (None, None)
     record["answers"] = pred.to_json() if pred is not None else None  # a SPARQL 1.1 JSON results document
     f1 = metrics.sample_score(metrics.from_result(pred) if pred is not None else None,
@@ -336,9 +338,25 @@ def select_questions(args: argparse.Namespace) -> list[dict]:
     return samples[: args.limit]
 
 
+def gold_hash(query: str) -> str:
+    """A short hash of a gold query with its writing undone (sparql_syntax.query_key): a record keeps the
+    gold query it was scored against, so a resumed run notices a gold query corrected since."""
+    return hashlib.sha256(query_key(query).encode()).hexdigest()[:12]
+
+
+def changes(record: dict, sample: dict) -> list[str]:
+    """What differs between the question a record answered and the benchmark's question of its id:
+    "question" (the text), "gold query" (gold_hash). A field the record lacks (runs from before it was
+    recorded) is not compared."""
+    return [name for name, field, now in [("question", "question", sample["question"]),
+                                          ("gold query", "gold_hash", gold_hash(sample["sparql"]))]
+            if field in record and record[field] != now]
+
+
 def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict]) -> tuple[Path, list[dict]]:
     """Create the run directory and save `config` there (a run already there must agree on `keys`);
-    return the predictions file and the samples it does not hold yet (runs resume)."""
+    return the predictions file and the samples it does not hold yet (runs resume). Records whose question
+    or gold query changed since (`changes`) are dropped from the file: those questions are run again."""
     out.mkdir(parents=True, exist_ok=True)
     predictions_path = out / "predictions.jsonl"
     if (out / "config.json").exists() and read_predictions(predictions_path):  # a start that failed binds nothing
@@ -349,7 +367,20 @@ def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict
             raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
                              f"pass another --out or delete {out}")
     write_json(out / "config.json", config)
-    done = {record["id"] for record in read_predictions(predictions_path)}
+    records = read_predictions(predictions_path)
+    by_id = {sample["id"]: sample for sample in samples}
+    stale = {record["id"] for record in records if record["id"] in by_id and changes(record, by_id[record["id"]])}
+    if stale:  # answers to other questions than this benchmark's: not reused
+        print(f"{len(stale)} questions changed since they were answered (question or gold query), run again: "
+              + ", ".join(sample["id"] for sample in samples if sample["id"] in stale))
+        records = [record for record in records if record["id"] not in stale]
+        write_jsonl(predictions_path, records)
+    unhashed = [record for record in records if record["id"] in by_id and "gold_hash" not in record]
+    if unhashed:
+        untold = sum("question" not in record for record in unhashed)
+        print(f"warning: {len(unhashed)} earlier answers were recorded before their gold query was: compared by "
+              f"question only" + (f" ({untold} without one: trusted as they are)" if untold else ""))
+    done = {record["id"] for record in records}
     todo = [sample for sample in samples if sample["id"] not in done]
     print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
     return predictions_path, todo
@@ -386,7 +417,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
             for sample in tqdm(todo, desc="skeletons", unit="q"):
                 start = time.perf_counter()
                 record = skeleton_score.score_sample(sample, lookup, lambda q: generator.skeletons(q)[0])
-                record["seconds"] = time.perf_counter() - start
+                record["seconds"], record["gold_hash"] = time.perf_counter() - start, gold_hash(sample["sparql"])
                 file.write(json.dumps(record, ensure_ascii=False) + "\n")
                 file.flush()
 

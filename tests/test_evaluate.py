@@ -135,6 +135,43 @@ def test_resume_skips_finished_ids(bench, tmp_path, endpoint_url):
     assert third.asked == []
 
 
+def test_a_resumed_run_answers_again_the_questions_that_changed(bench, tmp_path, endpoint_url, capsys):
+    """Before: an id in predictions.jsonl was done, whatever its question and gold query are now."""
+    run = tmp_path / "run"
+    evaluate.main(make_args(bench, run, endpoint_url), pipeline=FakePipeline())
+    predictions = run / "predictions.jsonl"
+    records = [json.loads(line) for line in predictions.open()]
+    assert all(r["question"] == f"question {r['id']}?" and len(r["gold_hash"]) == 12 for r in records)
+    for record in records:  # records of a run from before gold queries were recorded
+        if record["id"] in ("dead-end", "no-skeleton", "ask"):
+            del record["gold_hash"]
+        if record["id"] == "ask":
+            del record["question"]
+    predictions.write_text("".join(json.dumps(r) + "\n" for r in records))
+    samples = {s["id"]: s for s in map(json.loads, bench.read_text().splitlines())}
+    samples["partial"]["question"] = "question partial, reworded?"
+    samples["gold-empty"]["sparql"] = BORN  # its gold query corrected: now it has an answer
+    samples["exact"]["sparql"] = "PREFIX wdt: <http://www.wikidata.org/prop/direct/> SELECT ?y WHERE {wd:Q1 wdt:P19 ?y.}"
+    samples["dead-end"]["question"] = "question dead-end, reworded?"  # an old record: compared by its question
+    samples["ask"]["sparql"] = BORN  # an old record without question: trusted
+    bench.write_text("".join(json.dumps(s) + "\n" for s in samples.values()))
+    capsys.readouterr()
+    pipeline = FakePipeline()
+    pipeline.answers |= {"question partial, reworded?": CASES["partial"][1],
+                         "question dead-end, reworded?": CASES["dead-end"][1]}
+    summary = evaluate.main(make_args(bench, run, endpoint_url), pipeline=pipeline)
+    assert pipeline.asked == ["question partial, reworded?", "question dead-end, reworded?", "question gold-empty?"]
+    out = capsys.readouterr().out
+    assert "3 questions changed since they were answered (question or gold query), run again: partial, dead-end, " \
+           "gold-empty" in out
+    assert "warning: 2 earlier answers were recorded before their gold query was: compared by question only " \
+           "(1 without one: trusted as they are)" in out
+    records = [json.loads(line) for line in predictions.open()]
+    assert sorted(r["id"] for r in records) == sorted(CASES)  # each once: the old answers are gone
+    assert summary["scored"] == 6 and summary["skipped"]["gold_empty"] == 0  # gold-empty's new answer counts
+    assert next(r for r in records if r["id"] == "partial")["question"] == "question partial, reworded?"
+
+
 def test_resume_refuses_other_settings(bench, tmp_path, endpoint_url):
     evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=1), pipeline=FakePipeline())
     with pytest.raises(ValueError, match="other settings \\(ablation, options\\)"):
