@@ -53,6 +53,7 @@ from grisp.options import GrispError, Options, add_flags, preset
 from grisp.skeleton_score import SHAPES, shape as question_shape
 from grisp.sparql_syntax import query_key
 from grisp.tracing import Stopwatch
+from code_version import code_version
 from jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
 from llm.cpu_speed import cpu_name, pick_precision
 from model import DEVICES, pick_device
@@ -74,9 +75,11 @@ KNOBS = ("num_beams", "num_skeletons", "top_k", "none_margin", "time_budget", "s
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "rerank_adapter",
-            "index", "endpoint", "skeletons_from", "system", "agent", "skeleton_only", "contents")  # a resumed run must agree with the saved config on these
+            "index", "endpoint", "skeletons_from", "system", "agent", "skeleton_only", "contents", "code")  # a resumed run must agree with the saved config on these
 GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # what decides stage 1's output
-SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index", "skeleton_only", "system", "contents")  # the same for --skeleton-only
+SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index", "skeleton_only", "system", "contents",
+                     "code")  # the same for --skeleton-only
+LATER_KEYS = ("contents", "code")  # recorded since: a run from before is compared without them
 
 
 def pipeline_options(args: argparse.Namespace) -> dict:
@@ -353,19 +356,45 @@ def changes(record: dict, sample: dict) -> list[str]:
             if field in record and record[field] != now]
 
 
-def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict]) -> tuple[Path, list[dict]]:
-    """Create the run directory and save `config` there (a run already there must agree on `keys`);
-    return the predictions file and the samples it does not hold yet (runs resume). Records whose question
-    or gold query changed since (`changes`) are dropped from the file: those questions are run again."""
+def compared(config: dict, key: str):
+    """What of a run's setting `key` a resumed run must agree on: the code by its fingerprint alone (the
+    commit is for information)."""
+    value = config.get(key)
+    return value["fingerprint"] if key == "code" and value else value
+
+
+def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict],
+              accept_other_code: bool = False) -> tuple[Path, list[dict]]:
+    """Create the run directory and save `config` there (a run already there must agree on `keys`; on the
+    code only with `accept_other_code`, and config.json then lists in code.fingerprints every version the
+    run's answers come from); return the predictions file and the samples it does not hold yet (runs
+    resume). Records whose question or gold query changed since (`changes`) are dropped from the file:
+    those questions are run again."""
     out.mkdir(parents=True, exist_ok=True)
     predictions_path = out / "predictions.jsonl"
     if (out / "config.json").exists() and read_predictions(predictions_path):  # a start that failed binds nothing
         saved = json.loads((out / "config.json").read_text())
-        # runs from before "contents" was recorded are compared by their paths alone
-        changed = [key for key in keys if saved.get(key) != config.get(key) and (key != "contents" or key in saved)]
-        if changed:
+        # runs from before "contents" or "code" was recorded are compared without it
+        changed = [key for key in keys if compared(saved, key) != compared(config, key)
+                   and (key in saved or key not in LATER_KEYS)]
+        if changed and changed != ["code"]:
             raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
                              f"pass another --out or delete {out}")
+        was, now = compared(saved, "code"), compared(config, "code")
+        if changed and not accept_other_code:
+            raise ValueError(f"{out} holds answers of other code (fingerprint {was[:12]}, this code {now[:12]}): "
+                             f"use another --out for the new code, or pass --accept-other-code to continue the run")
+        if "code" in keys and was is None:
+            print(f"warning: {out} was started before runs recorded their code: its answers so far may come "
+                  f"from other code")
+        elif "code" in keys:
+            versions = saved["code"].get("fingerprints", [was])
+            if changed:  # accepted: the run spans code versions from now on
+                print(f"warning: {out} goes on with other code ({was[:12]} -> {now[:12]}); its config.json lists "
+                      f"every version its answers come from")
+                versions = versions + [now]
+            if len(versions) > 1:
+                config["code"]["fingerprints"] = versions
     write_json(out / "config.json", config)
     records = read_predictions(predictions_path)
     by_id = {sample["id"]: sample for sample in samples}
@@ -408,9 +437,11 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
               "model_dir": absolute(args.model_dir), "adapter": absolute(args.adapter),
               "index": absolute(args.index), "device": args.device, "cpu": cpu_name(), "limit": args.limit,
-              "shapes": args.shapes, "out": str(out), "contents": contents(args.adapter, None, args.index)}
+              "shapes": args.shapes, "out": str(out), "contents": contents(args.adapter, None, args.index),
+              "code": code_version()}
     print(f"config: {json.dumps(config)}")
-    predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples)
+    predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples,
+                                       getattr(args, "accept_other_code", False))
     if todo:
         generator = generator or load_pipeline(args, options, generate_only=True)
         with open(predictions_path, "a", encoding="utf-8") as file:
@@ -516,12 +547,13 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
               "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
     adapter = agent_settings["model"]["adapter"] if system == "agent" else args.adapter  # the agent config's own
     config["contents"] = contents(adapter, getattr(args, "rerank_adapter", None), args.index)
+    config["code"] = code_version()  # what decides the answers besides the settings
     if system == "agent":
         config |= {"system": "agent", "agent": agent_settings}
     print(f"config: {json.dumps(config)}")
 
     # --- answer the questions not answered yet
-    predictions_path, todo = start_run(out, config, RUN_KEYS, samples)
+    predictions_path, todo = start_run(out, config, RUN_KEYS, samples, getattr(args, "accept_other_code", False))
     if todo:
         generated = load_generated_skeletons(Path(config["skeletons_from"]), config, todo) if args.skeletons_from else {}
         run_options = Options(**options)
@@ -570,6 +602,11 @@ if __name__ == "__main__":
                              "(GRISP_HOME: ~/.cache/grisp), <benchmark>-skeletons[-<ablation>] with --skeleton-only, "
                              "<benchmark>-agent with --system agent")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
+    parser.add_argument("--accept-other-code", action="store_true",
+                        help="continue the run in --out although its answers so far came from other code (its "
+                             "config.json's code fingerprint, a SHA-256 of the project's Python sources, differs): "
+                             "the run then spans code versions, all listed in config.json; without it such a run "
+                             "is refused")
     parser.add_argument("--shapes", default=None,
                         help="evaluate only the questions whose gold query has one of these shapes, comma-separated: "
                              "ask, aggregate, filter/order, qualifier, other, two-hop, intersection, one-triple "

@@ -179,6 +179,52 @@ def test_resume_refuses_other_settings(bench, tmp_path, endpoint_url):
                       pipeline=FakePipeline())
 
 
+def test_a_run_of_other_code_goes_on_only_when_accepted(bench, tmp_path, endpoint_url, monkeypatch, capsys):
+    """Before: a resumed run mixed the answers of whatever code ran it, and config.json named none."""
+    run = tmp_path / "run"
+    evaluate.main(make_args(bench, run, endpoint_url, limit=1), pipeline=FakePipeline())
+    first = json.loads((run / "config.json").read_text())["code"]
+    assert first == evaluate.code_version() and len(first["fingerprint"]) == 64
+    evaluate.main(make_args(bench, run, endpoint_url, limit=2), pipeline=FakePipeline())  # the same code goes on
+    edited = {"fingerprint": "b" * 64, "commit": None}
+    monkeypatch.setattr(evaluate, "code_version", lambda: dict(edited))
+    with pytest.raises(ValueError, match=f"{run} holds answers of other code \\(fingerprint {first['fingerprint'][:12]}, "
+                                         f"this code bbbbbbbbbbbb\\): use another --out for the new code, or pass "
+                                         f"--accept-other-code"):
+        evaluate.main(make_args(bench, run, endpoint_url, limit=3), pipeline=FakePipeline())
+    with pytest.raises(ValueError, match="other settings \\(ablation, options, code\\)"):  # the flag accepts code alone
+        evaluate.main(make_args(bench, run, endpoint_url, ablation="no-rerank", accept_other_code=True),
+                      pipeline=FakePipeline())
+    capsys.readouterr()
+    pipeline = FakePipeline()
+    evaluate.main(make_args(bench, run, endpoint_url, limit=3, accept_other_code=True), pipeline=pipeline)
+    assert pipeline.asked == ["question no-skeleton?"]
+    assert f"warning: {run} goes on with other code ({first['fingerprint'][:12]} -> bbbbbbbbbbbb)" in capsys.readouterr().out
+    spans = edited | {"fingerprints": [first["fingerprint"], "b" * 64]}
+    assert json.loads((run / "config.json").read_text())["code"] == spans
+    evaluate.main(make_args(bench, run, endpoint_url, limit=4), pipeline=FakePipeline())  # the new code goes on
+    assert json.loads((run / "config.json").read_text())["code"] == spans
+    # a run from before runs recorded their code goes on with a warning, and records it from then on
+    config = json.loads((run / "config.json").read_text())
+    del config["code"]
+    (run / "config.json").write_text(json.dumps(config))
+    evaluate.main(make_args(bench, run, endpoint_url, limit=5), pipeline=FakePipeline())
+    assert "was started before runs recorded their code" in capsys.readouterr().out
+    assert json.loads((run / "config.json").read_text())["code"] == edited
+    # the command line: a one-line error before any model loads (its one question is answered)
+    monkeypatch.undo()
+    evaluate.main(make_args(bench, tmp_path / "script", endpoint_url, limit=1, precision="float32"),
+                  pipeline=FakePipeline())
+    config = json.loads((tmp_path / "script" / "config.json").read_text())
+    (tmp_path / "script" / "config.json").write_text(json.dumps(config | {"code": edited}))
+    result = run_script("--benchmark", str(bench), "--endpoint", endpoint_url, "--out", str(tmp_path / "script"),
+                        "--limit", "1", "--precision", "float32")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'script'} holds answers of other "
+                                                              f"code (fingerprint bbbbbbbbbbbb, this code ")
+    assert "--accept-other-code" in run_script("--help").stdout
+
+
 def test_a_start_that_failed_binds_nothing_and_a_repeated_answer_counts_once(bench, tmp_path, endpoint_url):
     run = tmp_path / "run"
     run.mkdir()
