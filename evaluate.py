@@ -15,7 +15,9 @@ on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Wri
                        the endpoint's faults counted apart from the method's (docs/method.md 7.3)
 
 Runs resume: ids already in predictions.jsonl are skipped, unless their question or gold query changed
-since (those are run again); each record is appended and flushed as soon as it is scored.
+since (those are run again); each record is appended and flushed as soon as it is scored. Other code than
+the run's goes on only with `--accept-other-code`; `--redo-failed` runs again the questions an endpoint
+fault decided (docs/method.md 7.3).
 `--oracle-skeleton` feeds the gold query's skeleton to the resolver (the paper's skeleton-vs-resolution
 error split); `--skeletons-from` resolves the skeletons an earlier run generated (ablations of the
 resolution only, or the same questions on another KG, without decoding again); `--score-only` re-scores
@@ -29,7 +31,7 @@ predictions.jsonl and summary.json the same way.
     python evaluate.py --score-only ~/.cache/grisp/eval/demo-none/predictions.jsonl
     python evaluate.py --skeleton-only --benchmark qald10-dev --index ~/.cache/grisp/indices/wikidata-items
 
-About 450 lines, over a script's ~300: the run modes above (and --system agent) share the run directory, resumption and
+About 700 lines, over a script's ~300: the run modes above (and --system agent) share the run directory, resumption and
 the summary, so the evaluation stage stays one file; the scoring rules themselves live in metrics.py
 and skeleton_score.py.
 """
@@ -197,6 +199,18 @@ class EndpointGone(RuntimeError):
     """The endpoint went away during a run (see execute)."""
 
 
+def is_endpoint_fault(error: str | None) -> bool:
+    """Whether a query's recorded error (execute's "Type: message") is the endpoint's fault
+    (sparql.ENDPOINT_FAULTS: a timeout, a server error ...), not the query's."""
+    return (error or "").split(":")[0] in {e.__name__ for e in sparql.ENDPOINT_FAULTS}
+
+
+def failed_by_endpoint(record: dict) -> bool:
+    """Whether the endpoint failed the question: during resolution, or running the predicted query for
+    scoring (failure kind "endpoint_error")."""
+    return "endpoint_error" in (record.get("failure"), record.get("pipeline_failure"))
+
+
 def answer_record(sample: dict, answer, seconds: float) -> dict:
     """The prediction part of a record, from a grisp.pipeline.Answer."""
     return {"id": sample["id"], "question": sample["question"], "sparql": answer.sparql,
@@ -223,7 +237,7 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
         record["failure"] = None
     elif pipeline_failure in PIPELINE_FAILURES:
         record["failure"] = pipeline_failure
-    elif (record["pred_error"] or "").split(":")[0] in {e.__name__ for e in sparql.ENDPOINT_FAULTS}:
+    elif is_endpoint_fault(record["pred_error"]):
         record["failure"] = "endpoint_error"  # the prediction may be right; the endpoint failed to run it
     elif not record["sparql"]:
         record["failure"] = "error"  # no query and no reason given: count it against the pipeline
@@ -254,8 +268,7 @@ def summarize(records: list[dict]) -> dict:
         "f1_by_shape": {shape: {"scored": len(rows), "f1": statistics.fmean(r["f1"] for r in rows)}
                         for shape in SHAPES if (rows := [r for r in scored if r.get("shape") == shape])},
         # over all questions (a dead endpoint also fails the gold queries, which skips them above)
-        "endpoint": {"questions_failed": sum("endpoint_error" in (r.get("failure"), r.get("pipeline_failure"))
-                                             for r in records),
+        "endpoint": {"questions_failed": sum(failed_by_endpoint(r) for r in records),
                      "unverified_answers": sum(r.get("verified") is False for r in records),
                      "queries": sum(r.get("queries") or 0 for r in records),
                      "faulty_queries": dict(sum((Counter(r.get("endpoint_faults") or {}) for r in records),
@@ -364,12 +377,12 @@ def compared(config: dict, key: str):
 
 
 def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict],
-              accept_other_code: bool = False) -> tuple[Path, list[dict]]:
+              accept_other_code: bool = False, redo_failed: bool = False) -> tuple[Path, list[dict]]:
     """Create the run directory and save `config` there (a run already there must agree on `keys`; on the
     code only with `accept_other_code`, and config.json then lists in code.fingerprints every version the
     run's answers come from); return the predictions file and the samples it does not hold yet (runs
-    resume). Records whose question or gold query changed since (`changes`) are dropped from the file:
-    those questions are run again."""
+    resume). Records whose question or gold query changed since (`changes`) are dropped from the file, and
+    with `redo_failed` those an endpoint fault decided: those questions are run again."""
     out.mkdir(parents=True, exist_ok=True)
     predictions_path = out / "predictions.jsonl"
     if (out / "config.json").exists() and read_predictions(predictions_path):  # a start that failed binds nothing
@@ -402,7 +415,13 @@ def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict
     if stale:  # answers to other questions than this benchmark's: not reused
         print(f"{len(stale)} questions changed since they were answered (question or gold query), run again: "
               + ", ".join(sample["id"] for sample in samples if sample["id"] in stale))
-        records = [record for record in records if record["id"] not in stale]
+    # the endpoint's faults may have passed; a gold query the endpoint rejects as malformed would fail again
+    failed = {record["id"] for record in records if redo_failed and record["id"] in by_id.keys() - stale
+              and (failed_by_endpoint(record) or is_endpoint_fault(record.get("gold_error")))}
+    if redo_failed:
+        print(f"{len(failed)} questions an endpoint fault decided, run again (--redo-failed)")
+    if stale or failed:
+        records = [record for record in records if record["id"] not in stale | failed]
         write_jsonl(predictions_path, records)
     unhashed = [record for record in records if record["id"] in by_id and "gold_hash" not in record]
     if unhashed:
@@ -553,7 +572,8 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     print(f"config: {json.dumps(config)}")
 
     # --- answer the questions not answered yet
-    predictions_path, todo = start_run(out, config, RUN_KEYS, samples, getattr(args, "accept_other_code", False))
+    predictions_path, todo = start_run(out, config, RUN_KEYS, samples, getattr(args, "accept_other_code", False),
+                                       getattr(args, "redo_failed", False))
     if todo:
         generated = load_generated_skeletons(Path(config["skeletons_from"]), config, todo) if args.skeletons_from else {}
         run_options = Options(**options)
@@ -601,12 +621,19 @@ if __name__ == "__main__":
                         help="run directory; default $GRISP_HOME/eval/<benchmark>-<ablation>[-oracle] "
                              "(GRISP_HOME: ~/.cache/grisp), <benchmark>-skeletons[-<ablation>] with --skeleton-only, "
                              "<benchmark>-agent with --system agent")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
     parser.add_argument("--accept-other-code", action="store_true",
                         help="continue the run in --out although its answers so far came from other code (its "
                              "config.json's code fingerprint, a SHA-256 of the project's Python sources, differs): "
                              "the run then spans code versions, all listed in config.json; without it such a run "
                              "is refused")
+    parser.add_argument("--redo-failed", action="store_true",
+                        help="resuming, run again the questions an endpoint fault decided: the endpoint failed "
+                             "resolution or the predicted query (failure endpoint_error), or the gold query "
+                             "(a timeout, a server error; not a malformed one). Errors count so: a pipeline error "
+                             "(no skeleton, dead end, timeout, error, endpoint_error) or a predicted query that "
+                             "fails scores 0; a gold query that fails or returns nothing leaves the question out "
+                             "of the mean (docs/method.md 7.3, 8)")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
     parser.add_argument("--shapes", default=None,
                         help="evaluate only the questions whose gold query has one of these shapes, comma-separated: "
                              "ask, aggregate, filter/order, qualifier, other, two-hop, intersection, one-triple "

@@ -172,6 +172,32 @@ def test_a_resumed_run_answers_again_the_questions_that_changed(bench, tmp_path,
     assert next(r for r in records if r["id"] == "partial")["question"] == "question partial, reworded?"
 
 
+def test_redo_failed_runs_again_the_questions_an_endpoint_fault_decided(bench, tmp_path, endpoint_url, capsys):
+    """Before: a question the endpoint failed (resolution, predicted or gold query) stayed failed in a resumed run."""
+    run = tmp_path / "run"
+    evaluate.main(make_args(bench, run, endpoint_url), pipeline=FakePipeline())
+    predictions = run / "predictions.jsonl"
+    faults = {  # as a run over a faulty endpoint records them
+        "exact": {"sparql": None, "pipeline_failure": "endpoint_error", "failure": "endpoint_error", "f1": 0.0,
+                  "em": False, "error": "ServerError: 503"},  # resolution failed by the endpoint
+        "partial": {"pred_error": "QueryTimeout: read timed out", "failure": "endpoint_error", "f1": 0.0},  # scoring
+        "ask": {"gold_status": "failed", "gold_error": "ServerError: 502", "f1": None, "em": None, "failure": None}}
+    records = [r | faults.get(r["id"], {}) for r in map(json.loads, predictions.open())]
+    predictions.write_text("".join(json.dumps(r) + "\n" for r in records))
+    pipeline = FakePipeline()  # without the flag they are final: two endpoint errors, one gold query failed
+    summary = evaluate.main(make_args(bench, run, endpoint_url), pipeline=pipeline)
+    assert pipeline.asked == [] and summary["failures"]["endpoint_error"] == 2 and summary["skipped"]["gold_failed"] == 2
+    capsys.readouterr()
+    pipeline = FakePipeline()
+    summary = evaluate.main(make_args(bench, run, endpoint_url, redo_failed=True), pipeline=pipeline)
+    assert pipeline.asked == ["question exact?", "question partial?", "question ask?"]  # not gold-fails: malformed
+    assert "3 questions an endpoint fault decided, run again (--redo-failed)" in capsys.readouterr().out
+    check_handcrafted_summary(summary)  # as if the endpoint had never failed
+    assert len(predictions.read_text().splitlines()) == 7
+    result = run_script("--help")
+    assert "--redo-failed" in result.stdout and "a pipeline error" in " ".join(result.stdout.split())
+
+
 def test_resume_refuses_other_settings(bench, tmp_path, endpoint_url):
     evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=1), pipeline=FakePipeline())
     with pytest.raises(ValueError, match="other settings \\(ablation, options\\)"):
