@@ -76,6 +76,8 @@ KNOBS = ("num_beams", "num_skeletons", "top_k", "none_margin", "time_budget", "s
 # grisp.pipeline.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
+# a 1-minute load average above this when a run starts means another job shares the CPU (warned of)
+BUSY_LOAD = 1.0
 RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "rerank_adapter",
             "index", "endpoint", "skeletons_from", "system", "agent", "skeleton_only", "contents", "code")  # a resumed run must agree with the saved config on these
 GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # what decides stage 1's output
@@ -376,6 +378,16 @@ def compared(config: dict, key: str):
     return value["fingerprint"] if key == "code" and value else value
 
 
+def machine_load() -> float:
+    """The machine's 1-minute load average as this run starts (saved in config.json), with a warning when
+    another job shares the CPU: time budgets are wall-clock, so there answers can change, not only timings."""
+    load = os.getloadavg()[0]
+    if load > BUSY_LOAD:
+        print(f"warning: the machine is busy (load {load:.1f} over the last minute): the time budgets are "
+              "wall-clock, so answers, not only timings, can differ from a run on a quiet machine", file=sys.stderr)
+    return round(load, 2)
+
+
 def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict],
               accept_other_code: bool = False, redo_failed: bool = False) -> tuple[Path, list[dict]]:
     """Create the run directory and save `config` there (a run already there must agree on `keys`; on the
@@ -457,7 +469,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
               "model_dir": absolute(args.model_dir), "adapter": absolute(args.adapter),
               "index": absolute(args.index), "device": args.device, "cpu": cpu_name(), "limit": args.limit,
               "shapes": args.shapes, "out": str(out), "contents": contents(args.adapter, None, args.index),
-              "code": code_version()}
+              "code": code_version(), "load": machine_load()}
     print(f"config: {json.dumps(config)}")
     predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples,
                                        getattr(args, "accept_other_code", False))
@@ -567,6 +579,7 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     adapter = agent_settings["model"]["adapter"] if system == "agent" else args.adapter  # the agent config's own
     config["contents"] = contents(adapter, getattr(args, "rerank_adapter", None), args.index)
     config["code"] = code_version()  # what decides the answers besides the settings
+    config["load"] = machine_load()
     if system == "agent":
         config |= {"system": "agent", "agent": agent_settings}
     print(f"config: {json.dumps(config)}")

@@ -2,8 +2,9 @@
 # The evaluations behind README Results for one adapter in one precision: builds what they need (the
 # evaluation KGs, indices and endpoints; each is built once and reused), runs every row and prints each
 # table with report.py. Interrupted, run it again: every evaluate.py run resumes where it stopped (after a
-# change to the Python sources it refuses: another OUT, or EVALUATE_FLAGS=--accept-other-code). The
-# timings mean something only on a machine left alone while it runs. Needs bash 4.4 or newer. The
+# change to the Python sources it refuses: another OUT, or EVALUATE_FLAGS=--accept-other-code). Leave
+# the machine alone while it runs: the time budgets are wall-clock, so on a busy machine answers can change,
+# not only timings (evaluate.py warns when the load is high as a run starts). Needs bash 4.4 or newer. The
 # endpoints it starts keep running for the next group or run; stop them with `python endpoint.py stop`
 # (demo), `... stop --store ~/.cache/grisp/stores/wwq-dev` and `.../stores/wwq-dev-full`.
 #

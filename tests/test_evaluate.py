@@ -118,6 +118,17 @@ def test_run_scores_a_handcrafted_benchmark(bench, tmp_path, endpoint_url):
     assert saved["f1"] == summary["f1"] and saved["config"]["ablation"] == "none"
 
 
+def test_a_run_records_the_machine_load_and_warns_when_busy(bench, tmp_path, endpoint_url, monkeypatch, capsys):
+    monkeypatch.setattr(evaluate.os, "getloadavg", lambda: (2.345, 1.0, 0.5))
+    evaluate.main(make_args(bench, tmp_path / "busy", endpoint_url), pipeline=FakePipeline())
+    assert "the machine is busy (load 2.3" in capsys.readouterr().err
+    assert json.loads((tmp_path / "busy" / "config.json").read_text())["load"] == 2.35
+    monkeypatch.setattr(evaluate.os, "getloadavg", lambda: (0.2, 1.0, 0.5))
+    evaluate.main(make_args(bench, tmp_path / "quiet", endpoint_url), pipeline=FakePipeline())
+    assert "busy" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "quiet" / "config.json").read_text())["load"] == 0.2
+
+
 def test_resume_skips_finished_ids(bench, tmp_path, endpoint_url):
     first = FakePipeline()
     summary = evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=3), pipeline=first)
