@@ -14,9 +14,11 @@
 #   OUT=/tmp/smoke EVALUATE_FLAGS="--limit 2" bash runs/results.sh demo   # a smoke test, runs kept apart
 #   OUT=~/.cache/grisp/eval/paper-cut EVALUATE_FLAGS=--no-retry bash runs/results.sh demo   # None's cut alone
 #
-# Groups (in the default order): skeletons (--skeleton-only on demo, qald10-dev and wwq-dev; each alone
-# as demo-skeletons etc.), demo, wwq-dev-kg, wwq-dev-full (the full system, then `-ablations`: every
-# ablation row, the paper's "re-ranking only" and the gold-skeleton row; `demo-ablations` etc. also work alone).
+# Groups (in the default order: the headline rows first, so an interrupted day has them): skeletons
+# (--skeleton-only on demo, qald10-dev and wwq-dev; each alone as demo-skeletons etc.), demo, wwq-dev-kg,
+# wwq-dev-full (the full systems), then demo-ablations, wwq-dev-kg-ablations, wwq-dev-full-ablations
+# (w/o re-ranking and None's cut alone `--no-retry` on the full system's skeletons, gold skeletons, then
+# every other ablation row and the paper's "re-ranking only").
 # Settings: ADAPTER (relative to the current directory), PRECISION, OUT (where the runs land; default
 # ~/.cache/grisp/eval/<adapter name>-<precision>, the adapter's name being its directory's, or its
 # run's for a training run's `adapter/`), EVALUATE_FLAGS (added to every evaluate.py run: flags that
@@ -30,7 +32,7 @@ adapter=$(realpath "${ADAPTER:-$(dirname "$0")/../adapters/grisp-mix-0.5b}")
 cd "$(dirname "$0")/.."
 precision=${PRECISION:-auto}
 groups=("$@")
-[ ${#groups[@]} -gt 0 ] || groups=(skeletons demo demo-ablations wwq-dev-kg wwq-dev-kg-ablations wwq-dev-full wwq-dev-full-ablations)
+[ ${#groups[@]} -gt 0 ] || groups=(skeletons demo wwq-dev-kg wwq-dev-full demo-ablations wwq-dev-kg-ablations wwq-dev-full-ablations)
 name=$(basename "$adapter")
 [ "$name" != adapter ] || name=$(basename "$(dirname "$adapter")")
 home=${GRISP_HOME:-$HOME/.cache/grisp}
@@ -78,15 +80,18 @@ ablations() {  # $1 = KG setting; the resolution-only rows reuse the full system
   local run=$out/$1
   use_kg "$1"
   evaluate "${kg[@]}" --out "$run-none"
-  for ablation in no-rerank no-kg-guidance no-constrained no-backtracking; do
+  # the rows that place the full system first: w/o re-ranking, None's cut alone (the paper's search), gold skeletons
+  evaluate "${kg[@]}" --ablation no-rerank --skeletons-from "$run-none" --out "$run-no-rerank"
+  evaluate "${kg[@]}" --no-retry --skeletons-from "$run-none" --out "$run-none-no-retry"
+  evaluate "${kg[@]}" --oracle-skeleton --out "$run-oracle"
+  for ablation in no-kg-guidance no-constrained no-backtracking; do
     evaluate "${kg[@]}" --ablation $ablation --skeletons-from "$run-none" --out "$run-$ablation"
   done
   evaluate "${kg[@]}" --ablation no-beam-search --out "$run-no-beam-search"
   for ablation in all-disabled rerank-only; do  # the paper's stripped-down rows: plain index search, + re-ranking
     evaluate "${kg[@]}" --ablation $ablation --skeletons-from "$run-no-beam-search" --out "$run-$ablation"
   done
-  evaluate "${kg[@]}" --oracle-skeleton --out "$run-oracle"
-  python report.py systems "$run"-{none,no-rerank,no-beam-search,no-kg-guidance,no-constrained,no-backtracking,all-disabled,rerank-only}
+  python report.py systems "$run"-{none,none-no-retry,no-rerank,no-beam-search,no-kg-guidance,no-constrained,no-backtracking,all-disabled,rerank-only}
   python report.py systems "$run-oracle"
 }
 

@@ -50,3 +50,15 @@ def test_results_checks_every_group_before_running_any(tmp_path):
     done, calls = run(tmp_path, "runs/results.sh", "demo", "wwq-dev-ful")
     assert done.returncode != 0 and "unknown group wwq-dev-ful" in done.stderr
     assert calls == ""
+
+
+def test_results_runs_the_rows_that_place_the_full_system_first(tmp_path):
+    done, calls = run(tmp_path, "runs/results.sh", "demo-ablations")
+    assert done.returncode == 0, done.stderr
+    runs = [line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in calls.splitlines()
+            if line.startswith("python evaluate.py")]
+    assert runs[:4] == ["demo-none", "demo-no-rerank", "demo-none-no-retry", "demo-oracle"]
+    assert set(runs[4:]) == {"demo-no-kg-guidance", "demo-no-constrained", "demo-no-backtracking",
+                             "demo-no-beam-search", "demo-all-disabled", "demo-rerank-only"}
+    no_retry = next(line for line in calls.splitlines() if "demo-none-no-retry" in line)
+    assert "--no-retry" in no_retry and no_retry.split("--skeletons-from ")[1].split()[0].endswith("/demo-none")
