@@ -30,7 +30,7 @@ from grasp.config import ConfigError, check, load_config, make_backend, override
 from grasp.functions import FunctionError, Functions, KnowledgeGraph, check_known, table
 from grasp.prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
 from grisp.sparql import SparqlClient, SparqlError
-from jsonl import read_jsonl
+from jsonl import append_jsonl, read_jsonl
 
 FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "loop": "dead_end",  # as evaluate.py
            "step_limit": "timeout", "time_limit": "timeout", "error": "error", "cancelled": "error"}  # counts failures
@@ -370,8 +370,7 @@ def main(args: argparse.Namespace) -> int:
             record = {"id": q.get("id"), "question": r.question, "status": r.status, "sparql": r.sparql, "kg": r.kg,
                       "answer": r.answer, "explanation": r.explanation, "error": r.error, "steps": r.steps,
                       "calls": dict(r.calls), "seconds": r.timings["total"], "trace": r.trace}
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            out.flush()
+            append_jsonl(out, record)
         if args.follow_up and not questions:  # the same conversation: earlier turns and known IRIs carry over
             past = r.past()
             try:

@@ -480,8 +480,7 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
                 start = time.perf_counter()
                 record = skeleton_score.score_sample(sample, lookup, lambda q: generator.skeletons(q)[0])
                 record["seconds"], record["gold_hash"] = time.perf_counter() - start, gold_hash(sample["sparql"])
-                file.write(json.dumps(record, ensure_ascii=False) + "\n")
-                file.flush()
+                append_jsonl(file, record)
 
     summary = skeleton_score.summarize(selected_records(read_predictions(predictions_path), samples))
     write_json(out / "summary.json", {**summary, "config": config})
