@@ -16,7 +16,8 @@ on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Wri
 
 Runs resume: ids already in predictions.jsonl are skipped, unless their question or gold query changed
 since (those are run again); each record is appended and flushed as soon as it is scored. Other code than
-the run's goes on only with `--accept-other-code`; `--redo-failed` runs again the questions an endpoint
+the run's goes on, or reuses an earlier run's skeletons (--skeletons-from), only with `--accept-other-code`;
+`--redo-failed` runs again the questions an endpoint
 fault decided (docs/method.md 7.3).
 `--oracle-skeleton` feeds the gold query's skeleton to the resolver (the paper's skeleton-vs-resolution
 error split); `--skeletons-from` resolves the skeletons an earlier run generated (ablations of the
@@ -122,12 +123,14 @@ def load_skeletonizer(index_dir: Path) -> Callable[[str], str]:
     return lambda query: gold_skeleton(query, lookup).skeleton
 
 
-def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict]) -> dict[str, dict]:
-    """Stage 1's output per question id from an earlier run of the same model, adapter and generation
-    settings (--skeletons-from). Skeleton generation is deterministic for a seed and is most of a
-    question's time on a CPU, so ablations that change only the resolution reuse it. The earlier run may
-    be of another benchmark that asks the same questions under the same ids (wwq-dev-kg and
-    wwq-dev-full: generation does not see the KG); an id whose question differs is refused."""
+def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict],
+                             accept_other_code: bool = False) -> dict[str, dict]:
+    """Stage 1's output per question id from an earlier run of the same model, adapter, generation
+    settings and code (--skeletons-from; other code only with `accept_other_code`). Skeleton generation is
+    deterministic for a seed and is most of a question's time on a CPU, so ablations that change only the
+    resolution reuse it. The earlier run may be of another benchmark that asks the same questions under the
+    same ids (wwq-dev-kg and wwq-dev-full: generation does not see the KG); an id whose question differs is
+    refused."""
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"--skeletons-from {run_dir}: no evaluation run there (config.json missing)")
     saved = json.loads((run_dir / "config.json").read_text())
@@ -139,6 +142,16 @@ def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict]) -
     if differs or saved.get("skeletons_from"):
         raise ValueError(f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
                          f"({', '.join(differs) or 'it reused skeletons itself'}); generate them here instead")
+    was, now = compared(saved, "code"), compared(config, "code")
+    if was is None:
+        print(f"warning: --skeletons-from {run_dir} was run before runs recorded their code: its skeletons "
+              f"may come from other code")
+    elif was != now and not accept_other_code:
+        raise ValueError(f"--skeletons-from {run_dir}: its skeletons come from other code (fingerprint {was[:12]}, "
+                         f"this code {now[:12]}): generate them here, or pass --accept-other-code to reuse them")
+    elif was != now:
+        print(f"warning: --skeletons-from {run_dir}: reusing skeletons of other code ({was[:12]}, this code "
+              f"{now[:12]}; --accept-other-code)")
     generated = {record["id"]: record for record in read_finished(run_dir / "predictions.jsonl")}  # it may still run
     for sample in samples:  # generation sees the question alone: another gold query is fine
         if sample["id"] in generated and "question" in changes(generated[sample["id"]], sample):
@@ -587,7 +600,9 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     predictions_path, todo = start_run(out, config, RUN_KEYS, samples, getattr(args, "accept_other_code", False),
                                        getattr(args, "redo_failed", False))
     if todo:
-        generated = load_generated_skeletons(Path(config["skeletons_from"]), config, todo) if args.skeletons_from else {}
+        generated = (load_generated_skeletons(Path(config["skeletons_from"]), config, todo,
+                                              getattr(args, "accept_other_code", False))
+                     if args.skeletons_from else {})
         run_options = Options(**options)
         pipeline = pipeline or (make_agent() if system == "agent" else load_pipeline(args, options))
         skeletonize = load_skeletonizer(args.index) if args.oracle_skeleton else None
@@ -637,7 +652,7 @@ if __name__ == "__main__":
                         help="continue the run in --out although its answers so far came from other code (its "
                              "config.json's code fingerprint, a SHA-256 of the project's Python sources, differs): "
                              "the run then spans code versions, all listed in config.json; without it such a run "
-                             "is refused")
+                             "is refused. Likewise reuse the skeletons of a --skeletons-from run of other code")
     parser.add_argument("--redo-failed", action="store_true",
                         help="resuming, run again the questions an endpoint fault decided: the endpoint failed "
                              "resolution or the predicted query (failure endpoint_error), or the gold query "

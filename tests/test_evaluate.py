@@ -389,6 +389,41 @@ def test_a_rerank_adapter_reranks_the_skeletons_of_the_run_adapter(bench, tmp_pa
                                 skeletons_from=str(tmp_path / "full")))
 
 
+def test_skeletons_of_other_code_are_reused_only_when_accepted(bench, tmp_path, endpoint_url, monkeypatch, capsys):
+    """Before: --skeletons-from compared the settings but not the code, so an ablation could resolve the
+    skeletons an older generate.py or model.py made and report them as this code's."""
+    class Generating(FakePipeline):
+        def answer(self, question):
+            self.asked.append(question)
+            return Answer(BORN, skeletons=[(f"skeleton of {question}", -1.5)], timings={"generate": 5.0},
+                          trace=[{"event": "skeleton", "skeleton": "S", "verdict": "kept"}])
+
+        def answer_from_skeletons(self, question, skeletons, trace=None):
+            self.asked.append((question, [next(iter(skeletons))]))
+            return Answer(BORN, trace=trace or [], timings={"resolve": 0.3})
+    evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=1), pipeline=Generating())
+    source = json.loads((tmp_path / "full" / "config.json").read_text())["code"]["fingerprint"]
+    monkeypatch.setattr(evaluate, "code_version", lambda: {"fingerprint": "c" * 64, "commit": None})
+    with pytest.raises(ValueError, match=f"its skeletons come from other code \\(fingerprint {source[:12]}, this code "
+                                         f"cccccccccccc\\): generate them here, or pass --accept-other-code"):
+        evaluate.main(make_args(bench, tmp_path / "no-rerank", endpoint_url, ablation="no-rerank", limit=1,
+                                skeletons_from=str(tmp_path / "full")), pipeline=Generating())
+    capsys.readouterr()
+    pipeline = Generating()
+    evaluate.main(make_args(bench, tmp_path / "no-rerank", endpoint_url, ablation="no-rerank", limit=1,
+                            skeletons_from=str(tmp_path / "full"), accept_other_code=True), pipeline=pipeline)
+    assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]  # reused, not generated
+    assert "reusing skeletons of other code" in capsys.readouterr().out
+    # a source run from before runs recorded their code: reused with a warning
+    config_path = tmp_path / "full" / "config.json"
+    config_path.write_text(json.dumps({k: v for k, v in json.loads(config_path.read_text()).items() if k != "code"}))
+    pipeline = Generating()
+    evaluate.main(make_args(bench, tmp_path / "older", endpoint_url, ablation="no-rerank", limit=1,
+                            skeletons_from=str(tmp_path / "full")), pipeline=pipeline)
+    assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]
+    assert "was run before runs recorded their code" in capsys.readouterr().out
+
+
 def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path, endpoint_url, monkeypatch):
     class Generating(FakePipeline):
         def answer(self, question):
