@@ -261,10 +261,16 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
     return record
 
 
+def seconds_summary(records: list[dict]) -> dict:
+    """Median and mean seconds per question over the records that were timed."""
+    seconds = [r["seconds"] for r in records if r.get("seconds") is not None]
+    return {"median": statistics.median(seconds) if seconds else None,
+            "mean": statistics.fmean(seconds) if seconds else None}
+
+
 def summarize(records: list[dict]) -> dict:
     """Benchmark numbers over the records (F1/EM over scored samples only)."""
     scored = [r for r in records if r["f1"] is not None]
-    seconds = [r["seconds"] for r in records if r.get("seconds") is not None]
     backtracks = [r["backtracks"] for r in records if r.get("backtracks") is not None]
     failures = Counter(r["failure"] or "correct" for r in scored)
     timing_keys = sorted({key for r in records for key in (r.get("timings") or {})})
@@ -274,8 +280,7 @@ def summarize(records: list[dict]) -> dict:
                     "gold_failed": sum(r["gold_status"] == "failed" for r in records)},
         "f1": statistics.fmean(r["f1"] for r in scored) if scored else None,
         "em": statistics.fmean(bool(r["em"]) for r in scored) if scored else None,
-        "seconds": {"median": statistics.median(seconds) if seconds else None,
-                    "mean": statistics.fmean(seconds) if seconds else None},
+        "seconds": seconds_summary(records),
         "backtracks_per_sample": statistics.fmean(backtracks) if backtracks else None,
         "samples_with_backtracks": sum(b > 0 for b in backtracks),
         "failures": {kind: failures[kind] for kind in (*FAILURES, "correct")},
@@ -495,7 +500,8 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
                 record["seconds"], record["gold_hash"] = time.perf_counter() - start, gold_hash(sample["sparql"])
                 append_jsonl(file, record)
 
-    summary = skeleton_score.summarize(selected_records(read_predictions(predictions_path), samples))
+    records = selected_records(read_predictions(predictions_path), samples)
+    summary = skeleton_score.summarize(records) | {"seconds": seconds_summary(records)}
     write_json(out / "summary.json", {**summary, "config": config})
     print(f"\n{name}: skeleton score of the top-1 generated skeleton\n")
     print(skeleton_score.format_table(summary))

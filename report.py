@@ -11,7 +11,6 @@ script prints the tables from them, so a table can be re-made to the digit after
 """
 import argparse
 import json
-import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -151,11 +150,6 @@ def skeleton_cell(block: dict | None) -> str:
     return f"{block['questions']}: {100 * block['structure']:.1f}, {100 * block['label']:.1f}"
 
 
-def median_seconds(run_dir: Path) -> float | None:
-    seconds = [r["seconds"] for r in load_predictions(run_dir) if r.get("seconds") is not None]
-    return statistics.median(seconds) if seconds else None
-
-
 def skeletons_table(run_dirs: list[Path]) -> list[str]:
     """One column per --skeleton-only run; cells: questions, structure match %, label match %."""
     summaries = [load_summary(d) for d in run_dirs]
@@ -170,8 +164,8 @@ def skeletons_table(run_dirs: list[Path]) -> list[str]:
             lines.append(f"| {SHAPE_NAMES.get(shape, shape)} | " + " | ".join(cells) + " |")
     lines.append("| all | " + " | ".join(skeleton_cell(s["all"]) for s in summaries) + " |")
     extra = []
-    for s, run_dir in zip(summaries, run_dirs):
-        median = median_seconds(run_dir)
+    for s in summaries:  # the median over the run's selected questions (summaries before it have none)
+        median = s.get("seconds", {}).get("median")
         extra.append(f"{s['unskeletonisable']} not skeletonisable, {s['no_skeleton']} without a skeleton"
                      + (f", median {median:.1f} s" if median is not None else ""))
     lines.append("| not scored | " + " | ".join(extra) + " |")

@@ -735,6 +735,13 @@ def test_shapes_select_the_questions_of_those_gold_shapes(skeleton_bench, tiny_i
     summary = evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
                                       shapes="one-triple,two-hop"), pipeline=generator)
     assert generator.asked == ["where was douglas adams born?"] and summary["by_shape"].keys() == {"one triple"}
+    # its seconds are those of the selected questions, not of every record in the directory
+    records = [json.loads(line) for line in (out / "predictions.jsonl").open()]
+    (out / "predictions.jsonl").write_text("".join(json.dumps(r | {"seconds": 100.0 if r["id"] == "ask" else 1.0}) + "\n"
+                                                   for r in records))
+    summary = evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
+                                      shapes="one-triple,two-hop"), pipeline=FakeGenerator())
+    assert summary["seconds"] == {"median": 1.0, "mean": 1.0}
     with pytest.raises(ValueError, match="--shapes takes question shapes from ask, .*one-triple"):
         evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
                                 shapes="one triple"), pipeline=FakeGenerator())

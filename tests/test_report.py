@@ -100,14 +100,18 @@ def test_skeletons_table_has_one_column_per_run(tmp_path):
                  skeleton_record("3", "two-hop", False, False, 5.0),
                  {"id": "4", "question": "4", "status": "unskeletonisable"}]
     records_b = [skeleton_record("1", "ask", False, False)]
-    a = write_run(tmp_path / "a", records_a, skeleton_score.summarize(records_a), {"ablation": "none"})
-    b = write_run(tmp_path / "b", records_b, skeleton_score.summarize(records_b), {"ablation": "none"})
+    def summary(records):  # as evaluate.py --skeleton-only writes it
+        return skeleton_score.summarize(records) | {"seconds": evaluate.seconds_summary(records)}
+    a = write_run(tmp_path / "a", records_a, summary(records_a), {"ablation": "none"})
+    b = write_run(tmp_path / "b", records_b + [skeleton_record("9", "ask", True, True, 99.0)], summary(records_b),
+                  {"ablation": "none"})  # a record outside the run's selection (an earlier --limit) is not timed
     rows = {line.split(" | ")[0].lstrip("| "): line for line in report.skeletons_table([a, b])}
     assert rows["ask"] == "| ask | - | 1: 0.0, 0.0 |"
     assert rows["two-hop"] == "| two-hop | 1: 0.0, 0.0 | - |"
     assert rows["one triple"] == "| one triple | 2: 100.0, 50.0 | - |"
     assert rows["all"] == "| all | 3: 66.7, 33.3 | 1: 0.0, 0.0 |"
     assert "1 not skeletonisable, 0 without a skeleton, median 3.0 s" in rows["not scored"]
+    assert rows["not scored"].endswith("| 0 not skeletonisable, 0 without a skeleton, median 1.0 s |")
     assert list(rows)[2:6] == ["ask", "two-hop", "one triple", "all"]  # skeleton_score's shape order
 
 
