@@ -18,8 +18,8 @@ and portable resumption, the loop with DDP and early stopping) is grisp/trainer.
 and of the validation set grisp/loss.py, the data mixture grisp/mixture.py.
 
 Flags left unset take the device's recipe: on a CPU the shipped adapter's (LoRA on all blocks,
-micro-batches of 1, 2 epochs), on a GPU the paper's (all blocks, 4 epochs). The plan and, on a CPU, its
-expected duration are printed before the first step and re-measured after three.
+micro-batches of 1, 2 epochs), on a GPU the paper's (all blocks, 4 epochs); a resumed run keeps its own. The
+plan and, on a CPU, its expected duration are printed before the first step and re-measured after three.
 
     python train.py --data wwq                                   # the device's recipe (CPU: the shipped adapter's)
     python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach   # the training mixture
@@ -92,14 +92,27 @@ def setup(args: argparse.Namespace) -> Run:
 
 def apply_recipe(args: argparse.Namespace, device: torch.device) -> None:
     """Set the flags left unset (None) to the device's recipe (RECIPES); a model with no more blocks
-    than the recipe's LoRA blocks gets LoRA on all of them."""
+    than the recipe's LoRA blocks gets LoRA on all of them. With --resume they keep the run's own values
+    instead, so the command that started a run on a CPU continues it on a GPU."""
+    saved = saved_settings(args) if args.resume else {}
     for name, value in RECIPES["cpu" if device.type == "cpu" else "gpu"].items():
-        if getattr(args, name) is None:
+        if getattr(args, name) is None and saved.get(name) is not None:
+            setattr(args, name, saved[name])
+        elif getattr(args, name) is None:
             setattr(args, name, value)
             if name == "lora_layers" and (Path(args.model_dir).expanduser() / "config.json").is_file():
                 config = json.loads((Path(args.model_dir).expanduser() / "config.json").read_text())
                 blocks = config["num_hidden_layers"]
                 args.lora_layers = 0 if value >= blocks else value
+
+
+def saved_settings(args: argparse.Namespace) -> dict:
+    """The settings (config.json) of the run --resume continues: of its latest checkpoint or its portable
+    copy, whichever is further on, as resume() picks; {} if it has neither (resume() then says so)."""
+    found = [path for path in (checkpoint.latest(Path(args.runs_dir).expanduser() / args.name), portable_copy(args))
+             if path is not None and (path / "state.json").is_file() and (path / "config.json").is_file()]
+    further = max(found, key=lambda path: json.loads((path / "state.json").read_text())["step"], default=None)
+    return json.loads((further / "config.json").read_text()) if further else {}
 
 
 def describe_plan(args, device: torch.device, dtype: torch.dtype, total_steps: int, first_epoch: list[dict],

@@ -735,6 +735,31 @@ def test_precomputed_samples_must_match_the_prompt_format(model_dir, tmp_path):
     assert json.loads((tmp_path / "runs" / "grisp" / "adapter" / "grisp_config.json").read_text())["prompt_format"] == "v1"
 
 
+def test_a_resumed_run_keeps_its_recipe_on_another_kind_of_device(model_dir, tmp_path):
+    """Before: flags left unset took the device's recipe on --resume too, so the command that started a run
+    on a CPU (2 epochs) was refused on a GPU (4 epochs: "--resume with different settings: epochs")."""
+    samples = write_jsonl(tmp_path / "s.jsonl", make_samples(2))
+    portable = ["--portable-dir", str(tmp_path / "repo")]
+    started = train_args(model_dir, tmp_path, samples, "--stop-after", "1", *portable)
+    started.epochs = started.micro_batch_size = None  # left unset: the CPU recipe's
+    train.main(started)
+    assert json.loads((tmp_path / "runs" / "grisp" / "config.json").read_text())["epochs"] == 2
+    for where in ("run directory", "portable copy"):
+        if where == "portable copy":
+            shutil.rmtree(tmp_path / "runs")  # a fresh machine: the copy alone
+        resumed = train_args(model_dir, tmp_path, samples, "--resume", *portable)
+        resumed.epochs = resumed.micro_batch_size = None
+        train.apply_recipe(resumed, torch.device("cuda"))
+        assert (resumed.epochs, resumed.micro_batch_size) == (2, 1), where
+    given = train_args(model_dir, tmp_path, samples, "--resume", "--epochs", "3", *portable)
+    train.apply_recipe(given, torch.device("cuda"))
+    assert given.epochs == 3  # a given flag still wins (and resume() judges it)
+    fresh = train_args(model_dir, tmp_path, samples, "--name", "other")
+    fresh.epochs = None
+    train.apply_recipe(fresh, torch.device("cuda"))
+    assert fresh.epochs == 4  # a new run takes the device's recipe
+
+
 def test_a_run_saved_before_a_later_setting_resumes_with_its_old_value():
     from grisp.trainer import LATER_SETTINGS, check_same_run
     config = {"lr": 1e-4, "mention": 0.0, "data_sha256": "x"}
