@@ -379,7 +379,8 @@ def make_parser() -> argparse.ArgumentParser:
     # optimisation
     group = parser.add_argument_group("optimisation")
     group.add_argument("--epochs", type=int, default=None, help="passes over the training records; unset: 2 on a CPU, "
-                       "4 on a GPU (the paper's)")
+                       "4 on a GPU (the paper's); with --resume, unset recipe flags (this, --lora-layers, "
+                       "--micro-batch-size) keep the run's own values")
     group.add_argument("--first-epoch", type=int, default=0,
                        help="draw the run's epoch e as epoch e + N of its samples: a continuation of a run that "
                             "trained N epochs (--init-adapter) sees new samples and keeps --seed, and with it the "
