@@ -70,6 +70,8 @@ def describe(event: dict) -> str:
     if kind == "retry":
         skeletons = ", ".join(str(n + 1) for n in event["skeletons"])
         return f"every skeleton dead-ended: skeleton(s) {skeletons} once more, every hit in the re-ranked order"
+    if kind == "refused":
+        return f"  refused: {event['reason']}"
     if kind == "endpoint_lost":
         return f"  endpoint lost: {event['error']}"
     return f"  {kind}"

@@ -13,6 +13,7 @@ are thin command-line fronts over this class.
     answer.sparql, answer.result, answer.trace
     answer = grisp.answer(question, listener=print)   # each trace event as it happens (serve.py)
 """
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -209,8 +210,8 @@ class Grisp:
         "timeout" and the next one starts with a fresh budget (docs/method.md section 6.7), so a question
         takes at most num_skeletons x time_budget (one budget more with a retry); every endpoint query
         ends within its skeleton's budget (and by `deadline`, an optional overall cap), but for the final
-        query's least wait (resolve.FINAL_QUERY_WAIT_S). Once the endpoint has failed every query of the
-        question (by more than timeouts), no further skeleton is tried. If no skeleton resolves, options.retry
+        query's least wait (resolve.FINAL_QUERY_WAIT_S). Once the endpoint has answered no query of the
+        question and failed one by more than a timeout, no further skeleton is tried. If no skeleton resolves, options.retry
         (with re-ranking on) resolves the ones that dead-ended (not those that timed out) once more with
         None's cut lifted (every hit in the re-ranked order, all within one time budget; a "retry" trace
         event; ours, not the paper's)."""
@@ -230,7 +231,8 @@ class Grisp:
 
         failed = self._resolve_in_turn(question, numbered(skeletons), self.resolver, answer, deadline, listener)
         dead = [(number, skeleton) for number, skeleton, failure in failed if failure == "dead_end"]
-        reranking = self.options.rerank and self.resolver.reranker is not None  # else a retry repeats the first pass
+        # without re-ranking, or with None's cut already lifted, a retry would repeat the first pass
+        reranking = self.options.rerank and self.resolver.reranker is not None and self.options.none_margin < math.inf
         if answer.sparql is None and dead and self.options.retry and reranking:
             answer.trace.append({"event": "retry", "skeletons": [n for n, _ in dead]})
             if listener is not None:

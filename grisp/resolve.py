@@ -26,7 +26,7 @@ from grisp.constraints import allowed_items, constraint_query
 from grisp.options import Options
 from grisp.positions import infer_position
 from grisp.prompts import Alternative, mark_current, to_alternative
-from grisp.skeleton import Placeholder, find_placeholders, first_wordings, substitute, wordings
+from grisp.skeleton import Placeholder, find_placeholders, first_wordings, sendable, substitute, wordings
 from grisp.sparql import EndpointUnreachable, QueryTimeout, Result, ServerError, SparqlClient, SparqlError
 from grisp.tracing import Listener, Trace
 from search import Hit, Indices
@@ -66,7 +66,8 @@ class Resolution:
 
 
 class Resolver:
-    """The depth-first search. Reads the options rerank, top_k, constrained, kg_guidance, backtracking."""
+    """The depth-first search. Reads the options rerank, top_k, none_margin, constrained, kg_guidance,
+    backtracking."""
 
     def __init__(self, indices: Indices, client: SparqlClient, reranker: Reranker | None, options: Options):
         self.indices, self.client, self.reranker, self.options = indices, client, reranker, options
@@ -78,8 +79,10 @@ class Resolver:
     def resolve(self, question: str, skeleton: str, deadline: float = float("inf"),
                 listener: Listener | None = None) -> Resolution:
         """Resolve every placeholder of `skeleton`; Resolution.sparql is None if the skeleton failed.
-        Every endpoint query ends by `deadline` (time.monotonic() seconds); an endpoint that cannot
-        be reached any more ends the search with failure "endpoint_error" (docs/method.md 6.7).
+        Every endpoint query ends by `deadline` (time.monotonic() seconds) but the final query, which gets
+        at least FINAL_QUERY_WAIT_S (validate); an endpoint that cannot be reached any more ends the search
+        with failure "endpoint_error" (docs/method.md 6.7). A skeleton the client would refuse however its
+        placeholders resolve (SERVICE, an update) is a dead end at once, with a "refused" event.
         `listener` sees each trace event as it happens (tracing.py)."""
         trace = Trace(listener)
         try:
@@ -104,8 +107,11 @@ class Resolver:
             trace.event("timeout")
             return True
 
-        if out_of_time():  # earlier skeletons used up the time budget
+        if out_of_time():  # the deadline passed before the search began
             return finish(None, None, "timeout")
+        if not sendable(skeleton):  # no filling of its placeholders could be sent (skeleton.sendable)
+            trace.event("refused", reason="the skeleton federates (SERVICE) or updates: none of its queries is sent")
+            return finish(None, None, "dead_end")
         if not find_placeholders(skeleton):  # nothing to resolve: only validate
             ok, result = self.validate(skeleton, trace, deadline) if self.options.kg_guidance else (True, None)
             if not ok and out_of_time():
@@ -143,6 +149,8 @@ class Resolver:
             backtracks += 1
             back = stack[-1]
             trace.event("backtrack", to=back.placeholder.text, left=len(back.alternatives))
+            if out_of_time():  # no re-ranking after the budget: the loop ends on it
+                return finish(None, None, "timeout")
             self.rerank(question, back, trace)
         trace.event("exhausted")
         return finish(None, None, "dead_end")
@@ -157,6 +165,8 @@ class Resolver:
         trace.event("placeholder", placeholder=placeholder.text, position=position, kind=kind)
         allowed = self.constraint(text, placeholder, trace, deadline)
         labels = wordings(placeholder)
+        if time.monotonic() >= deadline:  # the budget ran out in the constraint query: no search, no re-ranking
+            return Frame(text, placeholder, kind, [], list(resolved))
         hits = self.search(labels[0], kind, allowed, trace)
         frame = Frame(text, placeholder, kind, hits, list(resolved), allowed if len(labels) > 1 else None)
         self.rerank(question, frame, trace)
@@ -254,7 +264,9 @@ class Resolver:
         the reference, a timeout or server error is accepted: the KG was busy, not the query wrong. Such
         a query is unverified (no result); grisp/pipeline.py keeps it only if the endpoint answered other queries
         of the question. The query gets at least FINAL_QUERY_WAIT_S to answer, past `deadline` if need be:
-        a timeout is accepted only after the KG had a fair time to answer."""
+        a timeout is accepted only after the KG had a fair time to answer. An invalid or broken answer
+        (InvalidResponse) rejects the query: oxigraph reports an error met while evaluating the query as
+        an HTTP 200 whose JSON breaks off, so such an answer may be the query's fault."""
         with trace.timed("validate"):
             try:
                 result = self.client.query(sparql, deadline=max(deadline, time.monotonic() + FINAL_QUERY_WAIT_S))

@@ -415,6 +415,9 @@ def test_no_retry_when_a_request_switches_re_ranking_off(tiny_model, demo_index,
     grisp.use_options(Options(time_budget=2.0))
     grisp.answer_from_skeletons("q", ["a"])
     assert passes[2:] == [0.0, inf], "with re-ranking on, the retry runs"
+    grisp.use_options(Options(time_budget=2.0, none_margin=inf))  # the cut lifted already: a retry would repeat it
+    answer = grisp.answer_from_skeletons("q", ["a"])
+    assert passes[4:] == [inf] and [e["event"] for e in answer.trace].count("retry") == 0
 
 
 def test_skeleton_only_runs_without_index_or_endpoint(tiny_model, tmp_path):

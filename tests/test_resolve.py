@@ -311,6 +311,39 @@ def test_timeout_stops_the_search(indices, client):
     assert resolution.sparql is None and resolution.failure == "timeout"
 
 
+def test_a_skeleton_with_service_is_refused_before_any_search(indices, client):
+    """Before: every filling of its placeholders was searched, re-ranked and refused by the client in turn
+    (a whole budget of model calls for a skeleton no filling of which could be sent)."""
+    class NoClient:
+        def query(self, sparql, deadline=None):
+            raise AssertionError(f"nothing may be sent: {sparql}")
+    skeleton = ("SELECT ?x ?xLabel WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . "
+                "SERVICE wikibase:label { bd:serviceParam wikibase:language \"en\" . } }")
+    reranker = ScriptedReranker({})
+    resolution = Resolver(indices, NoClient(), reranker, Options()).resolve("q", skeleton)
+    assert resolution.sparql is None and resolution.failure == "dead_end" and reranker.calls == []
+    assert [e["event"] for e in resolution.trace] == ["refused"]
+
+
+def test_no_search_or_reranking_starts_after_the_budget_ran_out_in_a_constraint_query(indices, client):
+    """Before: the budget's end during a constraint query was swallowed as a constraint error, and an
+    unconstrained search and a re-ranking call (seconds of model time on a CPU) still followed."""
+    budget_end = time.monotonic() + 1.0
+
+    class SlowConstraints:
+        def query(self, sparql, deadline=None):
+            if "?candidate" in sparql:  # a constraint query: runs until the budget ends
+                time.sleep(max(deadline - time.monotonic(), 0))
+                raise QueryTimeout("no answer within the rest of the time budget")
+            return client.query(sparql, deadline)
+    reranker = ScriptedReranker({FILM: 9.0})
+    resolution = Resolver(indices, SlowConstraints(), reranker, Options()).resolve("q", SKELETON, deadline=budget_end)
+    assert resolution.failure == "timeout" and resolution.trace[-1] == {"event": "timeout"}
+    assert len(reranker.calls) == 1  # the film's; not the director's after the budget
+    director = events(resolution, "placeholder")[1]
+    assert "QueryTimeout" in director["constraint_error"] and "hits" not in director
+
+
 def test_mark_current_writes_the_current_placeholder():
     ph = find_placeholders(SKELETON)[1]
     assert mark_current(SKELETON, ph) == SKELETON.replace("<iri>director (wdt)</iri>", "<rep>director (wdt)</rep>")
