@@ -5,11 +5,13 @@ The gold skeleton is the training target (grisp/skeleton.py with the index's lab
 - structure match: the same token sequence after normalisation (`structure`): every placeholder
   reduced to its kind, `<ph wdt>` for a property placeholder with hint `(wdt)`, `<ph entity>` for one
   without; variables renamed by first use (?v0, ?v1, ...); keywords and function names upper-cased;
-  prefixed names and IRIs expanded to full IRIs (PREFIX/BASE lines dropped); string quotes unified,
-  language tags lower-cased; optional syntax dropped (the word WHERE, a `.` before `}`, `{` or a keyword).
-- label match: structure match, and every generated placeholder names its gold item by the item's
-  label or one of its aliases (case-insensitive, whitespace collapsed; a merged placeholder by any of
-  its wordings).
+  prefixed names and IRIs expanded to full IRIs (PREFIX/BASE lines dropped), `a` as rdf:type; string
+  quotes unified, language tags lower-cased; optional syntax dropped (the word WHERE, a `.` before `}`,
+  `{` or a keyword); the triples of each run of triple blocks read out (`;`, `,`) and put in a
+  canonical order (`_triple_orders`), so their written order and style do not count.
+- label match: structure match, and every generated placeholder names the gold item in its place by
+  the item's label or one of its aliases (case-insensitive, whitespace collapsed; a merged placeholder
+  by any of its wordings).
 Each question gets one shape from its gold query (`shape`, first rule that applies, in `SHAPES` order
 of precedence). evaluate.py --skeleton-only runs it over a benchmark:
 
@@ -19,11 +21,13 @@ of precedence). evaluate.py --skeleton-only runs it over a benchmark:
 """
 from collections import Counter
 from dataclasses import dataclass
+from itertools import groupby, permutations, product
+from math import factorial, prod
 from typing import Callable
 
 from grisp.skeleton import find_placeholders, label_key, skeletonize, split_variant, split_wordings
-from grisp.sparql_syntax import (PREFIXES, Unsupported, declared_prefixes, expand, is_keyword, skip_group, tokenize,
-                           top_level_triples, where_start)
+from grisp.sparql_syntax import (PREFIXES, Token, Unsupported, declared_prefixes, expand, is_keyword, skip_group,
+                                  tokenize, top_level_triples, triple_blocks, where_start)
 from search import Item
 
 # shapes in order of precedence: the query form and solution modifiers first (syntax the model writes on
@@ -39,51 +43,122 @@ STATEMENT_VARIANTS = {"p", "ps", "pq", "psv", "pqv", "psn", "pqn", "pr", "prv", 
 # ---------------------------------------------------------------------------- normalisation and matching
 
 
+RDF_TYPE = "<http://www.w3.org/1999/02/22-rdf-syntax-ns#type>"  # the verb `a`
+MAX_ORDERINGS = 720  # orderings of look-alike triples tried for the canonical form; past it, one order
+DOT = Token("punct", ".", -1, -1)  # between the triples a block is read out into
+
+
 @dataclass(frozen=True)
 class Structure:
     tokens: tuple[str, ...]  # the normalised token sequence (structure match compares these)
-    labels: tuple[str, ...]  # the placeholders' labels in order, hints split off
+    readings: tuple[tuple[int, ...], ...]  # per triple order that gives `tokens`: its placeholders by
+    # their index in the written text, in order (a subject written once before `;` comes once per triple)
 
 
 def structure(text: str) -> Structure:
-    """The normalised form of a skeleton or query (see the module docstring)."""
+    """The normalised form of a skeleton or query (see the module docstring): each run of triple blocks
+    read out into single triples (`;`, `,`) and put in a canonical order, the least normalised sequence
+    over the orders of triples that look alike up to variable names."""
     tokens = tokenize(text)
     prefixes = {**PREFIXES, **declared_prefixes(tokens)}
-    placeholders = {p.start: p for p in find_placeholders(text)}
-    out, labels, names, i = [], [], {}, 0
+    placeholders = {p.start: (n, p) for n, p in enumerate(find_placeholders(text))}
+    readings = [_normalised(order, prefixes, placeholders) for order in _triple_orders(tokens, prefixes, placeholders)]
+    least = min(normal for normal, _ in readings)
+    return Structure(least, tuple(dict.fromkeys(seen for normal, seen in readings if normal == least)))
+
+
+def _word(token: Token, prefixes: dict[str, str], placeholders: dict) -> str | None:
+    """One token's normal form, None to leave it out (`WHERE`); a variable stays as written."""
+    if token.kind == "ph":
+        return f"<ph {placeholders[token.start][1].variant or 'entity'}>"
+    if token.kind in ("iri", "pname"):
+        try:
+            return f"<{expand(token.text, prefixes)}>"
+        except ValueError:  # an unknown prefix: compare as written
+            return token.text
+    if token.kind == "word":
+        word = token.text.upper()
+        return None if word == "WHERE" else RDF_TYPE if token.text == "a" else word  # WHERE is optional
+    if token.kind == "string":
+        quote = 3 if token.text[:3] in ('"""', "'''") else 1
+        return '"' + token.text[quote:-quote] + '"'
+    if token.kind == "lang":
+        return token.text.lower()
+    return token.text
+
+
+def _normalised(tokens: list[Token], prefixes: dict[str, str], placeholders: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The normalised sequence of `tokens` (variables renamed by first use) and its placeholders' indices."""
+    out, seen, names, i = [], [], {}, 0
     while i < len(tokens):
         token = tokens[i]
         size = 3 if is_keyword(token, "PREFIX") else 2 if is_keyword(token, "BASE") else 0
         if size and i + size <= len(tokens) and tokens[i + size - 1].kind == "iri":
-            i += size  # a declaration: prefixed names are expanded below instead
+            i += size  # a declaration: prefixed names are expanded instead
             continue
         i += 1
         following = tokens[i] if i < len(tokens) else None
-        if token.kind == "ph":
-            p = placeholders[token.start]
-            out.append(f"<ph {p.variant or 'entity'}>")
-            labels.append(p.label)
-        elif token.kind == "var":
+        if token.kind == "var":
             out.append(names.setdefault(token.text[1:], f"?v{len(names)}"))
-        elif token.kind in ("iri", "pname"):
-            try:
-                out.append(f"<{expand(token.text, prefixes)}>")
-            except ValueError:  # an unknown prefix: compare as written
-                out.append(token.text)
-        elif token.kind == "word":
-            if token.text.upper() != "WHERE":  # `WHERE` is optional before every query pattern
-                out.append(token.text.upper())
-        elif token.kind == "string":
-            quote = 3 if token.text[:3] in ('"""', "'''") else 1
-            out.append('"' + token.text[quote:-quote] + '"')
-        elif token.kind == "lang":
-            out.append(token.text.lower())
-        elif token.text == "." and (following is None or following.text in ("}", "{") or (
+        elif token.text == "." and token.kind == "punct" and (following is None or following.text in ("}", "{") or (
                 following.kind == "word" and following.text.upper() not in ("TRUE", "FALSE"))):
             continue  # a `.` that only ends a triple block before `}`, a group or FILTER/OPTIONAL/...
-        else:
-            out.append(token.text)
-    return Structure(tuple(out), tuple(labels))
+        elif (word := _word(token, prefixes, placeholders)) is not None:
+            out.append(word)
+            if token.kind == "ph":
+                seen.append(placeholders[token.start][0])
+    return tuple(out), tuple(seen)
+
+
+def _triple_orders(tokens: list[Token], prefixes: dict[str, str], placeholders: dict) -> list[list[Token]]:
+    """`tokens` with every run of triple blocks (blocks separated by `.` only) read out into single
+    triples sorted by their look (variables as `?`): one token list per order of the look-alike triples
+    (just the first if there are more than MAX_ORDERINGS). A text the triple reader cannot follow is
+    left as written."""
+    try:
+        runs = _triple_runs(tokens)
+    except Unsupported:
+        return [tokens]
+
+    def look(triple):
+        return tuple("?" if tokens[k].kind == "var" else _word(tokens[k], prefixes, placeholders) or ""
+                     for a, b in triple for k in range(a, b))
+    tied = [[list(group) for _, group in groupby(sorted(triples, key=look), key=look)] for _, _, triples in runs]
+    count = prod(factorial(len(group)) for groups in tied for group in groups)
+    orders = (product(*[permutations(group) for groups in tied for group in groups]) if count <= MAX_ORDERINGS
+              else [tuple(tuple(group) for groups in tied for group in groups)])
+    out = []
+    for order in orders:
+        sequence, at, groups = [], 0, iter(order)
+        for (start, end, _), run_groups in zip(runs, tied):
+            triples = [triple for _ in run_groups for triple in next(groups)]
+            sequence += tokens[at:start]
+            for k, triple in enumerate(triples):
+                sequence += [tokens[j] for a, b in triple for j in range(a, b)] + ([DOT] if k < len(triples) - 1 else [])
+            at = end
+        out.append(sequence + tokens[at:])
+    return out
+
+
+def _triple_runs(tokens: list[Token]) -> list[tuple[int, int, list]]:
+    """The runs of triple blocks in every group of the query (not VALUES data, not a subquery's outer
+    braces), in text order, as (start, end, triples)."""
+    values_data = {skip_group(tokens, i + 1) if i + 1 < len(tokens) and tokens[i + 1].text == "(" else i + 2
+                   for i, token in enumerate(tokens) if is_keyword(token, "VALUES")}
+    runs = []
+    for i, token in enumerate(tokens):
+        if token.kind != "punct" or token.text != "{" or i in values_data or (
+                i + 1 < len(tokens) and is_keyword(tokens[i + 1], "SELECT")):
+            continue
+        run = None
+        for start, end, triples in triple_blocks(tokens, i + 1, skip_group(tokens, i) - 1):
+            if run and all(tokens[k].text == "." for k in range(run[1], start)):
+                run = (run[0], end, run[2] + triples)
+            else:
+                runs += [run] if run else []
+                run = (start, end, triples)
+        runs += [run] if run else []
+    return sorted(runs)
 
 
 def structure_match(gold: str, generated: str | None) -> bool:
@@ -92,15 +167,19 @@ def structure_match(gold: str, generated: str | None) -> bool:
 
 
 def label_match(gold: str, gold_names: list[list[str]], generated: str | None) -> bool:
-    """Structure match, and placeholder i of the generated skeleton is one of `gold_names[i]` (the
-    label and aliases of gold placeholder i's item), case-insensitive; a merged placeholder (several
-    wordings) matches if one of its wordings does, as the resolver searches them all."""
+    """Structure match, and each generated placeholder is one of the names (label and aliases) of the
+    gold item in its place, case-insensitive, for some order of look-alike triples (`gold_names[i]`: of
+    gold placeholder i in written order); a merged placeholder (several wordings) matches if one of its
+    wordings does, as the resolver searches them all."""
     if not structure_match(gold, generated):
         return False
-    labels = structure(generated).labels
-    assert len(labels) == len(gold_names), f"{len(labels)} placeholders, {len(gold_names)} gold items"
-    return all(any(label_key(wording) in {label_key(n) for n in names} for wording in split_wordings(label))
-               for label, names in zip(labels, gold_names))
+    gold_order = structure(gold).readings[0]
+    names = [{label_key(n) for n in gold_names[i]} for i in gold_order]
+    labels = [p.label for p in find_placeholders(generated)]
+    assert max(gold_order, default=-1) < len(gold_names), f"{len(gold_names)} gold items, more gold placeholders"
+    return any(all(any(label_key(wording) in wanted for wording in split_wordings(labels[i]))
+                   for i, wanted in zip(reading, names))
+               for reading in structure(generated).readings)
 
 
 # ---------------------------------------------------------------------------- gold skeleton

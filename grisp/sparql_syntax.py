@@ -315,7 +315,14 @@ def _verb(tokens: list[Token], i: int) -> int:
 def top_level_triples(tokens: list[Token], lo: int, hi: int) -> list[tuple[Span, Span, Span]]:
     """The triple patterns directly inside the group tokens[lo:hi]; nested groups (OPTIONAL, UNION,
     MINUS, GRAPH, subqueries), FILTER, BIND and VALUES are skipped."""
-    triples, i = [], lo
+    return [triple for _, _, triples in triple_blocks(tokens, lo, hi) for triple in triples]
+
+
+def triple_blocks(tokens: list[Token], lo: int, hi: int) -> list[tuple[int, int, list[tuple[Span, Span, Span]]]]:
+    """The blocks of triple patterns directly inside the group tokens[lo:hi], as (start, end, triples):
+    one block per subject, `s p o , o ; p o` (its `;` and `,` read out into one triple each), ending
+    before its `.`; what top_level_triples skips is in no block."""
+    blocks, i = [], lo
     while i < hi:
         if _at(tokens, i, "."):
             i += 1
@@ -334,6 +341,7 @@ def top_level_triples(tokens: list[Token], lo: int, hi: int) -> list[tuple[Span,
             j += 1 if is_keyword(tokens[min(j, hi)], "EXISTS") or not _at(tokens, j, "(") else 0
             i = skip_group(tokens, j)  # FILTER (...), FILTER fn(...), FILTER [NOT] EXISTS {...}
         else:  # subject, then `verb object (, object)* (; verb object ...)*`
+            triples = []
             subject, j = (i, _term(tokens, i)), _term(tokens, i)
             while True:
                 verb = (j, _verb(tokens, j))
@@ -350,5 +358,6 @@ def top_level_triples(tokens: list[Token], lo: int, hi: int) -> list[tuple[Span,
                     j += 1
                 if j >= hi or _at(tokens, j, ".", "{", "}") or tokens[j].kind == "word" and tokens[j].text != "a":
                     break
+            blocks.append((i, j, triples))
             i = j
-    return triples
+    return blocks

@@ -16,9 +16,55 @@ GOLD_NAMES = [["Pulp Fiction"], ["director", "directed by"], ["place of birth", 
     "select distinct ?a { <iri>Pulp Fiction</iri>   <iri>director (wdt)</iri> ?b .\n?b <iri>place of birth (wdt)</iri> ?a }",
     # other labels: still the same structure
     "SELECT DISTINCT ?x WHERE { <iri>pulp fiction film</iri> <iri>film director (wdt)</iri> ?y . ?y <iri>born (wdt)</iri> ?x . }",
+    # the triples in the other order (before: a miss, though the same query)
+    "SELECT DISTINCT ?x WHERE { ?y <iri>place of birth (wdt)</iri> ?x . <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?y . }",
 ])
 def test_structure_matches_despite_surface_differences(generated):
     assert ss.structure_match(GOLD, generated)
+
+
+def test_equivalent_writings_of_the_triples_match():
+    """Before: `;` and `,` against repeated subjects, the triples' order and `a` against rdf:type were
+    structure misses, so the score depended on the writing style a model learned, not on the query."""
+    gold = "SELECT ?x WHERE { ?x <iri>occupation (wdt)</iri> <iri>actor</iri> . ?x <iri>award received (wdt)</iri> <iri>Oscar</iri> . }"
+    for generated in [
+        "SELECT ?x WHERE { ?x <iri>occupation (wdt)</iri> <iri>actor</iri> ; <iri>award received (wdt)</iri> <iri>Oscar</iri> . }",
+        "SELECT ?x WHERE { ?x <iri>award received (wdt)</iri> <iri>Oscar</iri> . ?x <iri>occupation (wdt)</iri> <iri>actor</iri> }",
+        "SELECT ?y WHERE { ?y <iri>award received (wdt)</iri> <iri>Oscar</iri> ; <iri>occupation (wdt)</iri> <iri>actor</iri> ; . }",
+    ]:
+        assert ss.structure_match(gold, generated), generated
+    objects = "SELECT ?x WHERE { <iri>Paris</iri> <iri>twinned (wdt)</iri> ?x , ?y . }"
+    assert ss.structure_match(objects, "SELECT ?a WHERE { <iri>Paris</iri> <iri>twinned (wdt)</iri> ?b . "
+                                       "<iri>Paris</iri> <iri>twinned (wdt)</iri> ?a }")
+    assert ss.structure_match("ASK { <iri>Q</iri> a <iri>film</iri> }", "ASK { <iri>Q</iri> rdf:type <iri>film</iri> }")
+    # a chain stays a chain: its variables must link the same way in every order
+    chain = "SELECT ?x WHERE { <iri>A</iri> <iri>p (wdt)</iri> ?y . ?y <iri>q (wdt)</iri> ?x . }"
+    assert not ss.structure_match(chain, "SELECT ?x WHERE { <iri>A</iri> <iri>p (wdt)</iri> ?y . ?x <iri>q (wdt)</iri> ?y . }")
+    assert not ss.structure_match(gold, gold.replace("?x <iri>award", "?z <iri>award"))  # two subjects: no intersection
+    # triples inside OPTIONAL are ordered within it, but not moved across it
+    optional = "SELECT ?x WHERE { ?x <iri>p (wdt)</iri> <iri>A</iri> . OPTIONAL { ?x <iri>q (wdt)</iri> ?y . ?y <iri>r (wdt)</iri> ?z } }"
+    assert ss.structure_match(optional, optional.replace("?x <iri>q (wdt)</iri> ?y . ?y <iri>r (wdt)</iri> ?z",
+                                                         "?y <iri>r (wdt)</iri> ?z . ?x <iri>q (wdt)</iri> ?y"))
+    assert not ss.structure_match(optional, "SELECT ?x WHERE { OPTIONAL { ?x <iri>q (wdt)</iri> ?y . ?y <iri>r (wdt)</iri> ?z } "
+                                            "?x <iri>p (wdt)</iri> <iri>A</iri> . }")
+    # VALUES data is not read as triples; a subquery's triples are ordered in its own group
+    values = "SELECT ?x WHERE { VALUES ?s { <iri>A</iri> <iri>B</iri> } ?s <iri>p (wdt)</iri> ?x }"
+    assert ss.structure_match(values, values) and not ss.structure_match(values, values.replace("<iri>B</iri> ", ""))
+
+
+def test_label_match_pairs_the_items_of_look_alike_triples_in_either_order():
+    gold = "SELECT ?x WHERE { ?x <iri>occupation (wdt)</iri> <iri>actor</iri> . ?x <iri>award received (wdt)</iri> <iri>Oscar</iri> . }"
+    names = [["occupation"], ["actor"], ["award received"], ["Academy Award", "Oscar"]]
+    swapped = "SELECT ?x WHERE { ?x <iri>award received (wdt)</iri> <iri>Oscar</iri> ; <iri>occupation (wdt)</iri> <iri>actor</iri> }"
+    assert ss.label_match(gold, names, swapped)
+    crossed = "SELECT ?x WHERE { ?x <iri>occupation (wdt)</iri> <iri>Oscar</iri> . ?x <iri>award received (wdt)</iri> <iri>actor</iri> }"
+    assert ss.structure_match(gold, crossed) and not ss.label_match(gold, names, crossed)
+    # a subject written once before `;` is compared in every triple it stands for
+    shared = "SELECT ?x WHERE { <iri>Paris</iri> <iri>twinned (wdt)</iri> ?x ; <iri>capital of (wdt)</iri> ?y . }"
+    assert ss.label_match(shared, [["Paris"], ["twinned"], ["capital of"]],
+                          "SELECT ?x WHERE { <iri>Paris</iri> <iri>capital of (wdt)</iri> ?y . <iri>Paris</iri> <iri>twinned (wdt)</iri> ?x }")
+    assert not ss.label_match(shared, [["Paris"], ["twinned"], ["capital of"]],
+                              "SELECT ?x WHERE { <iri>Paris</iri> <iri>capital of (wdt)</iri> ?y . <iri>Rome</iri> <iri>twinned (wdt)</iri> ?x }")
 
 
 @pytest.mark.parametrize("generated", [
