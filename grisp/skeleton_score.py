@@ -216,7 +216,8 @@ def shape(sparql: str) -> str:
     the director of X born?"), or a sequence path of two full steps (`p1/p2`; `wdt:P31/wdt:P279*`, a
     step and a closure, is one hop: a type); under SELECT *, a variable that is the object of one
     pattern and the subject of another. intersection: two or more triple patterns that meet only in
-    selected variables (a typed one-hop question is one). one triple: exactly one triple pattern."""
+    selected variables (a typed one-hop question is one). one triple: exactly one triple pattern.
+    VALUES and BIND are not read: `?s ?p ?o . VALUES ?p {...}` is one triple."""
     tokens = tokenize(sparql)
     words = Counter(t.text.upper() for t in tokens if t.kind == "word")
     prefixes = {**PREFIXES, **declared_prefixes(tokens)}
@@ -244,13 +245,13 @@ def shape(sparql: str) -> str:
 
 def _intermediate_variable(tokens, brace: int, triples) -> bool:
     """Does a variable that the query does not select link two triple patterns (as subject or object)?"""
-    def variable(span):
-        return tokens[span[0]].text if span[1] - span[0] == 1 and tokens[span[0]].kind == "var" else None
+    def variable(span):  # its name without the sigil: $x is ?x
+        return tokens[span[0]].text[1:] if span[1] - span[0] == 1 and tokens[span[0]].kind == "var" else None
     head = tokens[:brace]  # SELECT ... up to the WHERE group
     if any(t.text == "*" for t in head):  # everything is selected: a chain is an object that is a subject
         subjects = {variable(s) for s, _, _ in triples} - {None}
         return any(variable(o) in subjects and variable(o) != variable(s) for s, _, o in triples)
-    selected = {t.text for t in head if t.kind == "var"}
+    selected = {t.text[1:] for t in head if t.kind == "var"}
     uses = Counter(v for s, _, o in triples for v in {variable(s), variable(o)} - {None})
     return any(n > 1 and v not in selected for v, n in uses.items())
 

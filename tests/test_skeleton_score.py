@@ -135,6 +135,7 @@ def test_label_match_needs_a_label_or_alias_of_each_gold_item():
     # which way a pattern points does not make a chain: both meet only in the selected ?x
     ("SELECT ?x WHERE { wd:Q79 wdt:P47 ?x . ?x wdt:P31 wd:Q6256 }", "intersection"),
     ("SELECT ?x WHERE { ?x wdt:P47 wd:Q79 . ?x wdt:P31 wd:Q6256 }", "intersection"),
+    ("SELECT $x WHERE { wd:Q79 wdt:P47 ?x . ?x wdt:P31 wd:Q6256 }", "intersection"),  # $x is ?x: selected
     ("SELECT DISTINCT ?x WHERE { ?y wdt:P50 wd:Q1 . ?y wdt:P136 ?x }", "two-hop"),  # ?y links, unselected
     ("SELECT * WHERE { wd:Q1 wdt:P57 ?y . ?y wdt:P19 ?x }", "two-hop"),
     ("SELECT * WHERE { ?x wdt:P161 wd:Q1 ; wdt:P161 wd:Q2 . }", "intersection"),
