@@ -315,6 +315,7 @@ const drawers = {
   exhausted() { return el("div", {class: "step stop"}, el("div", {class: "head"}, "dead end: every alternative failed")); },
   timeout() { return el("div", {class: "step stop"}, el("div", {class: "head"}, "time budget used up")); },
   endpoint_lost(e) { return el("div", {class: "step stop"}, el("div", {class: "head"}, `endpoint lost: ${e.error}`)); },
+  refused(e) { return el("div", {class: "step stop"}, el("div", {class: "head"}, `refused: ${e.reason}`)); },
 };
 
 // --- the answer
