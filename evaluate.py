@@ -143,9 +143,12 @@ def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict],
         raise ValueError(f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
                          f"({', '.join(differs) or 'it reused skeletons itself'}); generate them here instead")
     was, now = compared(saved, "code"), compared(config, "code")
+    if was is None and not accept_other_code:
+        raise ValueError(f"--skeletons-from {run_dir} was run before runs recorded their code, so its skeletons may "
+                         f"come from other code: generate them here, or pass --accept-other-code to reuse them")
     if was is None:
         print(f"warning: --skeletons-from {run_dir} was run before runs recorded their code: its skeletons "
-              f"may come from other code")
+              f"may come from other code (--accept-other-code)")
     elif was != now and not accept_other_code:
         raise ValueError(f"--skeletons-from {run_dir}: its skeletons come from other code (fingerprint {was[:12]}, "
                          f"this code {now[:12]}): generate them here, or pass --accept-other-code to reuse them")
@@ -427,9 +430,12 @@ def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict
         if changed and not accept_other_code:
             raise ValueError(f"{out} holds answers of other code (fingerprint {was[:12]}, this code {now[:12]}): "
                              f"use another --out for the new code, or pass --accept-other-code to continue the run")
+        if "code" in keys and was is None and not accept_other_code:  # e.g. rows of an older protocol
+            raise ValueError(f"{out} was started before runs recorded their code, so its answers may come from "
+                             f"other code: use another --out, or pass --accept-other-code to continue the run")
         if "code" in keys and was is None:
             print(f"warning: {out} was started before runs recorded their code: its answers so far may come "
-                  f"from other code")
+                  f"from other code (--accept-other-code)")
         elif "code" in keys:
             versions = saved["code"].get("fingerprints", [was])
             if changed:  # accepted: the run spans code versions from now on

@@ -19,7 +19,7 @@
 # wwq-dev-full (the full systems), then demo-ablations, wwq-dev-kg-ablations, wwq-dev-full-ablations
 # (w/o re-ranking and None's cut alone `--no-retry` on the full system's skeletons, gold skeletons, then
 # every other ablation row and the paper's "re-ranking only").
-# Settings: ADAPTER (relative to the current directory), PRECISION, OUT (where the runs land; default
+# Settings: ADAPTER (relative to the current directory), PRECISION, OUT (where the runs land, relative to the current directory; default
 # ~/.cache/grisp/eval/<adapter name>-<precision>, the adapter's name being its directory's, or its
 # run's for a training run's `adapter/`), EVALUATE_FLAGS (added to every evaluate.py run: flags that
 # every kind of run takes, such as --limit or --seed).
@@ -29,6 +29,7 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # usage: the comment above
   exit 0
 fi
 adapter=$(realpath "${ADAPTER:-$(dirname "$0")/../adapters/grisp-mix-0.5b}")
+[ -z "${OUT:-}" ] || OUT=$(realpath -m "$OUT")  # relative to the current directory, as ADAPTER
 cd "$(dirname "$0")/.."
 precision=${PRECISION:-auto}
 groups=("$@")

@@ -241,11 +241,15 @@ def test_a_run_of_other_code_goes_on_only_when_accepted(bench, tmp_path, endpoin
     assert json.loads((run / "config.json").read_text())["code"] == spans
     evaluate.main(make_args(bench, run, endpoint_url, limit=4), pipeline=FakePipeline())  # the new code goes on
     assert json.loads((run / "config.json").read_text())["code"] == spans
-    # a run from before runs recorded their code goes on with a warning, and records it from then on
+    # a run from before runs recorded their code (say, rows of an older protocol at the same --out) goes
+    # on only when accepted (before: with a warning alone), and records the code from then on
     config = json.loads((run / "config.json").read_text())
     del config["code"]
     (run / "config.json").write_text(json.dumps(config))
-    evaluate.main(make_args(bench, run, endpoint_url, limit=5), pipeline=FakePipeline())
+    with pytest.raises(ValueError, match="was started before runs recorded their code, so its answers may come "
+                                         "from other code: use another --out, or pass --accept-other-code"):
+        evaluate.main(make_args(bench, run, endpoint_url, limit=5), pipeline=FakePipeline())
+    evaluate.main(make_args(bench, run, endpoint_url, limit=5, accept_other_code=True), pipeline=FakePipeline())
     assert "was started before runs recorded their code" in capsys.readouterr().out
     assert json.loads((run / "config.json").read_text())["code"] == edited
     # the command line: a one-line error before any model loads (its one question is answered)
@@ -414,12 +418,15 @@ def test_skeletons_of_other_code_are_reused_only_when_accepted(bench, tmp_path, 
                             skeletons_from=str(tmp_path / "full"), accept_other_code=True), pipeline=pipeline)
     assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]  # reused, not generated
     assert "reusing skeletons of other code" in capsys.readouterr().out
-    # a source run from before runs recorded their code: reused with a warning
+    # a source run from before runs recorded their code: reused only when accepted, with a warning
     config_path = tmp_path / "full" / "config.json"
     config_path.write_text(json.dumps({k: v for k, v in json.loads(config_path.read_text()).items() if k != "code"}))
+    with pytest.raises(ValueError, match="was run before runs recorded their code, so its skeletons may come"):
+        evaluate.main(make_args(bench, tmp_path / "older", endpoint_url, ablation="no-rerank", limit=1,
+                                skeletons_from=str(tmp_path / "full")), pipeline=Generating())
     pipeline = Generating()
     evaluate.main(make_args(bench, tmp_path / "older", endpoint_url, ablation="no-rerank", limit=1,
-                            skeletons_from=str(tmp_path / "full")), pipeline=pipeline)
+                            skeletons_from=str(tmp_path / "full"), accept_other_code=True), pipeline=pipeline)
     assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]
     assert "was run before runs recorded their code" in capsys.readouterr().out
 

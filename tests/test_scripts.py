@@ -10,16 +10,16 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = ["demo.sh", "runs/mix.sh", "runs/mention.sh", "runs/results.sh"]
 
 
-def run(tmp_path: Path, script: str, *args: str) -> tuple[subprocess.CompletedProcess, str]:
-    """Run `bash script args` with stub programs that append their command lines to tmp_path/calls;
-    returns the process and what the stubs recorded."""
+def run(tmp_path: Path, script: str, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Run `bash script args` in tmp_path with stub programs that append their command lines to
+    tmp_path/calls (and `env` added to the environment); returns the process and what the stubs recorded."""
     stubs, calls = tmp_path / "bin", tmp_path / "calls"
     stubs.mkdir(exist_ok=True)
     for name in ("python", "python3", "nohup", "pip"):
         (stubs / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "{calls}"\n')
         (stubs / name).chmod(0o755)
     env = os.environ | {"PATH": f"{stubs}:{os.environ['PATH']}", "GRISP_HOME": str(tmp_path / "home"),
-                        "HOME": str(tmp_path)}
+                        "HOME": str(tmp_path)} | env
     done = subprocess.run(["bash", str(REPO / script), *args], capture_output=True, text=True, env=env,
                           cwd=tmp_path, timeout=60)
     return done, calls.read_text() if calls.exists() else ""
@@ -62,3 +62,11 @@ def test_results_runs_the_rows_that_place_the_full_system_first(tmp_path):
                              "demo-no-beam-search", "demo-all-disabled", "demo-rerank-only"}
     no_retry = next(line for line in calls.splitlines() if "demo-none-no-retry" in line)
     assert "--no-retry" in no_retry and no_retry.split("--skeletons-from ")[1].split()[0].endswith("/demo-none")
+
+
+def test_results_takes_a_relative_out_from_the_current_directory(tmp_path):
+    """Before: OUT was read after the script's `cd` to the repository, so a relative OUT landed inside it."""
+    done, calls = run(tmp_path, "runs/results.sh", "demo", OUT="issue15/new")
+    assert done.returncode == 0, done.stderr
+    outs = [line.split("--out ")[1].split()[0] for line in calls.splitlines() if line.startswith("python evaluate.py")]
+    assert outs == [f"{tmp_path}/issue15/new/demo-none"]
