@@ -17,8 +17,7 @@ on the SPARQL endpoint and score them (`metrics.py`: assignment row F1, EM). Wri
 Runs resume: ids already in predictions.jsonl are skipped, unless their question or gold query changed
 since (those are run again); each record is appended and flushed as soon as it is scored. Other code than
 the run's goes on, or reuses an earlier run's skeletons (--skeletons-from), only with `--accept-other-code`;
-`--redo-failed` runs again the questions an endpoint
-fault decided (docs/method.md 7.3).
+`--redo-failed` runs again the questions an endpoint fault decided (docs/method.md 7.3).
 `--oracle-skeleton` feeds the gold query's skeleton to the resolver (the paper's skeleton-vs-resolution
 error split); `--skeletons-from` resolves the skeletons an earlier run generated (ablations of the
 resolution only, or the same questions on another KG, without decoding again); `--score-only` re-scores
