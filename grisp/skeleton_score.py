@@ -171,15 +171,18 @@ def label_match(gold: str, gold_names: list[list[str]], generated: str | None) -
     gold item in its place, case-insensitive, for some order of look-alike triples (`gold_names[i]`: of
     gold placeholder i in written order); a merged placeholder (several wordings) matches if one of its
     wordings does, as the resolver searches them all."""
-    if not structure_match(gold, generated):
+    if generated is None:
         return False
-    gold_order = structure(gold).readings[0]
+    gold_structure, generated_structure = structure(gold), structure(generated)  # each once: orders are tried
+    if gold_structure.tokens != generated_structure.tokens:
+        return False
+    gold_order = gold_structure.readings[0]
     names = [{label_key(n) for n in gold_names[i]} for i in gold_order]
     labels = [p.label for p in find_placeholders(generated)]
     assert max(gold_order, default=-1) < len(gold_names), f"{len(gold_names)} gold items, more gold placeholders"
     return any(all(any(label_key(wording) in wanted for wording in split_wordings(labels[i]))
                    for i, wanted in zip(reading, names))
-               for reading in structure(generated).readings)
+               for reading in generated_structure.readings)
 
 
 # ---------------------------------------------------------------------------- gold skeleton
