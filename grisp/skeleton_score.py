@@ -27,7 +27,7 @@ from typing import Callable
 
 from grisp.skeleton import find_placeholders, label_key, skeletonize, split_variant, split_wordings
 from grisp.sparql_syntax import (PREFIXES, Token, Unsupported, declared_prefixes, expand, is_keyword, skip_group,
-                                  tokenize, top_level_triples, triple_blocks, where_start)
+                                  tokenize, top_level_triples, triple_blocks, values_data_start, where_start)
 from search import Item
 
 # shapes in order of precedence: the query form and solution modifiers first (syntax the model writes on
@@ -143,8 +143,7 @@ def _triple_orders(tokens: list[Token], prefixes: dict[str, str], placeholders: 
 def _triple_runs(tokens: list[Token]) -> list[tuple[int, int, list]]:
     """The runs of triple blocks in every group of the query (not VALUES data, not a subquery's outer
     braces), in text order, as (start, end, triples)."""
-    values_data = {skip_group(tokens, i + 1) if i + 1 < len(tokens) and tokens[i + 1].text == "(" else i + 2
-                   for i, token in enumerate(tokens) if is_keyword(token, "VALUES")}
+    values_data = {values_data_start(tokens, i) for i, token in enumerate(tokens) if is_keyword(token, "VALUES")}
     runs = []
     for i, token in enumerate(tokens):
         if token.kind != "punct" or token.text != "{" or i in values_data or (

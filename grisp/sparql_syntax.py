@@ -312,6 +312,12 @@ def _verb(tokens: list[Token], i: int) -> int:
         i += 1
 
 
+def values_data_start(tokens: list[Token], i: int) -> int:
+    """Where the data block `{ ... }` of the VALUES at token i starts: after `VALUES ?x` or
+    `VALUES (?x ?y)`."""
+    return skip_group(tokens, i + 1) if _at(tokens, i + 1, "(") else i + 2
+
+
 def top_level_triples(tokens: list[Token], lo: int, hi: int) -> list[tuple[Span, Span, Span]]:
     """The triple patterns directly inside the group tokens[lo:hi]; nested groups (OPTIONAL, UNION,
     MINUS, GRAPH, subqueries), FILTER, BIND and VALUES are skipped."""
@@ -335,7 +341,7 @@ def triple_blocks(tokens: list[Token], lo: int, hi: int) -> list[tuple[int, int,
         elif is_keyword(tokens[i], "GRAPH", "SERVICE"):
             i = skip_group(tokens, i + (3 if is_keyword(tokens[min(i + 1, hi)], "SILENT") else 2))
         elif is_keyword(tokens[i], "VALUES"):
-            i = skip_group(tokens, skip_group(tokens, i + 1) if _at(tokens, i + 1, "(") else i + 2)
+            i = skip_group(tokens, values_data_start(tokens, i))
         elif is_keyword(tokens[i], "FILTER"):
             j = i + 1 + is_keyword(tokens[min(i + 1, hi)], "NOT")
             j += 1 if is_keyword(tokens[min(j, hi)], "EXISTS") or not _at(tokens, j, "(") else 0

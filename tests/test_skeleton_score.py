@@ -50,6 +50,8 @@ def test_equivalent_writings_of_the_triples_match():
     # VALUES data is not read as triples; a subquery's triples are ordered in its own group
     values = "SELECT ?x WHERE { VALUES ?s { <iri>A</iri> <iri>B</iri> } ?s <iri>p (wdt)</iri> ?x }"
     assert ss.structure_match(values, values) and not ss.structure_match(values, values.replace("<iri>B</iri> ", ""))
+    pairs = "SELECT ?x WHERE { VALUES (?s ?t) { (<iri>A</iri> <iri>B</iri>) } ?s <iri>p (wdt)</iri> ?x . ?t <iri>p (wdt)</iri> ?x }"
+    assert ss.structure_match(pairs, pairs.replace("?s <iri>p (wdt)</iri> ?x . ?t", "?t <iri>p (wdt)</iri> ?x . ?s"))
 
 
 def test_label_match_pairs_the_items_of_look_alike_triples_in_either_order():
