@@ -7,8 +7,10 @@ continuations (temperature 0.4, top-p 0.9). Two rankings (`ranking`, docs/method
 temperature 1, so scores stay comparable whether or not we sample and sampling only decides which
 continuations are explored; "length-normalised" is Hugging Face's beam sampling as the reference runs
 it: sums of the processed (temperature, top-p) log-probabilities, finished hypotheses divided by their
-length. With `sample=False` the search is the classic deterministic beam search (tests: equal to
-transformers' in both rankings), and width 1 is greedy decoding.
+length. With `sample=False` the search is the classic deterministic beam search (tests: the same hypotheses
+and scores as transformers' `generate` with length_penalty 0 for "sum" and 1 for "length-normalised";
+the finished ones are listed before any cut off at `max_new_tokens`, where transformers ranks the two
+together), and width 1 is greedy decoding.
 
 The prompt is prefilled once, through a PromptCache (prompt_cache.py: a start it shares with the
 previous prompt, such as the skeleton prompt's instructions, is not recomputed); its KV cache is copied
@@ -189,7 +191,8 @@ def beam_search_stream(
     Each step looks at the rule's number of candidate (beam, token) continuations: the best by score
     (sample=False), or drawn without replacement over the tokens of each beam's top-p set (sample=True),
     then ranked by score. Only an end-of-turn id among the W best finishes a hypothesis. The search stops
-    when W are finished and the best running beam cannot beat the worst of them, after `max_new_tokens`
+    when W are finished and the best running beam cannot beat the worst of them (exact for "sum";
+    for "length-normalised" Hugging Face's heuristic, its score divided by its length now), after `max_new_tokens`
     steps at the latest, when running beams fill the W places as `finished=False`. use_cache=False
     recomputes every step from scratch (slow; the tests' reference).
 

@@ -127,14 +127,14 @@ def test_sampling_on_the_allowed_entries_draws_what_multinomial_draws():
 
 
 # ---------------------------------------------------------------------------- length-normalised ranking
-def hf_beam_search(model_dir, prompt, eos, num_beams, max_new_tokens):
-    """transformers' own beam search (what the reference decodes with): (tokens, score, finished) per
-    returned sequence, best first."""
+def hf_beam_search(model_dir, prompt, eos, num_beams, max_new_tokens, length_penalty=1.0):
+    """transformers' own beam search (what the reference decodes with, length_penalty 1.0; 0.0 ranks by
+    the sum): (tokens, score, finished) per returned sequence, best first."""
     from transformers import Qwen2ForCausalLM
     hf = Qwen2ForCausalLM.from_pretrained(model_dir).eval()
     out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                       num_beams=num_beams, do_sample=False, max_new_tokens=max_new_tokens,
-                      num_return_sequences=num_beams, eos_token_id=eos, pad_token_id=0, length_penalty=1.0,
+                      num_return_sequences=num_beams, eos_token_id=eos, pad_token_id=0, length_penalty=length_penalty,
                       early_stopping=False, output_scores=True, return_dict_in_generate=True)
     result = []
     for sequence, score in zip(out.sequences, out.sequences_scores):
@@ -180,6 +180,16 @@ def processed_score(model, prompt, tokens, temperature, top_p, min_keep):
             row = warp(ids[:, : len(prompt) + i], row)
         total += float(row[0, token])
     return total
+
+
+@pytest.mark.parametrize("eos, width, max_new_tokens", HF_CASES)
+def test_sum_ranked_beam_search_equals_transformers_without_length_penalty(model, eos, width, max_new_tokens,
+                                                                           tmp_path_factory):
+    model_dir = make_model_dir(tmp_path_factory.mktemp("tiny"))
+    ours = beam_search(model, PROMPT, eos, num_beams=width, max_new_tokens=max_new_tokens)
+    theirs = hf_beam_search(model_dir, PROMPT, eos, width, max_new_tokens, length_penalty=0.0)
+    assert [(h.tokens, h.finished) for h in sorted(ours, key=lambda h: -h.score)] == [(t, f) for t, _, f in theirs]
+    assert [h.score for h in sorted(ours, key=lambda h: -h.score)] == pytest.approx([s for _, s, _ in theirs], abs=1e-4)
 
 
 def test_length_normalised_sampling_scores_are_processed_logprobs_per_token(model):
