@@ -121,8 +121,8 @@ def inject_lora(model: nn.Module, r: int = 32, alpha: float = 32, dropout: float
     """Replace every matching nn.Linear by a LoRALinear wrapping it; returns the wrapped names.
 
     target_modules: module-name suffixes, or one full-match regex (then `layers` is ignored, as in
-    PEFT); layers: block indices to adapt (None = all). Fails if nothing matches or a match is not
-    a plain nn.Linear.
+    PEFT); layers: block indices to adapt (None = all). Fails if a suffix matches nothing (a typo
+    would train less than asked) or a match is not a plain nn.Linear.
     """
     if r <= 0:
         raise ValueError(f"LoRA rank must be positive, got r={r}")
@@ -130,6 +130,10 @@ def inject_lora(model: nn.Module, r: int = 32, alpha: float = 32, dropout: float
     if not names:
         raise ValueError(f"target_modules={target_modules!r} with layers={layers} matched no module "
                          f"of {type(model).__name__}; check the names in model.named_modules()")
+    if not isinstance(target_modules, str) and (
+            unmatched := [t for t in target_modules if not any(is_target(n, [t], layers, layers_pattern) for n in names)]):
+        raise ValueError(f"target_modules {unmatched} matched no module with layers={layers} (matched: "
+                         f"{sorted({n.rpartition('.')[2] for n in names})})")
     if layers is not None and not isinstance(target_modules, str):
         found = {layer_index(n, layers_pattern) for n in names}
         if missing := sorted(set(layers) - found):

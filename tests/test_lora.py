@@ -197,6 +197,7 @@ def test_layer_restriction_and_target_names(model_dir):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"target_modules": ["qkv"]}, "matched no module"),
+    ({"target_modules": ["q_proj", "v-proj"]}, r"\['v-proj'\] matched no module"),  # a typo beside a real name
     ({"layers": [0, 7]}, r"layers \[7\] do not exist"),
     ({"target_modules": ["mlp"]}, "plain nn.Linear only"),
     ({"r": 0}, "rank must be positive"),
