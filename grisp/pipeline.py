@@ -65,6 +65,7 @@ class Grisp:
         """`rerank_adapter_dir`: re-rank with a second model, the base with this adapter (e.g. one trained
         further on re-ranking alone; the reference's `--selection-run`), instead of the skeletons' model."""
         model_dir, index_dir = Path(model_dir).expanduser(), Path(index_dir).expanduser()
+        adapter_dir, rerank_adapter_dir = _expand(adapter_dir), _expand(rerank_adapter_dir)
         _check_model(model_dir, adapter_dir)
         if rerank_adapter_dir is not None:
             _check_model(model_dir, rerank_adapter_dir)
@@ -89,7 +90,7 @@ class Grisp:
                   device: str = "auto") -> "Grisp":
         """Stage 1 alone: a Grisp that only generates skeletons (`skeletons`), with no index and no
         endpoint (infer.py and evaluate.py --skeleton-only); `answer` raises GrispError."""
-        model_dir = Path(model_dir).expanduser()
+        model_dir, adapter_dir = Path(model_dir).expanduser(), _expand(adapter_dir)
         _check_model(model_dir, adapter_dir)
         grisp = cls.__new__(cls)
         grisp.client = grisp.indices = grisp.resolver = None
@@ -287,6 +288,11 @@ def judge_endpoint(answer: Answer, tally: Tally) -> Answer:
     elif answer.verified is False:  # the final validation's error, kept in its trace event
         answer.error = next(e["accepted_error"] for e in reversed(answer.trace) if "accepted_error" in e)
     return answer
+
+
+def _expand(path: str | Path | None) -> Path | None:
+    """`~` expanded (a flag written `--adapter=~/...` reaches us unexpanded), None kept."""
+    return None if path is None else Path(path).expanduser()
 
 
 def _check_model(model_dir: Path, adapter_dir: str | Path | None) -> None:

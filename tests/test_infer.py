@@ -218,6 +218,18 @@ def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint,
         Grisp(tiny_model, tmp_path / "missing", demo_index, demo_endpoint, Options())
 
 
+def test_an_adapter_path_with_a_tilde_is_the_home_directory(tiny_model, demo_index, demo_endpoint, tmp_path,
+                                                             monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # `--adapter=~/...` reaches the scripts unexpanded
+    tokens, expected = save_random_adapter(tiny_model, tmp_path / "adapter")
+    grisp = Grisp(tiny_model, "~/adapter", demo_index, demo_endpoint, Options(precision="float32"),
+                  rerank_adapter_dir="~/adapter")
+    with torch.no_grad():
+        assert torch.allclose(grisp.model(tokens), expected, atol=1e-4)
+        assert torch.allclose(grisp.resolver.reranker.model(tokens), expected, atol=1e-4)
+    assert Grisp.generator(tiny_model, "~/adapter", Options(precision="float32")).prompt_format
+
+
 def test_a_rerank_adapter_gives_the_reranker_its_own_model(tiny_model, demo_index, demo_endpoint, tmp_path):
     tokens, expected = save_random_adapter(tiny_model, tmp_path / "rerank-adapter")
     grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(precision="float32"),
