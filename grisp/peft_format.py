@@ -25,6 +25,7 @@ Tests: python -m pytest tests/test_peft_format.py (a checkpoint's conversion: te
 """
 import argparse
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -235,9 +236,25 @@ def load_for_inference(model_dir: str | Path, adapter_dir: str | Path | None, pr
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     model = Transformer.from_pretrained(model_dir, torch.float32 if adapter_dir else dtype, device)
     if adapter_dir is not None:
-        load_merged(model, adapter_dir, dtype)
+        config = load_merged(model, adapter_dir, dtype)
+        if (mismatch := base_model_mismatch(model_dir, config)) is not None:
+            warnings.warn(f"the adapter at {adapter_dir} {mismatch}", stacklevel=2)
         model.to(dtype)  # the weights without LoRA (embeddings, norms, biases)
     return prepare_for_inference(model, int8=precision == "int8")
+
+
+def base_model_mismatch(model_dir: str | Path, config: dict) -> str | None:
+    """Why the adapter's base model (`base_model_name_or_path`) is not the model of `model_dir` (the
+    Hugging Face repo get_model.py recorded in its get_model.json), or None if they agree or either is
+    unknown. A base of the same shape loads without error, but the adapter was not trained on it."""
+    manifest = Path(model_dir) / "get_model.json"
+    base = config.get("base_model_name_or_path")
+    if not base or not manifest.exists():
+        return None
+    repo = json.loads(manifest.read_text()).get("args", {}).get("hf_repo")
+    if not repo or str(base).lower() == str(repo).lower():
+        return None
+    return f"was trained on {base}, and {model_dir} is {repo}"
 
 
 def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:

@@ -2,8 +2,10 @@
 directions, bf16 copies, the `convert` command line, strict loading with clear errors, load_merged.
 Model helpers come from tests/test_lora.py."""
 import json
+import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -188,6 +190,21 @@ def test_load_merged_equals_the_loaded_adapter_with_plain_linear_layers(model_di
     assert config["r"] == 4 and not lora.lora_layers(merged)
     assert type(merged.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     torch.testing.assert_close(logits(merged, IDS), logits(with_lora, IDS), **EXACT)
+
+
+def test_an_adapter_of_another_base_model_loads_with_a_warning(model_dir, adapter_dir, tmp_path):
+    base = shutil.copytree(model_dir, tmp_path / "base")
+    peft_format.convert_adapter(adapter_dir, tmp_path / "coder", base_model_name_or_path="Qwen/Qwen2.5-Coder-0.5B-Instruct")
+    with warnings.catch_warnings():  # get_model.py's manifest unknown: nothing to compare
+        warnings.simplefilter("error")
+        peft_format.load_for_inference(base, tmp_path / "coder", "float32")
+    for repo, warns in [("Qwen/Qwen2.5-Coder-0.5B-Instruct", False), ("Qwen/Qwen2.5-0.5B-Instruct", True)]:
+        (base / "get_model.json").write_text(json.dumps({"args": {"hf_repo": repo}}))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            peft_format.load_for_inference(base, tmp_path / "coder", "float32")
+        said = [str(w.message) for w in caught]
+        assert any("was trained on Qwen/Qwen2.5-Coder-0.5B-Instruct" in m and repo in m for m in said) == warns, said
 
 
 def test_save_refuses_what_a_peft_config_cannot_describe(model_dir, tmp_path):
