@@ -47,9 +47,9 @@ class LoRALinear(nn.Module):
         self.merged = False
         self.train(base_layer.training)  # a new module defaults to training mode; keep the model's
 
-    def delta_weight(self) -> torch.Tensor:
-        """The update to the base weight, (alpha / r) * B @ A: [out, in]."""
-        return (self.lora_B @ self.lora_A) * self.scaling
+    def delta_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The update to the base weight, (alpha / r) * B @ A: [out, in] (computed in `dtype` if given)."""
+        return (self.lora_B.to(dtype) @ self.lora_A.to(dtype)) * self.scaling
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base_layer(x)  # [..., out]
@@ -64,15 +64,22 @@ class LoRALinear(nn.Module):
     def merge(self) -> None:
         """Add the update into the base weight, so forward costs one matmul (inference only)."""
         assert not self.merged, "LoRA layer is already merged"
-        self.base_layer.weight += self.delta_weight().to(self.base_layer.weight.dtype)
+        self._add_to_weight(+1)
         self.merged = True
 
     @torch.no_grad()
     def unmerge(self) -> None:
         """Subtract the update again; restores the base weight up to float rounding."""
         assert self.merged, "LoRA layer is not merged"
-        self.base_layer.weight -= self.delta_weight().to(self.base_layer.weight.dtype)
+        self._add_to_weight(-1)
         self.merged = False
+
+    def _add_to_weight(self, sign: int) -> None:
+        """weight + sign * update, summed in at least float32 and rounded once (in bf16 the product and the
+        sum would each be rounded)."""
+        weight = self.base_layer.weight
+        wide = torch.promote_types(weight.dtype, torch.float32)
+        weight.copy_(weight.to(wide) + sign * self.delta_weight(wide))
 
     def extra_repr(self) -> str:
         return f"r={self.r}, alpha={self.alpha}, merged={self.merged}"

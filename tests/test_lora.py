@@ -79,6 +79,18 @@ def test_merged_equals_unmerged_and_unmerge_restores_base(model_dir):
         torch.testing.assert_close(layer.base_layer.weight, base_weights[name + ".weight"], **EXACT)
 
 
+def test_a_bf16_merge_rounds_the_sum_once(model_dir):
+    model = host_model(model_dir, torch.bfloat16)
+    lora.inject_lora(model, r=4, alpha=8)
+    randomize_b(model)
+    layers = lora.lora_layers(model)
+    expected = {name: (layer.base_layer.weight.float() + (layer.lora_B.float() @ layer.lora_A.float()) * layer.scaling
+                       ).to(torch.bfloat16) for name, layer in layers.items()}
+    lora.merge_lora(model)
+    for name, layer in layers.items():
+        assert torch.equal(layer.base_layer.weight, expected[name]), name
+
+
 def test_merge_is_explicit_and_train_mode_refuses_merged_weights(model_dir):
     model = host_model(model_dir)
     lora.inject_lora(model, r=4, alpha=8)
