@@ -69,23 +69,42 @@ _TRANSLIT = {
 }  # fmt: skip
 _SPECIAL = re.compile("[" + "".join(_TRANSLIT) + "]")  # a regex scan is faster than str.translate
 _PUNCT = string.punctuation
-# combining marks (accents) of the Latin, Greek and Cyrillic decompositions
-_COMBINING = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]")
+# combining marks (accents) of the Latin, Greek and Cyrillic decompositions, and the invisible format
+# characters a name may carry (soft hyphen, zero-width space and joiners, direction marks, word joiner, BOM)
+_DROPPED = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
+                      "\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
 
 
 def normalize(text: str) -> list[str]:
-    """Words of `text`: lowercased, NFKD-decomposed without combining accents, punctuation stripped at both ends.
+    """Words of `text`: lowercased, NFKD-decomposed without combining accents or invisible format characters,
+    punctuation stripped at both ends.
 
     "Café Müller-Straße, Ltd." -> ["cafe", "muller-strasse", "ltd"]. Accents go in every script ("Йорк" ->
     "иорк"); other scripts are not spelled in ASCII (CJK stays, Hangul becomes jamo), so such names still
     match themselves (docs/method.md 5.2).
     """
     text = text.lower()
-    if not text.isascii():  # é -> e + combining accent (NFKD) -> e
+    if text.isascii():
+        words = (word.strip(_PUNCT) for word in text.split())
+    else:  # é -> e + combining accent (NFKD) -> e; NFKD can make capitals ("™" -> "TM"), hence lower() again
         text = _SPECIAL.sub(lambda m: _TRANSLIT[m.group()], text)
-        text = _COMBINING.sub("", unicodedata.normalize("NFKD", text))
-    words = (word.strip(_PUNCT) for word in text.split())
+        text = _DROPPED.sub("", unicodedata.normalize("NFKD", text)).lower()
+        words = (_strip_punctuation(word) for word in text.split())
     return [word for word in words if word]
+
+
+def _strip_punctuation(word: str) -> str:
+    """`word` without punctuation at its ends: ASCII's, and Unicode's (categories P*), not symbols ("°c")."""
+    start, end = 0, len(word)
+    while start < end and _is_punctuation(word[start]):
+        start += 1
+    while end > start and _is_punctuation(word[end - 1]):
+        end -= 1
+    return word[start:end]
+
+
+def _is_punctuation(char: str) -> bool:
+    return char in _PUNCT or unicodedata.category(char)[0] == "P"
 
 
 def _concat_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -50,6 +50,22 @@ def test_normalize_accents_punctuation_case():
     assert normalize("  \t\n") == []
 
 
+def test_normalize_drops_invisible_characters_and_unicode_punctuation_and_lowercases_after_nfkd():
+    # a soft hyphen inside a word and a trailing direction mark: as found in Wikidata labels
+    assert normalize("Ma\u00adrie Curie") == normalize("Marie Curie") == ["marie", "curie"]
+    assert normalize("Order of Isabella the Catholic\u200e") == ["order", "of", "isabella", "the", "catholic"]
+    assert normalize("zero\u200bwidth \ufeffbom") == ["zerowidth", "bom"]
+    # NFKD makes capitals of some symbols: "№" -> "No", "™" -> "TM"
+    assert normalize("Symphony №5") == ["symphony", "no5"] and normalize("On The Run™") == ["on", "the", "runtm"]
+    # Unicode punctuation goes at word ends like ASCII's; symbols stay
+    assert normalize("「東京」 · Tom … ") == ["東京", "tom"] and normalize("°C ½") == ["°c", "1\u20442"]
+
+
+def test_normalize_treats_ascii_words_alike_in_ascii_and_non_ascii_text():
+    for text in ("(U.S.) $100 a+b <tag> ~x| ^_^ 'quoted'", "St. Louis, MO", "don't --- stop!"):
+        assert normalize(text + " é") == normalize(text) + ["e"]
+
+
 def test_scores_hand_computed(index):
     # "albert": exact for Einstein/Camus/Gore (-0.25 for one unmatched name word), prefix for
     # Albertina; all tie at 0.75, so popularity orders them
