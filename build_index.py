@@ -282,7 +282,8 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
     for kind, sub in KINDS.items():
         store = ItemStore(out / sub / "items")
         counts[kind] = len(store)
-        if not is_built(out / sub / "prefix", source, force):
+        normalised = PrefixIndex.is_current(out / sub / "prefix")  # by another normalize (NORMALIZATION): rebuilt
+        if not (normalised and is_built(out / sub / "prefix", source, force)):
             with new_part(out / sub / "prefix", source) as tmp:
                 PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
         settings = source | {"encoder": encoder}
@@ -330,27 +331,30 @@ def default_index_dir(data: str) -> Path:
 
 def open_index(index: str | None, data: str) -> Indices:
     """Load the index `index` (None: the default for `data`). The Wikidata index is built here, in this
-    process, if missing, made of float32 encoder vectors or built from another version of the Wikidata
-    items file (`build`: a few minutes of CPU, once); another index of float32 encoder vectors is used
-    with a warning."""
+    process, if missing, made of float32 encoder vectors or by another text normalisation, or built from
+    another version of the Wikidata items file (`build`: a few minutes of CPU, once); another index of
+    such parts is used with a warning."""
     directory = Path(index).expanduser() if index else default_index_dir(data)
     missing = not (directory / "manifest.json").exists()
-    stale = not missing and not current_embedding(directory)
+    stale = not missing and not current_parts(directory)
     if directory == defaults.WIKIDATA_INDEX_DIR:
         items = benchmarks.cached_file(benchmarks.ITEMS_FILE)
         edited = not missing and json.loads((directory / "manifest.json").read_text())["source"] != items_source(items)
         if missing or stale or edited:
-            why = "no index" if missing else "an index of float32 encoder vectors" if stale else "an index of another items file"
+            why = ("no index" if missing else "an index of float32 encoder vectors or another text normalisation"
+                   if stale else "an index of another items file")
             print(f"{why} at {directory}: building the Wikidata index there from {items} "
                   "(once, a few minutes of CPU)", file=sys.stderr)
             build(directory, items=items)
     return load_indices(directory)  # which warns of another index's float32 encoder vectors
 
 
-def current_embedding(directory: Path) -> bool:
-    """Whether every embedding part of the index at `directory` holds the float64 encoder's vectors."""
-    parts = [directory / sub / "embedding" for sub in KINDS.values()]
-    return all(EmbeddingIndex.is_current(part) for part in parts if part.exists())
+def current_parts(directory: Path) -> bool:
+    """Whether every embedding part of the index at `directory` holds the float64 encoder's vectors and
+    every prefix part was built with today's normalisation."""
+    embeddings = [directory / sub / "embedding" for sub in KINDS.values()]
+    return (all(EmbeddingIndex.is_current(part) for part in embeddings if part.exists())
+            and all(PrefixIndex.is_current(directory / sub / "prefix") for sub in KINDS.values()))
 
 
 # ---------------------------------------------------------------------------- command line

@@ -56,6 +56,9 @@ import jsonl
 # ---------------------------------------------------------------------------- the indices
 MIN_KEYWORD_LEN = 3  # shorter query keywords only refine candidates found by longer ones
 MAX_WORD_BYTES = 64  # vocabulary words are compared on their first 64 UTF-8 bytes
+# the version of `normalize` a prefix index is built with (its config's "normalization"; none: 1): queries
+# are normalised by today's, so an index of another is rebuilt by build_index.py and warned of when loaded
+NORMALIZATION = 2
 # embedding indices: vectors from the float64 encoder (an index's config says so; older ones are float32's)
 VECTORS_FROM = "float64 encoder"
 FLOAT32_MARGIN = 1e-4  # above any float32 rounding of a 384-dim unit-vector dot product (<= 384 x 6e-8)
@@ -228,8 +231,14 @@ class PrefixIndex:
         save_arrays(
             Path(directory),
             {n: getattr(self, n) for n in self.ARRAYS},
-            {"type": "prefix", "names": len(self.name_item)},
+            {"type": "prefix", "names": len(self.name_item), "normalization": NORMALIZATION},
         )
+
+    @staticmethod
+    def is_current(directory: Path) -> bool:
+        """Whether the index at `directory` was built with today's `normalize` (NORMALIZATION)."""
+        config = Path(directory) / "config.json"
+        return config.exists() and json.loads(config.read_text()).get("normalization", 1) == NORMALIZATION
 
     @classmethod
     def load(cls, directory: Path) -> "PrefixIndex":
@@ -594,8 +603,13 @@ class Indices:
 
 def load_indices(directory: Path, encoder=None) -> Indices:
     """Open an index directory; arrays are memory-mapped. `encoder` overrides the saved encoder. An index
-    of float32 encoder vectors (built before the float64 encoder) is used with a warning."""
+    of float32 encoder vectors (built before the float64 encoder) or of another `normalize` (NORMALIZATION)
+    is used with a warning."""
     indices = Indices(directory, encoder)
+    if not all(PrefixIndex.is_current(indices.directory / sub / "prefix") for sub in KINDS.values()):
+        print(f"warning: {indices.directory} was built with another text normalisation than today's, so "
+              "names with accents, symbols or invisible characters may not be found; build_index.py rebuilds "
+              "it", file=sys.stderr)
     parts = [indices.directory / KINDS[kind] / "embedding" for kind in KINDS if "embedding" in indices.methods[kind]]
     if not all(EmbeddingIndex.is_current(part) for part in parts):
         print(f"warning: {indices.directory} holds float32 encoder vectors, whose property rankings may differ "

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 import endpoint
-from build_index import current_embedding, fetch_pairs, local_name, open_index
+from build_index import current_parts, fetch_pairs, local_name, open_index
 from conftest import free_port
-from search import EmbeddingIndex, load_indices
+from search import EmbeddingIndex, PrefixIndex, load_indices
 
 ROOT = Path(__file__).resolve().parents[1]
 WD = "http://www.wikidata.org/entity/"
@@ -189,19 +189,40 @@ def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path, capsys):
     out = tmp_path / "index"
     assert run("--items", str(items), "--out", str(out)).returncode == 0
     part = out / "properties" / "embedding"
-    assert EmbeddingIndex.is_current(part) and current_embedding(out)
+    assert EmbeddingIndex.is_current(part) and current_parts(out)
     again = run("--items", str(items), "--out", str(out))
     assert again.stdout.count("reusing") == 5  # items + prefix of 2 kinds, the embedding
 
     saved = json.loads((part / "config.json").read_text())  # as an index built before the float64 encoder
     (part / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "vectors_from"}))
-    assert not EmbeddingIndex.is_current(part) and not current_embedding(out)
+    assert not EmbeddingIndex.is_current(part) and not current_parts(out)
     open_index(str(out), "wwq")  # not the default Wikidata index: used as it is, with a warning
     assert "holds float32 encoder vectors" in capsys.readouterr().err
     old = run("--items", str(items), "--out", str(out))
     reused = [line for line in old.stdout.splitlines() if line.startswith("reusing")]
     assert old.returncode == 0 and len(reused) == 4 and not any(line.endswith("/embedding") for line in reused)
     assert EmbeddingIndex.is_current(part)
+
+
+def test_a_prefix_index_of_another_normalisation_is_rebuilt(tmp_path, capsys):
+    """A prefix part built by another `normalize` (search.NORMALIZATION; none in its config: the first) is
+    rebuilt by build_index.py, and an index holding one is loaded with a warning."""
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"id": "Q1", "label": "Ma\u00adrie Curie", "count": 3}) + "\n")
+    out = tmp_path / "index"
+    assert run("--items", str(items), "--out", str(out), "--embed", "none").returncode == 0
+    part = out / "entities" / "prefix"
+    assert PrefixIndex.is_current(part) and current_parts(out)
+    saved = json.loads((part / "config.json").read_text())
+    (part / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "normalization"}))
+    assert not PrefixIndex.is_current(part) and not current_parts(out)
+    open_index(str(out), "wwq")
+    assert "another text normalisation" in capsys.readouterr().err
+    again = run("--items", str(items), "--out", str(out), "--embed", "none")
+    reused = [line for line in again.stdout.splitlines() if line.startswith("reusing")]
+    assert again.returncode == 0 and len(reused) == 3 and not any(line.endswith("entities/prefix") for line in reused)
+    assert PrefixIndex.is_current(part) and load_indices(out).search("entity", "marie curie")[0].id.endswith("Q1")
+    assert "another text normalisation" not in capsys.readouterr().err
 
 
 def test_paged_fetch_goes_on_past_a_server_that_caps_its_results():
