@@ -52,7 +52,7 @@ from grisp.skeleton import split_variant
 from grisp.sparql import SparqlClient, SparqlError
 from grisp.sparql_syntax import PREFIXES
 from jsonl import iter_jsonl
-from search import KINDS, EmbeddingIndex, Indices, ItemStore, PrefixIndex, load_indices
+from search import KINDS, EmbeddingIndex, Indices, ItemStore, PrefixIndex, load_indices, prefixes_current
 
 WD_ENTITY = PREFIXES["wd"]  # Wikidata items and properties: wd:Q42, wd:P19
 WIKIDATA_ID = re.compile(r"[QP]\d+")
@@ -354,7 +354,7 @@ def current_parts(directory: Path) -> bool:
     every prefix part was built with today's normalisation."""
     embeddings = [directory / sub / "embedding" for sub in KINDS.values()]
     return (all(EmbeddingIndex.is_current(part) for part in embeddings if part.exists())
-            and all(PrefixIndex.is_current(directory / sub / "prefix") for sub in KINDS.values()))
+            and prefixes_current(directory))
 
 
 # ---------------------------------------------------------------------------- command line

@@ -601,12 +601,17 @@ class Indices:
         return self.get(iri) is not None
 
 
+def prefixes_current(directory: Path) -> bool:
+    """Whether every prefix part of the index at `directory` was built with today's `normalize`."""
+    return all(PrefixIndex.is_current(Path(directory) / sub / "prefix") for sub in KINDS.values())
+
+
 def load_indices(directory: Path, encoder=None) -> Indices:
     """Open an index directory; arrays are memory-mapped. `encoder` overrides the saved encoder. An index
     of float32 encoder vectors (built before the float64 encoder) or of another `normalize` (NORMALIZATION)
     is used with a warning."""
     indices = Indices(directory, encoder)
-    if not all(PrefixIndex.is_current(indices.directory / sub / "prefix") for sub in KINDS.values()):
+    if not prefixes_current(indices.directory):
         print(f"warning: {indices.directory} was built with another text normalisation than today's, so "
               "names with accents, symbols or invisible characters may not be found; build_index.py rebuilds "
               "it", file=sys.stderr)
