@@ -52,7 +52,8 @@ from grisp.skeleton import split_variant
 from grisp.sparql import SparqlClient, SparqlError
 from grisp.sparql_syntax import PREFIXES
 from jsonl import iter_jsonl
-from search import KINDS, EmbeddingIndex, Indices, ItemStore, PrefixIndex, load_indices, prefixes_current
+from search import (KINDS, EmbeddingIndex, Indices, ItemStore, PrefixIndex, embeddings_current, load_indices,
+                    prefixes_current)
 
 WD_ENTITY = PREFIXES["wd"]  # Wikidata items and properties: wd:Q42, wd:P19
 WIKIDATA_ID = re.compile(r"[QP]\d+")
@@ -352,9 +353,7 @@ def open_index(index: str | None, data: str) -> Indices:
 def current_parts(directory: Path) -> bool:
     """Whether every embedding part of the index at `directory` holds the float64 encoder's vectors and
     every prefix part was built with today's normalisation."""
-    embeddings = [directory / sub / "embedding" for sub in KINDS.values()]
-    return (all(EmbeddingIndex.is_current(part) for part in embeddings if part.exists())
-            and prefixes_current(directory))
+    return embeddings_current(directory) and prefixes_current(directory)
 
 
 # ---------------------------------------------------------------------------- command line

@@ -606,6 +606,12 @@ def prefixes_current(directory: Path) -> bool:
     return all(PrefixIndex.is_current(Path(directory) / sub / "prefix") for sub in KINDS.values())
 
 
+def embeddings_current(directory: Path) -> bool:
+    """Whether every embedding part of the index at `directory` holds the float64 encoder's vectors."""
+    parts = (Path(directory) / sub / "embedding" for sub in KINDS.values())
+    return all(EmbeddingIndex.is_current(part) for part in parts if part.exists())
+
+
 def load_indices(directory: Path, encoder=None) -> Indices:
     """Open an index directory; arrays are memory-mapped. `encoder` overrides the saved encoder. An index
     of float32 encoder vectors (built before the float64 encoder) or of another `normalize` (NORMALIZATION)
@@ -615,8 +621,7 @@ def load_indices(directory: Path, encoder=None) -> Indices:
         print(f"warning: {indices.directory} was built with another text normalisation than today's, so "
               "names with accents, symbols or invisible characters may not be found; build_index.py rebuilds "
               "it", file=sys.stderr)
-    parts = [indices.directory / KINDS[kind] / "embedding" for kind in KINDS if "embedding" in indices.methods[kind]]
-    if not all(EmbeddingIndex.is_current(part) for part in parts):
+    if not embeddings_current(indices.directory):
         print(f"warning: {indices.directory} holds float32 encoder vectors, whose property rankings may differ "
               "between CPUs; build_index.py --force rebuilds it", file=sys.stderr)
     return indices
