@@ -21,7 +21,7 @@ DEMO_INDEX_DIR = GRISP_HOME / "indices" / "demo"
 WIKIDATA_INDEX_DIR = GRISP_HOME / "indices" / "wikidata-items"  # built from the items file (training data)
 DEMO_STORE_DIR = GRISP_HOME / "stores" / "demo"
 ENDPOINT_URL = "http://127.0.0.1:7878/query"  # the local oxigraph server started by endpoint.py
-ADAPTER_DIR = REPO_DIR / "adapters" / "grisp-mix-0.5b"  # the shipped LoRA adapter (PEFT layout)
+ADAPTER_DIR = REPO_DIR / "adapters" / "grisp-shapes-0.5b"  # the shipped LoRA adapter (PEFT layout)
 AGENT_ADAPTER_DIR = REPO_DIR / "adapters" / "grasp-agent-0.5b"  # the GRASP agent's adapter for the local model
 
 

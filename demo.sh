@@ -15,5 +15,5 @@ python -m pip install -q -r requirements.txt
 python get_model.py                                   # -> ~/.cache/grisp/models/qwen2.5-coder-0.5b-instruct
 python endpoint.py start                              # data/demo/kg.ttl on http://127.0.0.1:7878/query
 python build_index.py --endpoint http://127.0.0.1:7878/query   # -> ~/.cache/grisp/indices/demo
-python infer.py "$question"                            # adapters/grisp-mix-0.5b, the shipped adapter
+python infer.py "$question"                            # adapters/grisp-shapes-0.5b, the shipped adapter
 echo "The demo endpoint keeps running for more questions (python infer.py \"...\"); stop it: python endpoint.py stop"

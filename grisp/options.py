@@ -47,7 +47,7 @@ class Options:
     max_new_tokens: int = option(512, "longest skeleton in tokens (the reference's 512; the search stops as soon as "
                                  "no running beam can beat the finished ones)", flag="")
     beam_ranking: str = option("sum", "how beams and skeletons are ranked: sum = sum of raw token log-probabilities "
-                               "(the default: with the shipped adapter it matched 29 demo structures of 53 "
+                               "(the default: with the `mix` adapter it matched 29 demo structures of 53 "
                                "against 27, and 18 of 82 on qald10-dev against 19); length-normalised = "
                                "Hugging Face's beam sampling as the reference decodes (processed "
                                "log-probabilities / length)", choices=RANKINGS)

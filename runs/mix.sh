@@ -5,6 +5,8 @@
 #   bash runs/mix.sh                          # NAME=mix: the run behind adapters/grisp-mix-0.5b
 #   bash runs/mix.sh NAME [train.py flags]    # the same recipe under another name, with more flags
 #                                             # (e.g. --compose-shapes ...); a resumed run must get the same flags
+#   bash runs/mix.sh shapes --compose-shapes chain,ask,intersection,superlative,count,filter
+#                                             # the run behind adapters/grisp-shapes-0.5b, the shipped adapter
 # Runs in the background; stop it with: kill -INT $(cat ~/.cache/grisp/logs/NAME/pid)   (in the loop it
 # checkpoints, copies, and exits; before the first step it just exits)
 set -euo pipefail

@@ -8,7 +8,7 @@
 # endpoints it starts keep running for the next group or run; stop them with `python endpoint.py stop`
 # (demo), `... stop --store ~/.cache/grisp/stores/wwq-dev` and `.../stores/wwq-dev-full`.
 #
-#   bash runs/results.sh                       # every group, adapters/grisp-mix-0.5b, precision auto
+#   bash runs/results.sh                       # every group, adapters/grisp-shapes-0.5b, precision auto
 #   bash runs/results.sh skeletons demo        # some groups
 #   ADAPTER=adapters/grisp-wwq-0.5b PRECISION=float32 bash runs/results.sh skeletons   # another adapter
 #   OUT=/tmp/smoke EVALUATE_FLAGS="--limit 2" bash runs/results.sh demo   # a smoke test, runs kept apart
@@ -28,7 +28,7 @@ if [[ ${1:-} == -h || ${1:-} == --help ]]; then  # usage: the comment above
   sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"
   exit 0
 fi
-adapter=$(realpath "${ADAPTER:-$(dirname "$0")/../adapters/grisp-mix-0.5b}")
+adapter=$(realpath "${ADAPTER:-$(dirname "$0")/../adapters/grisp-shapes-0.5b}")
 [ -z "${OUT:-}" ] || OUT=$(realpath -m "$OUT")  # relative to the current directory, as ADAPTER
 cd "$(dirname "$0")/.."
 precision=${PRECISION:-auto}

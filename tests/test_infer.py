@@ -252,7 +252,7 @@ def test_shipped_adapter_answers_the_readme_question(demo_endpoint, demo_search_
     out = run_infer("Where was the Pulp Fiction director born?", "--endpoint", demo_endpoint,
                     "--index", str(demo_search_index), "--threads", "2", "--quiet")
     assert out.returncode == 0, out.stderr
-    assert "SELECT ?value WHERE { wd:Q104123 wdt:P57 ?s . ?s wdt:P19 ?value }" in out.stdout
+    assert "SELECT ?answer WHERE { wd:Q104123 wdt:P57 ?X . ?X wdt:P19 ?answer }" in out.stdout
     assert "Knoxville (wd:Q185582)" in out.stdout
 
 

@@ -1,4 +1,4 @@
-"""prompts.py: the two re-ranking prompt formats. v1 is frozen (the shipped adapter was trained on it,
+"""prompts.py: the two re-ranking prompt formats. v1 is frozen (the first adapter was trained on it,
 byte for byte); v2 lists the items resolved so far with their labels, keeps aliases when infos are
 dropped, and groups a list that holds both kinds."""
 import pytest
