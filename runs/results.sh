@@ -17,8 +17,8 @@
 # Groups (in the default order: the headline rows first, so an interrupted day has them): skeletons
 # (--skeleton-only on demo, qald10-dev and wwq-dev; each alone as demo-skeletons etc.), demo, wwq-dev-kg,
 # wwq-dev-full (the full systems), then demo-ablations, wwq-dev-kg-ablations, wwq-dev-full-ablations
-# (w/o re-ranking and None's cut alone `--no-retry` on the full system's skeletons, gold skeletons, then
-# every other ablation row and the paper's "re-ranking only").
+# (w/o re-ranking and None's cut alone `--no-retry` on the full system's skeletons, gold skeletons with and
+# without re-ranking, then every other ablation row and the paper's "re-ranking only").
 # Settings: ADAPTER (relative to the current directory), PRECISION, OUT (where the runs land, relative to the current directory; default
 # ~/.cache/grisp/eval/<adapter name>-<precision>, the adapter's name being its directory's, or its
 # run's for a training run's `adapter/`), EVALUATE_FLAGS (added to every evaluate.py run: flags that
@@ -85,6 +85,8 @@ ablations() {  # $1 = KG setting; the resolution-only rows reuse the full system
   evaluate "${kg[@]}" --ablation no-rerank --skeletons-from "$run-none" --out "$run-no-rerank"
   evaluate "${kg[@]}" --no-retry --skeletons-from "$run-none" --out "$run-none-no-retry"
   evaluate "${kg[@]}" --oracle-skeleton --out "$run-oracle"
+  # gold skeletons resolved in the index's order: what re-ranking can add once the skeleton is right
+  evaluate "${kg[@]}" --oracle-skeleton --ablation no-rerank --out "$run-no-rerank-oracle"
   for ablation in no-kg-guidance no-constrained no-backtracking; do
     evaluate "${kg[@]}" --ablation $ablation --skeletons-from "$run-none" --out "$run-$ablation"
   done
@@ -93,7 +95,7 @@ ablations() {  # $1 = KG setting; the resolution-only rows reuse the full system
     evaluate "${kg[@]}" --ablation $ablation --skeletons-from "$run-no-beam-search" --out "$run-$ablation"
   done
   python report.py systems "$run"-{none,none-no-retry,no-rerank,no-beam-search,no-kg-guidance,no-constrained,no-backtracking,all-disabled,rerank-only}
-  python report.py systems "$run-oracle"
+  python report.py systems "$run"-{oracle,no-rerank-oracle}
 }
 
 skeletons() {  # $1 = benchmark: demo (labels from the demo index), qald10-dev or wwq-dev (all items)

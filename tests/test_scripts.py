@@ -57,11 +57,13 @@ def test_results_runs_the_rows_that_place_the_full_system_first(tmp_path):
     assert done.returncode == 0, done.stderr
     runs = [line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in calls.splitlines()
             if line.startswith("python evaluate.py")]
-    assert runs[:4] == ["demo-none", "demo-no-rerank", "demo-none-no-retry", "demo-oracle"]
-    assert set(runs[4:]) == {"demo-no-kg-guidance", "demo-no-constrained", "demo-no-backtracking",
+    assert runs[:5] == ["demo-none", "demo-no-rerank", "demo-none-no-retry", "demo-oracle", "demo-no-rerank-oracle"]
+    assert set(runs[5:]) == {"demo-no-kg-guidance", "demo-no-constrained", "demo-no-backtracking",
                              "demo-no-beam-search", "demo-all-disabled", "demo-rerank-only"}
     no_retry = next(line for line in calls.splitlines() if "demo-none-no-retry" in line)
     assert "--no-retry" in no_retry and no_retry.split("--skeletons-from ")[1].split()[0].endswith("/demo-none")
+    gold_in_index_order = next(line for line in calls.splitlines() if "demo-no-rerank-oracle" in line)
+    assert "--oracle-skeleton" in gold_in_index_order and "--ablation no-rerank" in gold_in_index_order
 
 
 def test_results_takes_a_relative_out_from_the_current_directory(tmp_path):
