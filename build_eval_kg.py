@@ -5,7 +5,7 @@ query is a single triple pattern (`wd:Q wdt:P ?x` or `?x wdt:P wd:Q`), those ans
 triples: `wd:Q wdt:P answer` (or `answer wdt:P wd:Q`). This script collects those triples, adds
 labels, aliases and descriptions from the item cache (`wikidata/items.jsonl`), keeps the questions
 whose gold query returns exactly its gold answers on the result (checked in-process, then again over
-HTTP on a real oxigraph server), and writes to `--out`. Two settings (`--setting`):
+HTTP on a real oxigraph server), and writes to `--out`. Three settings (`--setting`):
 
   closed  (default, benchmark `wwq-dev-kg`) the answer triples + labels of the items and properties
           they mention. Very easy: search sees almost no distractors.
@@ -13,6 +13,11 @@ HTTP on a real oxigraph server), and writes to `--out`. Two settings (`--setting
           items of the item cache; searched with the index over all items, so "paris" finds six
           Parises. Still easier than Wikidata: the distractors have names but (outside the demo KG)
           no facts, so constraint queries and validation rarely see them.
+  real    (benchmark `wwq-dev-real`, docs/evaluation.md) the full setting + 246,902 real Wikidata facts
+          (CoDEx, `extra/codex/`) as neighbours and competing facts, and it keeps the questions whose
+          entity or property has no label record too: the index cannot name them, so declining is
+          their right outcome (`info.index_lacks` lists the ids). Halves: `wwq-dev-real-tune` chooses
+          defaults, `wwq-dev-real-report` is reported (benchmarks.half).
 
     kg.nt            the knowledge graph (N-Triples)
     questions.jsonl  the covered dev questions (benchmark JSONL, records unchanged)
@@ -30,10 +35,12 @@ built on it ranks the gold item first among its namesakes, and search alone look
     python endpoint.py start --data ~/.cache/grisp/eval_kg/wwq-dev/kg.nt \
         --store ~/.cache/grisp/stores/wwq-dev --port 7879   # serve it for evaluate.py
     python build_eval_kg.py --setting full       # -> ~/.cache/grisp/eval_kg/wwq-dev-full/ (port 7880)
+    python build_eval_kg.py --setting real       # -> ~/.cache/grisp/eval_kg/wwq-dev-real/ (port 7881)
     python build_index.py --items ~/.cache/grisp/eval_kg/wwq-dev-full/items.jsonl \
         --out ~/.cache/grisp/indices/wwq-dev-full          # its search index
 """
 import argparse
+import gzip
 import json
 import re
 import sys
@@ -58,19 +65,25 @@ SCHEMA_DESCRIPTION, RDF_TYPE = expand("schema:description"), expand("rdf:type")
 WIKIBASE_PROPERTY, WIKIBASE_DIRECT_CLAIM = expand("wikibase:Property"), expand("wikibase:directClaim")
 
 
+CODEX_FILE = "extra/codex/codex_triples.nt.gz"  # in the data cache (benchmarks.cached_file): real Wikidata facts
+
+
 class Setting(NamedTuple):
     """Defaults of one --setting: where it writes, which store and port check it, what RDF it adds."""
     out: Path
     store: Path
     port: int
-    extra_kg: tuple[Path, ...]
+    extra_kg: tuple[Path | str, ...]  # a str names a file of the data cache
     all_items: bool  # label every item of the item cache, not only those the KG mentions
+    keep_unlabelled: bool = False  # keep questions whose entity or property has no label record
 
 
 SETTINGS = {
     "closed": Setting(benchmarks.EVAL_KG_DIR, defaults.GRISP_HOME / "stores" / "wwq-dev", 7879, (), False),
     "full": Setting(benchmarks.EVAL_KG_FULL_DIR, defaults.GRISP_HOME / "stores" / "wwq-dev-full", 7880,
                     (defaults.DEMO_DIR / "kg.ttl",), True),
+    "real": Setting(benchmarks.EVAL_KG_REAL_DIR, defaults.GRISP_HOME / "stores" / "wwq-dev-real", 7881,
+                    (defaults.DEMO_DIR / "kg.ttl", CODEX_FILE), True, keep_unlabelled=True),
 }
 
 PREFIX_LINE = re.compile(r"PREFIX\s+[\w-]*:\s*<[^>]*>", re.IGNORECASE)
@@ -216,8 +229,8 @@ def difficulty(samples: list[dict], candidates: list[dict], covered: list[dict],
             namesakes.setdefault(" ".join(normalize(record["label"])), []).append(item_id)
     own_count = {item_id: record.get("count") or 0 for item_id, record in records.items()}
     counts = {"written": own_count if popularity is None else popularity, "item_cache": own_count}
-    shared = [(topic, ids) for topic in map(topic_entity, covered)
-              if len(ids := namesakes[" ".join(normalize(records[topic]["label"]))]) > 1]
+    shared = [(topic, ids) for topic in map(topic_entity, covered) if topic in records
+              and len(ids := namesakes[" ".join(normalize(records[topic]["label"]))]) > 1]
     first = {name: sum(min(ids, key=lambda i: (-count[i], int(i[1:]))) == topic for topic, ids in shared)
              for name, count in counts.items()}
     return {
@@ -266,13 +279,15 @@ def verify_on_server(kg_file: Path, samples: list[dict], store_dir: Path, port: 
 
 
 def read_rdf(path: Path) -> list[ox.Triple]:
-    """The triples of an RDF file, its format told by the extension (.ttl, .nt ...)."""
-    rdf_format = ox.RdfFormat.from_extension(path.suffix[1:])
+    """The triples of an RDF file, its format told by the extension (.ttl, .nt ..., gzipped as .nt.gz)."""
+    zipped = path.suffix == ".gz"
+    rdf_format = ox.RdfFormat.from_extension((path.with_suffix("") if zipped else path).suffix[1:])
     if not path.is_file() or rdf_format is None:
         raise FileNotFoundError(f"extra KG file {path} does not exist or has no RDF extension "
-                                f"(.ttl, .nt, ...); pass another one with --extra-kg")
+                                f"(.ttl, .nt, ... or .nt.gz); pass another one with --extra-kg")
     try:
-        return [quad.triple for quad in ox.parse(path=str(path), format=rdf_format)]
+        with (gzip.open if zipped else open)(path, "rb") as file:
+            return [quad.triple for quad in ox.parse(file, format=rdf_format)]
     except SyntaxError as error:
         raise ValueError(f"extra KG file {path} is not valid RDF: {error}") from None
 
@@ -284,6 +299,7 @@ def main(args: argparse.Namespace) -> None:
     args.port = setting.port if args.port is None else args.port
     endpoint.check_port(args.port)  # here, not after the whole build at the check on the server
     extra_files = setting.extra_kg if args.extra_kg is None else args.extra_kg
+    extra_files = [benchmarks.cached_file(f) if isinstance(f, str) and args.extra_kg is None else f for f in extra_files]
     args.extra_kg = [str(Path(f).expanduser()) for f in extra_files]
     print(f"config: {json.dumps(vars(args), default=str)}")
     # --- data
@@ -315,7 +331,11 @@ def main(args: argparse.Namespace) -> None:
     alone = check_in_process(answers, candidates)
     exact = check_in_process(triples, alone)
     changed = sorted({sample["id"] for sample in alone} - {sample["id"] for sample in exact})
-    covered = [sample for sample in exact if topic_ids(sample) <= set(labelled)]
+    covered = []
+    for sample in exact:  # the ids search cannot find (no label record): a question to decline
+        lacks = sorted(topic_ids(sample) - set(labelled))
+        if not lacks or setting.keep_unlabelled:
+            covered.append({**sample, "info": {**sample["info"], "index_lacks": lacks}} if lacks else sample)
 
     # --- write
     out = Path(args.out)
@@ -330,7 +350,8 @@ def main(args: argparse.Namespace) -> None:
     stats = {
         "setting": args.setting, "questions": len(samples), "single_pattern": len(candidates),
         "covered": len(covered), "conflicting": len(candidates) - len(alone),
-        "changed_by_extra_kg": changed, "unlabelled_topic": len(exact) - len(covered),
+        "changed_by_extra_kg": changed, "unlabelled_topic": sum(not topic_ids(s) <= set(labelled) for s in exact),
+        "kept_unlabelled": setting.keep_unlabelled,
         "answer_triples": len(answers), "extra_kg_triples": {path: len(t) for path, t in extra.items()},
         "label_records": len(labelled), "label_triples": len(labels),
         "triples": len(triples), "items": len([i for i in kg_ids if i.startswith("Q")]),
@@ -344,7 +365,8 @@ def main(args: argparse.Namespace) -> None:
     print(f"{len(covered)} of {len(samples)} questions covered: {len(candidates)} single-pattern, "
           f"{stats['conflicting']} of them dropped because other questions' triples add answers, "
           f"{len(changed)} because the extra KG adds answers{': ' + ', '.join(changed) if changed else ''}, "
-          f"{stats['unlabelled_topic']} because their entity or property has no label record")
+          f"{stats['unlabelled_topic']} {'kept (to decline)' if setting.keep_unlabelled else 'dropped'} because "
+          f"their entity or property has no label record")
     print(f"{len(triples)} triples ({len(answers)} answer triples, {len(extra_triples)} from "
           f"{len(extra)} extra KG files, {len(labels)} label triples of {len(labelled)} label records), "
           f"{stats['items']} items, {stats['properties']} properties, "
@@ -376,7 +398,9 @@ if __name__ == "__main__":
     # data
     parser.add_argument("--setting", choices=list(SETTINGS), default="closed",
                         help="closed: answer triples + labels of what they mention (benchmark "
-                             "wwq-dev-kg); full: + the demo KG + labels of all items (wwq-dev-full)")
+                             "wwq-dev-kg); full: + the demo KG + labels of all items (wwq-dev-full); real: "
+                             "full + CoDEx's real Wikidata facts, questions the index cannot name kept "
+                             "(wwq-dev-real)")
     parser.add_argument("--benchmark", default="wwq-dev",
                         help="benchmark name or JSONL path whose records carry info.results")
     parser.add_argument("--items", default=None,
@@ -387,19 +411,20 @@ if __name__ == "__main__":
                              "training material's gold queries and answers; items = the item file's own "
                              "count, which counts validation data too (evaluations before 2026-12-06)")
     parser.add_argument("--extra-kg", nargs="*", default=None,
-                        help="RDF files added to the KG; default: none (closed), data/demo/kg.ttl (full)")
+                        help="RDF files added to the KG; default: none (closed), data/demo/kg.ttl (full), "
+                             "that and extra/codex/codex_triples.nt.gz of the data cache (real)")
     parser.add_argument("--out", default=None,
                         help=f"output directory; default: {benchmarks.EVAL_KG_DIR} (closed), "
-                             f"{benchmarks.EVAL_KG_FULL_DIR} (full)")
+                             f"{benchmarks.EVAL_KG_FULL_DIR} (full), {benchmarks.EVAL_KG_REAL_DIR} (real)")
     # verification on a real endpoint
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="skip the check that runs every covered gold query on an oxigraph server "
                              "(verify=%(default)s: the check runs unless this flag is given)")
     parser.add_argument("--store", default=None,
                         help="oxigraph store directory for the check (reused by endpoint.py start); "
-                             "default: ~/.cache/grisp/stores/wwq-dev (closed), .../wwq-dev-full (full)")
+                             "default: ~/.cache/grisp/stores/wwq-dev (closed), .../wwq-dev-full (full), .../wwq-dev-real (real)")
     parser.add_argument("--port", type=int, default=None,
-                        help="port of the checking server; default: 7879 (closed), 7880 (full)")
+                        help="port of the checking server; default: 7879 (closed), 7880 (full), 7881 (real)")
     args = parser.parse_args()
     try:
         main(args)

@@ -50,7 +50,7 @@ from typing import Callable
 from tqdm import tqdm
 
 import defaults
-from grisp import benchmarks, metrics, sparql
+from grisp import benchmarks, coverage, metrics, sparql
 from grisp.options import GrispError, Options, add_flags, preset
 from grisp.skeleton_score import SHAPES, shape as question_shape
 from grisp.sparql_syntax import query_key
@@ -72,9 +72,9 @@ ABLATIONS = {
     "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
 KNOBS = ("num_beams", "num_skeletons", "top_k", "none_margin", "time_budget", "seed", "beam_ranking",  # passed if set
-         "skeleton_dedupe", "precision")  # options.Options fields
+         "skeleton_dedupe", "precision", "min_confidence")  # options.Options fields
 # grisp.pipeline.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
-PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error")
+PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error", "declined")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 # a 1-minute load average above this when a run starts means another job shares the CPU (warned of)
 BUSY_LOAD = 1.0
@@ -229,23 +229,49 @@ def failed_by_endpoint(record: dict) -> bool:
 
 
 def answer_record(sample: dict, answer, seconds: float) -> dict:
-    """The prediction part of a record, from a grisp.pipeline.Answer."""
+    """The prediction part of a record, from a grisp.pipeline.Answer (or the agent's answer)."""
     return {"id": sample["id"], "question": sample["question"], "sparql": answer.sparql,
             "skeletons": [list(s) for s in answer.skeletons], "trace": summarize_trace(answer.trace),
             "timings": answer.timings, "seconds": seconds, "backtracks": answer.backtracks,
             "error": answer.error, "pipeline_failure": answer.failure, "queries": answer.queries,
-            "endpoint_faults": answer.endpoint_faults, "verified": answer.verified}
+            "endpoint_faults": answer.endpoint_faults, "verified": answer.verified,
+            # how sure it is (grisp/confidence.py) and the query found, declined or not
+            "confidence": getattr(answer, "confidence", None), "guess": getattr(answer, "guess", answer.sparql),
+            "declined": getattr(answer, "declined", False), "choices": getattr(answer, "choices", []),
+            "skeleton_number": getattr(answer, "skeleton_number", None), "retried": getattr(answer, "retried", False),
+            "index_lacks": sample["info"].get("index_lacks") or []}
+
+
+def redecide(record: dict, min_confidence: float) -> None:
+    """Apply grisp/confidence.py's rule again to a recorded answer (--score-only): its confidence from its
+    recorded choices, declined below `min_confidence`, else answered with its guess."""
+    from grisp import confidence
+    if record.get("guess") is None:
+        return
+    record["confidence"] = confidence.confidence(record.get("choices") or [])
+    record["declined"] = confidence.decide(record["confidence"], min_confidence)
+    record["sparql"] = None if record["declined"] else record["guess"]
+    if record["declined"]:
+        record["pipeline_failure"] = "declined"
+    elif record.get("pipeline_failure") == "declined":
+        record["pipeline_failure"] = None
 
 
 def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) -> dict:
-    """Execute gold and predicted query, then set answers, gold status, f1, em and failure kind."""
+    """Execute gold and predicted query, then set answers, gold status, f1, em and failure kind; a declined
+    answer's guess is executed and scored too (guess_f1: what answering it would have scored)."""
     gold, gold_error = execute(client, gold_sparql)
     record["gold_status"] = "failed" if gold is None else "empty" if gold.is_empty else "ok"
     record["gold_error"], record["gold_hash"] = gold_error, gold_hash(gold_sparql)
-    pred, record["pred_error"] = execute(client, record["sparql"]) if record["sparql"] else (None, None)
+    query = record["guess"] if record.get("declined") else record["sparql"]  # the answer, or the declined guess
+    pred, pred_error = execute(client, query) if query else (None, None)
+    gold_rows = metrics.from_result(gold) if gold is not None else None
+    f1 = metrics.sample_score(metrics.from_result(pred) if pred is not None else None, gold_rows)
+    if record.get("declined"):  # scored as no answer; what the guess would have scored is kept apart
+        record["guess_f1"], record["guess_answers"] = f1, pred.to_json() if pred is not None else None
+        pred, pred_error, f1 = None, None, metrics.sample_score(None, gold_rows)
+    record["pred_error"] = pred_error
     record["answers"] = pred.to_json() if pred is not None else None  # a SPARQL 1.1 JSON results document
-    f1 = metrics.sample_score(metrics.from_result(pred) if pred is not None else None,
-                              metrics.from_result(gold) if gold is not None else None)
     record["f1"], record["em"] = f1, None if f1 is None else metrics.exact_match(f1)
     record["shape"] = question_shape(gold_sparql)  # what kind of question, from its gold query
     # where it failed: the pipeline's own verdict first, else a wrong (or unexecutable) answer
@@ -289,6 +315,10 @@ def summarize(records: list[dict]) -> dict:
         # F1 by question shape (skeleton_score.SHAPES; records scored before shapes were recorded have none)
         "f1_by_shape": {shape: {"scored": len(rows), "f1": statistics.fmean(r["f1"] for r in rows)}
                         for shape in SHAPES if (rows := [r for r in scored if r.get("shape") == shape])},
+        # what was answered, its precision, what was declined (grisp/coverage.py), overall and by shape
+        "trust": coverage.summary(records),
+        "trust_by_shape": {shape: coverage.summary(rows) for shape in SHAPES
+                           if (rows := [r for r in scored if r.get("shape") == shape])},
         # over all questions (a dead endpoint also fails the gold queries, which skips them above)
         "endpoint": {"questions_failed": sum(failed_by_endpoint(r) for r in records),
                      "unverified_answers": sum(r.get("verified") is False for r in records),
@@ -315,6 +345,15 @@ def print_summary(summary: dict, name: str) -> None:
     print(f"  seconds/question   median {sec(summary['seconds']['median'])}, mean {sec(summary['seconds']['mean'])}")
     print(f"  backtracks/sample  {sec(backtracks)} ({summary['samples_with_backtracks']} samples backtracked)")
     print("  failures           " + ", ".join(f"{kind.replace('_', ' ')} {failures[kind]}" for kind in failures))
+    trust = summary.get("trust")
+    if trust:
+        lacks = trust["index_lacks"]
+        print(f"  answered           {trust['answered']} of {summary['scored']} ({pct(trust['coverage'])}%), precision "
+              f"{pct(trust['precision'])} (mean F1 of the answered), {trust['wrong']} wrong, {trust['partial']} partial; "
+              f"declined {trust['declined']} ({trust['declined_for_confidence']} for low confidence)")
+        if lacks["questions"]:
+            print(f"  index lacks entity {lacks['questions']} questions: {lacks['declined']} declined, {lacks['wrong']} "
+                  f"wrong; F1 on the others {pct(trust['f1_index_names'])}")
     if summary.get("f1_by_shape"):
         print("  F1 by shape        " + ", ".join(f"{shape} {pct(block['f1'])} ({block['scored']})"
                                                  for shape, block in summary["f1_by_shape"].items()))
@@ -564,7 +603,12 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     if args.score_only:
         records = read_predictions(path)  # all are written back; those of this selection are re-scored
         selected = selected_records(records, samples)
+        threshold = getattr(args, "min_confidence", None)  # given: decline the recorded answers anew
+        if threshold is not None:
+            saved_run.setdefault("options", {})["min_confidence"] = threshold
         for record in tqdm(selected, desc="scoring", unit="q"):
+            if threshold is not None:
+                redecide(record, threshold)
             score_record(record, gold_by_id[record["id"]], client)
         write_jsonl(path, records)
         summary = {**summarize(selected), "config": {**saved_run, "score_only": str(path), "benchmark": args.benchmark,
@@ -678,7 +722,8 @@ if __name__ == "__main__":
                              "(docs/method.md 7.6; e.g. two-hop,intersection)")
     parser.add_argument("--score-only", default=None, metavar="PREDICTIONS",
                         help="re-score this predictions.jsonl (gold and predicted queries are "
-                             "executed again) without loading the model")
+                             "executed again) without loading the model; with --min-confidence, its answers "
+                             "are declined anew at that threshold (their recorded choices' confidence)")
     # knowledge graph
     parser.add_argument("--endpoint", default=None,
                         help=f"SPARQL endpoint URL; default: {defaults.ENDPOINT_URL}, or with --score-only "

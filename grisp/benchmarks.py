@@ -46,11 +46,20 @@ DEV_FRACTION = 0.2
 TRAINING_MATERIAL = ("wwq-train", "qald10-train", "qald7-train", "lcquad2-test", "simplequestions-val", "spinach-val")
 SPLITS = {f"{name}-{part}": (name, part) for name in HELD_OUT for part in ("train", "dev")}
 # every benchmark name benchmark_path takes (the rest are JSONL paths)
-NAMES = (*BENCHMARKS, *SPLITS, "demo", "wwq-dev-kg", "wwq-dev-full")
 # the closed WWQ-dev evaluation KGs written by build_eval_kg.py (their questions: "wwq-dev-kg",
-# and "wwq-dev-full" for `--setting full`: + the demo KG + labels of all items)
+# "wwq-dev-full" for `--setting full`: + the demo KG + labels of all items, and "wwq-dev-real" for
+# `--setting real`: + CoDEx's real facts, questions the index cannot name kept)
 EVAL_KG_DIR = defaults.GRISP_HOME / "eval_kg" / "wwq-dev"
 EVAL_KG_FULL_DIR = defaults.GRISP_HOME / "eval_kg" / "wwq-dev-full"
+EVAL_KG_REAL_DIR = defaults.GRISP_HOME / "eval_kg" / "wwq-dev-real"
+EVAL_KGS = {"wwq-dev-kg": (EVAL_KG_DIR, "closed"), "wwq-dev-full": (EVAL_KG_FULL_DIR, "full"),
+            "wwq-dev-real": (EVAL_KG_REAL_DIR, "real")}  # benchmark -> (directory, build_eval_kg --setting)
+# every WWQ-dev set has a tune half, on which defaults are chosen, and a report half, which the README
+# reports and no choice looks at ("<name>-tune", "<name>-report"; `half`)
+HALVES = ("tune", "report")
+HALF_SALT = "wwq-dev-half"
+HALVED = ("wwq-dev", *EVAL_KGS)
+NAMES = (*BENCHMARKS, *SPLITS, "demo", *EVAL_KGS, *(f"{name}-{h}" for name in HALVED for h in HALVES))
 ITEMS_FILE = "wikidata/items.jsonl"  # {"id", "label", "aliases", "description", "count"} per line
 REQUIRED_KEYS = ("id", "question", "sparql")
 
@@ -86,6 +95,8 @@ def benchmark_path(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
     """Resolve a benchmark name ("wwq-train", "wwq-dev", "demo", "wwq-dev-kg" / "wwq-dev-full": the
     questions of the closed WWQ-dev KGs; "qald10-train", "qald10-dev": their whole source file) or a
     JSONL path to a file."""
+    if halved(name_or_path) is not None:  # the whole set; load_benchmark keeps the named half
+        return benchmark_path(halved(name_or_path)[0], data_dir, shared_dir)
     if name_or_path in BENCHMARKS:
         relative, url = BENCHMARKS[name_or_path]
         return cached_file(relative, url, data_dir, shared_dir)
@@ -94,12 +105,12 @@ def benchmark_path(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
         return cached_file(relative, url, data_dir, shared_dir)
     if name_or_path == "demo":
         path = defaults.DEMO_DIR / "questions.jsonl"
-    elif name_or_path in ("wwq-dev-kg", "wwq-dev-full"):
-        full = name_or_path == "wwq-dev-full"
-        path = (EVAL_KG_FULL_DIR if full else EVAL_KG_DIR) / "questions.jsonl"
+    elif name_or_path in EVAL_KGS:
+        directory, setting = EVAL_KGS[name_or_path]
+        path = directory / "questions.jsonl"
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist; build the closed WWQ-dev KG first: "
-                                    f"python build_eval_kg.py{' --setting full' if full else ''}")
+                                    f"python build_eval_kg.py --setting {setting}")
     else:
         path = Path(name_or_path).expanduser()
     if not path.is_file():
@@ -131,7 +142,23 @@ def load_benchmark(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
         name, part = SPLITS[name_or_path]
         train, dev = holdout(samples, HELD_OUT[name][2])
         return unseen(dev, data_dir, shared_dir) if part == "dev" else train
+    if halved(name_or_path) is not None:
+        return [sample for sample in samples if half(sample["id"]) == halved(name_or_path)[1]]
     return samples
+
+
+def halved(name: str | Path) -> tuple[str, str] | None:
+    """("wwq-dev-real", "tune") for "wwq-dev-real-tune"; None for a name that is not a half."""
+    base, _, part = str(name).rpartition("-")
+    return (base, part) if base in HALVED and part in HALVES else None
+
+
+def half(question_id: str) -> str:
+    """"tune" or "report": the half of the WWQ-dev sets a question belongs to, a pure function of its id
+    (the SHA-256 of f"{HALF_SALT}:{id}" read as a number in [0, 1): below 0.5 is "tune"), so the
+    halves of wwq-dev, wwq-dev-kg, wwq-dev-full and wwq-dev-real agree on every question they share."""
+    digest = hashlib.sha256(f"{HALF_SALT}:{question_id}".encode()).digest()
+    return HALVES[0] if int.from_bytes(digest, "big") / 2**256 < 0.5 else HALVES[1]
 
 
 def load_training(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
@@ -151,7 +178,7 @@ def load_training(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
     return load_benchmark(f"{held}-train" if held is not None else name_or_path, data_dir, shared_dir)
 
 
-EVALUATION_SETS = ("wwq-dev", "wwq-dev-kg", "wwq-dev-full", "demo")  # and qald10-dev (SPLITS)
+EVALUATION_SETS = ("wwq-dev", *EVAL_KGS, "demo")  # and qald10-dev (SPLITS), and the halves
 
 
 def evaluation_set(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
@@ -159,11 +186,13 @@ def evaluation_set(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
     """The name of the evaluation set (EVALUATION_SETS) that `name_or_path` names or whose file it is, else None."""
     if name_or_path in EVALUATION_SETS:
         return str(name_or_path)
+    if halved(name_or_path) is not None:
+        return halved(name_or_path)[0]
     if name_or_path in BENCHMARKS or name_or_path in SPLITS or not Path(name_or_path).expanduser().is_file():
         return None
     path = Path(name_or_path).expanduser().resolve()
     files = {"wwq-dev": [Path(folder) / BENCHMARKS["wwq-dev"][0] for folder in (data_dir, shared_dir)],
-             "wwq-dev-kg": [EVAL_KG_DIR / "questions.jsonl"], "wwq-dev-full": [EVAL_KG_FULL_DIR / "questions.jsonl"],
+             **{name: [directory / "questions.jsonl"] for name, (directory, _) in EVAL_KGS.items()},
              "demo": [defaults.DEMO_DIR / "questions.jsonl"]}
     return next((name for name in EVALUATION_SETS if path in {f.resolve() for f in files[name] if f.exists()}), None)
 

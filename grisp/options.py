@@ -71,6 +71,9 @@ class Options:
     retry: bool = option(True, "no second pass: a question whose skeletons all dead-end fails, as in the paper (by "
                          "default, with re-ranking on, those skeletons are resolved once more keeping every hit "
                          "in the re-ranked order, None's cut lifted; ours)")
+    min_confidence: float = option(0.0, "decline an answer whose confidence (grisp/confidence.py: the re-ranker's "
+                                   "least probability of a chosen IRI) is below this: \"no confident answer\", "
+                                   "the query kept as a marked guess; 0 = answer whatever was found")
     rerank: bool = option(True, "take the index order, no model re-ranking")
     constrained: bool = option(True, "search without KG constraints")
     kg_guidance: bool = option(True, "no constraints and no final validation")
@@ -92,6 +95,7 @@ class Options:
             # re-ranking prompt names at most len(IDENTIFIERS) - 1 alternatives
             ("top_k", self.top_k, 1 <= self.top_k <= MAX_TOP_K, f"in [1, {MAX_TOP_K}]"),
             ("none_margin", self.none_margin, self.none_margin >= 0, ">= 0"),
+            ("min_confidence", self.min_confidence, 0 <= self.min_confidence <= 1, "in [0, 1]"),
             ("time_budget", self.time_budget, self.time_budget > 0, "> 0"),
             ("seed", self.seed, 0 <= self.seed < 2**63, "in [0, 2**63)")] if not ok]  # what torch's generators take
         problems += [f"{f.name} = {getattr(self, f.name)} must be one of {', '.join(f.metadata['choices'])}"

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from grisp import peft_format
+from grisp import confidence, peft_format
 from grisp.generate import beam_search_stream
 from grisp.options import GrispError, Options
 from grisp.prompts import skeleton_messages
@@ -48,7 +48,15 @@ class Answer:
     timings: dict[str, float] = field(default_factory=dict)
     backtracks: int = 0
     error: str | None = None  # why the answer is unverified, or the first endpoint fault of a failure
-    failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "endpoint_error", "error"
+    failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "endpoint_error", "error", "declined"
+    # how sure the answer is (confidence.py; None without a query); below options.min_confidence it is
+    # declined: sparql and result are None, the query found stays in guess (always the query found)
+    confidence: float | None = None
+    guess: str | None = None
+    declined: bool = False
+    choices: list[dict] = field(default_factory=list)  # the final query's choices (resolve.Resolution.choices)
+    skeleton_number: int | None = None  # which skeleton (0 = the best) the query came from
+    retried: bool = False  # the query came from the second pass (options.retry)
     # the endpoint during this question (docs/method.md 6.7): SPARQL queries sent, those answered, and
     # the faults by error type (sparql.ENDPOINT_FAULTS); verified: the final query returned a result,
     # False: accepted without one (a timeout or 5xx at final validation), None: no answer or not checked
@@ -241,8 +249,9 @@ class Grisp:
             relaxed = self.resolver.relaxed(none_margin=float("inf"))
             shared_budget_end = min(time.monotonic() + self.options.time_budget, deadline)  # one budget for them all
             self._resolve_in_turn(question, dead, relaxed, answer, shared_budget_end, listener)
+            answer.retried = answer.sparql is not None
         answer.timings["resolve"] = time.perf_counter() - start
-        return judge_endpoint(answer, client.tally)
+        return judge_confidence(judge_endpoint(answer, client.tally), self.options.min_confidence, listener)
 
     def _resolve_in_turn(self, question: str, skeletons: Iterable[tuple[int, str]], resolver: Resolver,
                          answer: Answer, deadline: float, listener: Listener | None) -> list[tuple[int, str, str]]:
@@ -263,7 +272,7 @@ class Grisp:
             answer.failure = resolution.failure
             if resolution.sparql is not None:
                 answer.sparql, answer.result = with_prefixes(resolution.sparql), resolution.result
-                answer.verified = resolution.verified
+                answer.verified, answer.choices, answer.skeleton_number = resolution.verified, resolution.choices, number
                 return failed
             failed.append((number, skeleton, resolution.failure))
             lost = any(name != "QueryTimeout" for name in client.tally.faults)  # a slow query is the query's
@@ -287,6 +296,21 @@ def judge_endpoint(answer: Answer, tally: Tally) -> Answer:
         answer.failure, answer.error = "endpoint_error", tally.first_fault
     elif answer.verified is False:  # the final validation's error, kept in its trace event
         answer.error = next(e["accepted_error"] for e in reversed(answer.trace) if "accepted_error" in e)
+    return answer
+
+
+def judge_confidence(answer: Answer, min_confidence: float, listener: Listener | None = None) -> Answer:
+    """Set the answer's confidence and guess (confidence.py), and decline it if the confidence is below
+    `min_confidence`: no query, failure "declined", a "declined" trace event that keeps the guess."""
+    if answer.sparql is None:
+        return answer
+    answer.guess, answer.confidence = answer.sparql, confidence.confidence(answer.choices)
+    if confidence.decide(answer.confidence, min_confidence):
+        answer.sparql, answer.result, answer.declined, answer.failure = None, None, True, "declined"
+        answer.trace.append({"event": "declined", "confidence": round(answer.confidence, 4),
+                             "min_confidence": min_confidence, "guess": answer.guess})
+        if listener is not None:
+            listener(answer.trace[-1])
     return answer
 
 

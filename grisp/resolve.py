@@ -18,6 +18,7 @@ The search is an explicit stack of frames (no recursion); every step is recorded
     resolver = Resolver(indices, client, ModelReranker(model, tokenizer), Options())
     resolution = resolver.resolve("where was the pulp fiction director born?", skeleton)
 """
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -52,6 +53,10 @@ class Frame:
     allowed: set[str] | None = None  # a merged placeholder's constraint (None = any), for its next wordings
     wording_index: int = 0  # which of the placeholder's wordings the alternatives came from
     tried: set[str] = field(default_factory=set)  # IRIs chosen here already: a next wording offers them no more
+    # the last re-ranking's probabilities (softmax over the shown hits and None; None's under the key None),
+    # empty without re-ranking; and the IRI chosen here last
+    probabilities: dict[str | None, float] = field(default_factory=dict)
+    chosen: str | None = None
 
 
 @dataclass
@@ -63,6 +68,9 @@ class Resolution:
     trace: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     verified: bool | None = None  # the final query returned a result; False: accepted unchecked; None: not run
+    # the final query's choices, one per placeholder in order: {"placeholder", "iri", "p", "p_none"}, p and
+    # p_none the re-ranker's probabilities of the IRI and of None there (None without re-ranking)
+    choices: list[dict] = field(default_factory=list)
 
 
 class Resolver:
@@ -95,11 +103,15 @@ class Resolver:
     def dfs(self, question: str, skeleton: str, deadline: float, trace: Trace) -> Resolution:
         """The depth-first search of `resolve` (module docstring), recorded in `trace`."""
         backtracks = 0
+        stack: list[Frame] = []  # the frames of the placeholders resolved so far and the one at hand
 
         def finish(sparql: str | None, result: Result | None, failure: str | None = None) -> Resolution:
             # verified: the final query returned a result; False: accepted despite a busy endpoint (validate)
             verified = None if sparql is None or not self.options.kg_guidance else result is not None
-            return Resolution(sparql, result, backtracks, failure, trace.events, trace.timings, verified)
+            choices = [] if sparql is None else [
+                {"placeholder": frame.placeholder.text, "iri": frame.chosen, "p": frame.probabilities.get(frame.chosen),
+                 "p_none": frame.probabilities.get(None)} for frame in stack]
+            return Resolution(sparql, result, backtracks, failure, trace.events, trace.timings, verified, choices)
 
         def out_of_time() -> bool:  # the skeleton's time budget is used up (recorded in the trace)
             if time.monotonic() < deadline:
@@ -125,6 +137,7 @@ class Resolver:
             if frame.alternatives:  # take the best alternative left
                 choice = frame.alternatives.pop(0)
                 frame.tried.add(choice.id)
+                frame.chosen = choice.id
                 text = substitute(frame.text, frame.placeholder, choice.id)
                 trace.event("choose", placeholder=frame.placeholder.text, iri=choice.id, label=choice.label)
                 if find_placeholders(text):  # go deeper: the next placeholder
@@ -239,6 +252,8 @@ class Resolver:
             scores = self.reranker(question, self.marked(frame.text), shown, frame.resolved)
             assert len(scores) == len(shown) + 1, f"re-ranker gave {len(scores)} scores for {len(shown)} + None"
             none_score = scores[-1]
+            probabilities = softmax(scores)
+            frame.probabilities = {h.id: p for h, p in zip(frame.alternatives, probabilities)} | {None: probabilities[-1]}
             order = sorted(range(len(shown)), key=lambda i: -scores[i])
             ranking = [(None, none_score)] + [(frame.alternatives[i].id, scores[i]) for i in order]  # ties: None first
             cut = none_score - self.options.none_margin
@@ -279,3 +294,10 @@ class Resolver:
                 result, ok, fields = None, False, {"error": f"{type(e).__name__}: {e}"}
         trace.event("validate", query=sparql, ok=ok, **fields)
         return ok, result
+
+
+def softmax(scores: list[float]) -> list[float]:
+    """The re-ranker's scores (logits) as probabilities that sum to 1."""
+    top = max(scores)
+    weights = [math.exp(score - top) for score in scores]
+    return [weight / sum(weights) for weight in weights]

@@ -258,12 +258,15 @@ def test_closed_setting_is_unchanged_by_more_item_records(tmp_path, built):
     assert "Q77" not in (more / "kg.nt").read_text() and "Q50" not in (more / "kg.nt").read_text()
 
 
-def test_wwq_dev_full_is_a_benchmark_name(tmp_path, monkeypatch):
-    monkeypatch.setattr(benchmarks, "EVAL_KG_FULL_DIR", tmp_path)
-    with pytest.raises(FileNotFoundError, match="python build_eval_kg.py --setting full"):
-        benchmarks.load_benchmark("wwq-dev-full")
+@pytest.mark.parametrize("name, setting", [("wwq-dev-full", "full"), ("wwq-dev-real", "real")])
+def test_each_setting_is_a_benchmark_name(tmp_path, monkeypatch, name, setting):
+    monkeypatch.setitem(benchmarks.EVAL_KGS, name, (tmp_path, setting))
+    with pytest.raises(FileNotFoundError, match=f"python build_eval_kg.py --setting {setting}"):
+        benchmarks.load_benchmark(name)
     write_jsonl(tmp_path / "questions.jsonl", DEV[:1])
-    assert benchmarks.load_benchmark("wwq-dev-full")[0]["id"] == "object"
+    assert benchmarks.load_benchmark(name)[0]["id"] == "object"
+    halves = [benchmarks.load_benchmark(f"{name}-{half}") for half in benchmarks.HALVES]
+    assert sorted(len(h) for h in halves) == [0, 1]  # the question is in exactly one half
 
 
 def run_script(*args):

@@ -95,7 +95,7 @@ def check_handcrafted_summary(summary):
     assert summary["skipped"] == {"gold_empty": 1, "gold_failed": 1}
     assert summary["f1"] == pytest.approx((1 + 2 / 3 + 0 + 0 + 1) / 5)
     assert summary["em"] == pytest.approx(2 / 5)
-    assert summary["failures"] == {"no_skeleton": 1, "dead_end": 1, "timeout": 0, "error": 0, "endpoint_error": 0,
+    assert summary["failures"] == {"no_skeleton": 1, "dead_end": 1, "timeout": 0, "error": 0, "endpoint_error": 0, "declined": 0,
                                    "wrong_answer": 1, "correct": 2}
     assert summary["endpoint"] == {"questions_failed": 0, "unverified_answers": 0, "queries": 0, "faulty_queries": {}}
     assert summary["backtracks_per_sample"] == pytest.approx(6 / 7)

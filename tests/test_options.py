@@ -67,4 +67,4 @@ def test_the_defaults_are_the_documented_ones():
         "beam_search": True, "num_beams": 8, "num_skeletons": 3, "temperature": 0.4, "top_p": 0.9, "sample": True,
         "seed": 0, "max_new_tokens": 512, "beam_ranking": "sum", "skeleton_dedupe": "exact", "precision": "auto",
         "top_k": 10, "none_margin": 0.0, "retry": True, "rerank": True, "constrained": True, "kg_guidance": True,
-        "backtracking": True, "time_budget": 60.0}
+        "backtracking": True, "time_budget": 60.0, "min_confidence": 0.0}
