@@ -205,7 +205,7 @@ def topic_ids(sample: dict) -> set[str]:
 
 def difficulty(samples: list[dict], candidates: list[dict], covered: list[dict], triples: list[ox.Triple],
                records: dict[str, dict], popularity: Counter | None, training: list[dict]) -> dict:
-    """How much the KG tests search, re-ranking and memory (the counts the README quotes):
+    """How much the KG tests search, re-ranking and memory (the counts docs/evaluation.md quotes):
 
     in_training     questions whose gold query (sparql_syntax.query_key) is also the gold query of a
                     record of the training material (`training`)

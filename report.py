@@ -1,4 +1,4 @@
-"""The tables of README Results and docs/results-*.md, printed from evaluate.py run directories (docs/method.md section 7).
+"""The tables of docs/results.md and docs/results-*.md, printed from evaluate.py run directories (docs/method.md section 7).
 
 Every number in those tables comes from a run directory's summary.json or predictions.jsonl; this
 script prints the tables from them, so a table can be re-made to the digit after a re-run.

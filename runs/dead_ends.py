@@ -1,4 +1,4 @@
-"""Where a run dead-ends on questions another run answers (README Results, docs/results-mention.md): for
+"""Where a run dead-ends on questions another run answers (docs/results.md, docs/results-mention.md): for
 each question run A (e.g. w/o re-ranking) answers correctly and run B (e.g. the full system) gives up on,
 the placeholder at which B's first skeleton ran out of alternatives, sorted into
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The evaluations behind README Results for one adapter in one precision: builds what they need (the
+# The evaluations behind docs/results.md for one adapter in one precision: builds what they need (the
 # evaluation KGs, indices and endpoints; each is built once and reused), runs every row and prints each
 # table with report.py. Interrupted, run it again: every evaluate.py run resumes where it stopped (after a
 # change to the Python sources it refuses: another OUT, or EVALUATE_FLAGS=--accept-other-code). Leave

@@ -61,7 +61,7 @@ def test_beam_ranking_is_a_closed_choice_defaulting_to_sum():
 
 
 def test_the_defaults_are_the_documented_ones():
-    """The settings README "How it works" and docs/method.md give (the paper's and the reference's, and ours)."""
+    """The settings the README's "How GRISP answers a question" and docs/method.md give (the paper's and the reference's, and ours)."""
     from dataclasses import asdict
     assert asdict(Options()) == {
         "beam_search": True, "num_beams": 8, "num_skeletons": 3, "temperature": 0.4, "top_p": 0.9, "sample": True,

@@ -1,4 +1,4 @@
-"""report.py: the README tables come out of real evaluate.py summaries with the right numbers."""
+"""report.py: the tables of docs/results*.md come out of real evaluate.py summaries with the right numbers."""
 import json
 
 import pytest
