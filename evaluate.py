@@ -353,7 +353,8 @@ def print_summary(summary: dict, name: str) -> None:
               f"declined {trust['declined']} ({trust['declined_for_confidence']} for low confidence)")
         if lacks["questions"]:
             print(f"  index lacks entity {lacks['questions']} questions: {lacks['declined']} declined, {lacks['wrong']} "
-                  f"wrong; F1 on the others {pct(trust['f1_index_names'])}")
+                  f"wrong; F1 on the others {pct(trust['f1_index_names'])} (with no threshold "
+                  f"{pct(trust['no_threshold']['f1_index_names'])})")
     if summary.get("f1_by_shape"):
         print("  F1 by shape        " + ", ".join(f"{shape} {pct(block['f1'])} ({block['scored']})"
                                                  for shape, block in summary["f1_by_shape"].items()))

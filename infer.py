@@ -1,7 +1,9 @@
 """Answer a question with GRISP: skeletons by beam search, KG-guided placeholder resolution, SPARQL.
 
 Reads the base model, a LoRA adapter (PEFT layout), a search index and a SPARQL endpoint; prints the
-final query, the answer table with labels and a readable trace of every step (paper section 3).
+final query, its confidence, the answer table with labels and a readable trace of every step (paper
+section 3). An answer less confident than --min-confidence is declined: "no confident answer", its
+query kept in the trace and the JSON as the best guess (docs/method.md 6.10).
 Defaults are the embedded offline setup (see README: base model from get_model.py, the demo KG served
 by endpoint.py, its index from build_index.py, the shipped adapter).
 
@@ -12,7 +14,8 @@ by endpoint.py, its index from build_index.py, the shipped adapter).
 
 Exit codes:
   0  answered: the final query ran and returned a result (or KG guidance is off: nothing was checked)
-  1  no answer, the method failed: no skeleton parses, every skeleton dead-ended, or the time budget ran out
+  1  no answer, the method failed: no skeleton parses, every skeleton dead-ended, the time budget ran out,
+     or the answer found was declined as not confident enough (--min-confidence)
   2  bad input or setup: empty question, bad settings, missing model/adapter/index, unreachable endpoint
   3  no answer, the endpoint failed: it answered none of the question's queries (HTTP 5xx, invalid JSON,
      no answer in time, connection lost), or it became unreachable; the message counts the faults
@@ -72,6 +75,9 @@ def describe(event: dict) -> str:
         return f"every skeleton dead-ended: skeleton(s) {skeletons} once more, every hit in the re-ranked order"
     if kind == "refused":
         return f"  refused: {event['reason']}"
+    if kind == "declined":
+        return (f"declined: confidence {event['confidence']:.2f} is below --min-confidence {event['min_confidence']:g}; "
+                f"the best guess was: {' '.join(event['guess'].split())}")
     if kind == "endpoint_lost":
         return f"  endpoint lost: {event['error']}"
     return f"  {kind}"
@@ -215,10 +221,13 @@ def main(args: argparse.Namespace) -> int:
                   "dead_end": "no skeleton resolved to a query with a non-empty result",
                   "timeout": f"the time budget of {options.time_budget:g} s per skeleton ran out",
                   "endpoint_error": f"the endpoint {args.endpoint} failed: it {fault_report(answer)}",
+                  "declined": f"no confident answer (confidence {answer.confidence or 0:.2f} < --min-confidence "
+                              f"{options.min_confidence:g}; the guess is in the trace)",
                   }.get(answer.failure, answer.failure)
         print(f"no answer: {reason}", file=sys.stderr)
         return code
     print(answer.sparql)
+    print(f"confidence {answer.confidence:.2f}" + (" (from the second pass, the retry)" if answer.retried else ""))
     print()
     print(answer_table(grisp, answer))
     if answer.verified is False:

@@ -8,6 +8,7 @@ script prints the tables from them, so a table can be re-made to the digit after
     python report.py shapes ~/.cache/grisp/eval/{grisp-wwq-0.5b-float32,grisp-mix-0.5b-auto}/demo-none  # F1 by shape
     python report.py compare ~/.cache/grisp/eval/wwq-dev-full-none ~/.cache/grisp/eval/wwq-dev-full-no-rerank
     python report.py agent ~/.cache/grisp/eval/demo-agent                                # evaluate.py --system agent
+    python report.py risk RUN_A RUN_B --without-retry --plot risk.png   # precision at each coverage (coverage.py)
 """
 import argparse
 import json
@@ -16,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from evaluate import ABLATIONS, first_per_id
+from grisp import coverage
 from grisp.skeleton_score import SHAPES
 from jsonl import read_jsonl
 
@@ -68,9 +70,11 @@ def option_notes(config: dict) -> list[str]:
 
 
 def systems_table(run_dirs: list[Path]) -> list[str]:
-    """One row per full-system run: F1, EM, seconds, backtracks and where the questions ended."""
-    lines = ["| system | F1 | EM | s/question (median / mean) | backtracks/sample | dead end / wrong / correct | scored |",
-             "|---|---|---|---|---|---|---|"]
+    """One row per full-system run: F1, what was answered and its precision, what was declined (and of the
+    questions the index cannot name), seconds, backtracks and where the questions ended."""
+    lines = ["| system | F1 | answered | precision | wrong | declined | index lacks: declined | EM | "
+             "s/question (median / mean) | backtracks/sample | dead end / wrong / correct | scored |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     summaries = [load_summary(d) for d in run_dirs]
     for run_dir, s in zip(run_dirs, summaries):
         if "f1" not in s:
@@ -78,11 +82,68 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
     several_adapters = len({s["config"]["adapter"] for s in summaries}) > 1
     shared = frozenset.intersection(*(frozenset(option_notes(s["config"])) for s in summaries))
     for s in summaries:
-        f = s["failures"]
-        lines.append(f"| {system_name(s, several_adapters, shared)} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
+        f, t = s["failures"], s.get("trust") or {}
+        lacks = t.get("index_lacks") or {}
+        trust = (f"{t['answered']} | {pct(t['precision'])} | {t['wrong']} | {t['declined']} | "
+                 f"{lacks['declined']} of {lacks['questions']}" if t else "- | - | - | - | -")
+        lines.append(f"| {system_name(s, several_adapters, shared)} | {100 * s['f1']:.1f} | {trust} | {100 * s['em']:.1f} | "
                      f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {s['backtracks_per_sample']:.2f} | "
                      f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']}{others(f)} | {s['scored']} |")
     return lines
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+# coverage levels of the risk table (the full coverage of each curve is added)
+LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+def risk_curves(run_dirs: list[Path], without_retry: bool) -> list[tuple[str, list[dict]]]:
+    """(name, coverage.risk_coverage points) per run, and per run its retry's answers taken back if asked."""
+    curves = []
+    for run_dir in run_dirs:
+        summary, records = load_summary(run_dir), list(first_per_id(load_predictions(run_dir)).values())
+        name = system_name(summary, False)
+        curves.append((name, coverage.risk_coverage(records)))
+        if without_retry:
+            curves.append((f"{name}, w/o the retry", coverage.risk_coverage(coverage.without_retry(records))))
+    return curves
+
+
+def risk_table(curves: list[tuple[str, list[dict]]]) -> list[str]:
+    """Precision (mean F1 of the answered) at each coverage level as the confidence threshold moves; the
+    threshold that reaches the level in parentheses; the last column is the curve's full coverage."""
+    lines = ["| system | " + " | ".join(f"{100 * c:.0f}%" for c in LEVELS) + " | all answered |",
+             "|---|" + "---|" * (len(LEVELS) + 1)]
+    for name, points in curves:
+        cells = []
+        for level in LEVELS:
+            point = coverage.at_coverage(points, level)
+            cells.append("-" if point is None else f"{pct(point['precision'])} ({point['threshold']:.2f})")
+        last = points[-1] if points else None
+        cells.append("-" if last is None else f"{pct(last['precision'])} at {pct(last['coverage'])}%")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_risk(curves: list[tuple[str, list[dict]]], path: Path) -> None:
+    """Precision against coverage, one line per curve, to a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display: draw to a file
+    from matplotlib import pyplot
+    figure, axes = pyplot.subplots(figsize=(6.4, 4.2), dpi=120)
+    for name, points in curves:
+        axes.plot([100 * p["coverage"] for p in points], [100 * p["precision"] for p in points], label=name)
+    axes.set_xlabel("coverage: questions answered (%)")
+    axes.set_ylabel("precision: mean F1 of the answered (%)")
+    axes.set_xlim(0, 100)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path)
+    print(f"wrote {path}")
 
 
 def others(failures: dict) -> str:
@@ -214,6 +275,11 @@ def main(args: argparse.Namespace) -> None:
         lines = shapes_table(args.run_dirs)
     elif args.table == "agent":
         lines = agent_table(args.run_dirs)
+    elif args.table == "risk":
+        curves = risk_curves(args.run_dirs, args.without_retry)
+        lines = risk_table(curves)
+        if args.plot:
+            plot_risk(curves, args.plot)
     else:
         if len(args.run_dirs) != 2:
             sys.exit("error: compare takes exactly two run directories (A, then B)")
@@ -224,13 +290,18 @@ def main(args: argparse.Namespace) -> None:
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("table", choices=["systems", "skeletons", "shapes", "agent", "compare"],
+    parser.add_argument("table", choices=["systems", "skeletons", "shapes", "agent", "compare", "risk"],
                         help="systems: one row per full-system run (F1, EM, s/question, backtracks, failures); "
                              "skeletons: one column per --skeleton-only run (structure and label match by shape); "
                              "shapes: one column per full-system run (F1 by the gold query's shape); "
                              "agent: one row per --system agent run (steps, function calls, how runs ended); "
-                             "compare: outcome transitions from run A to run B")
+                             "compare: outcome transitions from run A to run B; "
+                             "risk: precision at each coverage level as the confidence threshold moves")
     parser.add_argument("run_dirs", nargs="+", type=Path, help="evaluate.py run directories (--out)")
+    parser.add_argument("--without-retry", action="store_true",
+                        help="risk: add each run with its retry's answers taken back (the paper's search: the "
+                             "first pass is the same, so those questions would have had no answer)")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="risk: also draw the curves to this PNG")
     parser.add_argument("--show", type=int, default=0, help="compare: print the first N questions whose outcome changed")
     return parser
 

@@ -41,14 +41,22 @@ def summary(records: list[dict]) -> dict:
                         "wrong": sum(answered(r) and r["f1"] == 0 for r in lacking)},
         # F1 over the questions whose entities the index can name (all, if no record says otherwise)
         "f1_index_names": statistics.fmean(r["f1"] for r in named) if named else None,
+        # the same with nothing declined for confidence (every guess answered): the system with no threshold
+        "no_threshold": {"f1": statistics.fmean(undeclined_f1(r) for r in scored) if scored else None,
+                         "f1_index_names": statistics.fmean(undeclined_f1(r) for r in named) if named else None},
     }
+
+
+def undeclined_f1(record: dict) -> float:
+    """The record's F1 had its answer not been declined for confidence."""
+    return record["guess_f1"] if record.get("declined") else record["f1"]
 
 
 def guess_f1(record: dict) -> float | None:
     """The F1 the record's guess scores (its answer's F1 unless it was declined); None without a guess."""
     if record.get("guess") is None:
         return None
-    return record["guess_f1"] if record.get("declined") else record["f1"]
+    return undeclined_f1(record)
 
 
 def risk_coverage(records: list[dict]) -> list[dict]:
@@ -64,6 +72,13 @@ def risk_coverage(records: list[dict]) -> list[dict]:
             points.append({"threshold": threshold, "answered": i + 1, "coverage": (i + 1) / len(scored),
                            "precision": total / (i + 1)})
     return points
+
+
+def without_retry(records: list[dict]) -> list[dict]:
+    """The records as the paper's search (options.retry off) would have left them: the retry runs only
+    after every skeleton failed, so its answers become questions without a query (F1 0, no guess)."""
+    return [r | {"sparql": None, "guess": None, "confidence": None, "declined": False, "retried": False,
+                 "f1": 0.0 if r.get("f1") is not None else None} if r.get("retried") else r for r in records]
 
 
 def at_coverage(points: list[dict], coverage: float) -> dict | None:

@@ -18,7 +18,9 @@
 # (--skeleton-only on demo, qald10-dev and wwq-dev; each alone as demo-skeletons etc.), demo, wwq-dev-kg,
 # wwq-dev-full (the full systems), then demo-ablations, wwq-dev-kg-ablations, wwq-dev-full-ablations
 # (w/o re-ranking and None's cut alone `--no-retry` on the full system's skeletons, gold skeletons with and
-# without re-ranking, then every other ablation row and the paper's "re-ranking only").
+# without re-ranking, then every other ablation row and the paper's "re-ranking only"). Not in the default
+# order: wwq-dev-real-tune and wwq-dev-real-report (the full system and w/o re-ranking on a half of the
+# realistic setting, with the precision-coverage table and plot; docs/evaluation.md).
 # Settings: ADAPTER (relative to the current directory), PRECISION, OUT (where the runs land, relative to the current directory; default
 # ~/.cache/grisp/eval/<adapter name>-<precision>, the adapter's name being its directory's, or its
 # run's for a training run's `adapter/`), EVALUATE_FLAGS (added to every evaluate.py run: flags that
@@ -67,6 +69,11 @@ use_kg() {  # $1 = KG setting: builds its KG and index once, starts its endpoint
       python build_index.py --items "$eval_kg/wwq-dev-full/items.jsonl" --out "$home/indices/wwq-dev-full"
       python endpoint.py start --data "$eval_kg/wwq-dev-full/kg.nt" --store "$home/stores/wwq-dev-full" --port 7880
       kg=(--benchmark wwq-dev-full --endpoint http://127.0.0.1:7880/query --index "$home/indices/wwq-dev-full") ;;
+    wwq-dev-real-tune | wwq-dev-real-report)  # one KG, two halves (docs/evaluation.md)
+      [ -s "$eval_kg/wwq-dev-real/stats.json" ] || python build_eval_kg.py --setting real
+      python build_index.py --items "$eval_kg/wwq-dev-real/items.jsonl" --out "$home/indices/wwq-dev-real"
+      python endpoint.py start --data "$eval_kg/wwq-dev-real/kg.nt" --store "$home/stores/wwq-dev-real" --port 7881
+      kg=(--benchmark "$1" --endpoint http://127.0.0.1:7881/query --index "$home/indices/wwq-dev-real") ;;
   esac
 }
 
@@ -98,6 +105,15 @@ ablations() {  # $1 = KG setting; the resolution-only rows reuse the full system
   python report.py systems "$run"-{oracle,no-rerank-oracle}
 }
 
+trust() {  # $1 = wwq-dev-real-tune or -report: the full system and w/o re-ranking, precision against coverage
+  local run=$out/$1
+  use_kg "$1"
+  evaluate "${kg[@]}" --out "$run-none"
+  evaluate "${kg[@]}" --ablation no-rerank --skeletons-from "$run-none" --out "$run-no-rerank"
+  python report.py systems "$run"-{none,no-rerank}
+  python report.py risk "$run"-{none,no-rerank} --without-retry --plot "$run-risk.png"
+}
+
 skeletons() {  # $1 = benchmark: demo (labels from the demo index), qald10-dev or wwq-dev (all items)
   if [ "$1" = demo ]; then
     use_kg demo
@@ -121,8 +137,9 @@ for group in "${groups[@]}"; do
     demo-skeletons | qald10-dev-skeletons | wwq-dev-skeletons) steps+=("skeletons ${group%-skeletons}") ;;
     demo | wwq-dev-kg | wwq-dev-full) steps+=("full_system $group") ;;
     demo-ablations | wwq-dev-kg-ablations | wwq-dev-full-ablations) steps+=("ablations ${group%-ablations}") ;;
+    wwq-dev-real-tune | wwq-dev-real-report) steps+=("trust $group") ;;
     *) echo "unknown group $group (skeletons or demo-, qald10-dev-, wwq-dev-skeletons; demo, wwq-dev-kg," \
-            "wwq-dev-full, each also with -ablations)" >&2
+            "wwq-dev-full, each also with -ablations; wwq-dev-real-tune, wwq-dev-real-report)" >&2
        exit 2 ;;
   esac
 done

@@ -170,3 +170,22 @@ def test_record_without_a_gold_query_is_refused(tmp_path):
     write_jsonl(path, [SAMPLE, {**SAMPLE, "id": "q2", "sparql": " "}])
     with pytest.raises(ValueError, match="record 2 \\(id 'q2'\\) has no gold SPARQL"):
         benchmarks.load_benchmark(path)
+
+
+def test_the_tune_and_report_halves_are_stable_and_disjoint():
+    """The split is a pure function of the question id, fixed once: these ids keep their halves forever (a
+    changed rule would move questions that a choice has looked at into the reported half)."""
+    assert [benchmarks.half(i) for i in ("WebQTrn-3129", "WebQTrn-3130", "WebQTrn-3131", "WebQTrn-3137")] == \
+        ["report", "tune", "report", "tune"]
+    ids = [f"WebQTrn-{n}" for n in range(2000)]
+    tune = {i for i in ids if benchmarks.half(i) == "tune"}
+    assert 0.45 < len(tune) / len(ids) < 0.55
+    assert benchmarks.halved("wwq-dev-real-tune") == ("wwq-dev-real", "tune")
+    assert benchmarks.halved("wwq-dev-report") == ("wwq-dev", "report") and benchmarks.halved("qald10-dev") is None
+    assert benchmarks.evaluation_set("wwq-dev-kg-report") == "wwq-dev-kg"  # no training run may read a half
+
+
+def test_halves_of_wwq_dev_cover_it_once():
+    whole = benchmarks.load_benchmark("wwq-dev")
+    halves = [benchmarks.load_benchmark(f"wwq-dev-{h}") for h in benchmarks.HALVES]
+    assert sorted(r["id"] for h in halves for r in h) == sorted(r["id"] for r in whole)

@@ -566,6 +566,29 @@ def test_a_scored_record_knows_its_questions_shape(endpoint_url):
     assert evaluate.score_record({"sparql": None, "pipeline_failure": "dead_end"}, ask, client)["shape"] == "ask"
 
 
+def test_a_declined_answer_scores_as_no_answer_and_its_guess_apart(endpoint_url):
+    client = evaluate.sparql.SparqlClient(endpoint_url)
+    declined = {"sparql": None, "guess": BORN, "declined": True, "pipeline_failure": "declined"}
+    record = evaluate.score_record(declined, BORN, client)
+    assert record["f1"] == 0.0 and record["guess_f1"] == 1.0 and record["answers"] is None
+    assert record["guess_answers"] is not None and record["failure"] == "declined"
+
+
+def test_score_only_declines_anew_at_another_threshold(endpoint_url):
+    """--score-only --min-confidence: the recorded choices give the confidence; below the threshold the
+    answer is declined, above it the guess is answered again."""
+    record = {"sparql": BORN, "guess": BORN, "declined": False, "pipeline_failure": None,
+              "choices": [{"p": 0.9}, {"p": 0.3}]}
+    evaluate.redecide(record, 0.5)
+    assert record["confidence"] == 0.3 and record["declined"] and record["sparql"] is None
+    assert record["pipeline_failure"] == "declined"
+    evaluate.redecide(record, 0.2)
+    assert not record["declined"] and record["sparql"] == BORN and record["pipeline_failure"] is None
+    nothing = {"sparql": None, "guess": None, "pipeline_failure": "dead_end"}
+    evaluate.redecide(nothing, 0.5)
+    assert nothing["sparql"] is None and nothing["pipeline_failure"] == "dead_end"
+
+
 def test_summary_of_handmade_records():
     def record(f1, seconds, backtracks, failure=None, status="ok"):
         return {"f1": f1, "em": None if f1 is None else f1 == 1.0, "seconds": seconds,

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import defaults
+import infer
 import lora
 from grisp import peft_format
 from grisp.generate import Hypothesis
@@ -194,6 +195,39 @@ def test_dead_skeletons_get_a_second_pass_without_the_none_cut(tiny_model, demo_
     assert chosen[-2:] == [film, director] and chosen[0] == genre
     margin = answer(none_margin=3.0)  # the film within the margin: answered in the first pass, no retry
     assert margin.sparql is not None and [e["event"] for e in margin.trace].count("retry") == 0
+
+
+def test_a_low_confidence_answer_is_declined_with_its_guess_kept(tiny_model, demo_index, demo_endpoint):
+    """The retry's answer took the film below None: its confidence is the film's probability there, and
+    --min-confidence above it declines the answer but keeps its query as the guess (trace and JSON)."""
+    film, genre, director = (f"http://www.wikidata.org/entity/{id}" for id in ("Q104123", "Q351718", "P57"))
+    skeleton = "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }"
+
+    def reranker(question, marked_query, alternatives, resolved):
+        return [{genre: 9.0, film: 5.0, director: 9.0}.get(a.iri, 1.0) for a in alternatives] + [7.0]  # None: 7
+
+    def answer(min_confidence):
+        grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=5, min_confidence=min_confidence))
+        grisp.resolver.reranker = reranker
+        return grisp.answer_from_skeletons("who directed pulp fiction?", [skeleton])
+
+    answered = answer(0.0)
+    assert answered.sparql is not None and answered.retried and not answered.declined
+    assert [c["iri"] for c in answered.choices] == [film, director]
+    film_p = answered.choices[0]["p"]
+    assert 0 < film_p < answered.choices[0]["p_none"]  # taken below None, in the retry
+    assert answered.confidence == pytest.approx(min(c["p"] for c in answered.choices)) and answered.confidence < 0.5
+    assert answered.guess == answered.sparql
+    declined = answer(0.5)
+    assert declined.sparql is None and declined.result is None and declined.declined
+    assert declined.failure == "declined" and declined.guess == answered.sparql
+    assert declined.confidence == pytest.approx(answered.confidence)
+    event = [e for e in declined.trace if e["event"] == "declined"]
+    assert event == [{"event": "declined", "confidence": round(declined.confidence, 4), "min_confidence": 0.5,
+                      "guess": answered.sparql}]
+    saved = answer_to_json(declined)
+    assert saved["guess"] == answered.sparql and saved["declined"] is True and saved["sparql"] is None
+    assert infer.describe(event[0]).startswith("declined: confidence")
 
 
 def save_random_adapter(tiny_model, out_dir):

@@ -33,11 +33,30 @@ def test_systems_table_rows_follow_the_summaries(tmp_path):
     no_rerank = system_run(tmp_path, "norr", "no-rerank", [None, None, None, "wrong_answer"],
                            options=dict(evaluate.ABLATIONS["no-rerank"]))
     lines = report.systems_table([full, no_rerank])
-    assert lines[2] == "| GRISP (all mechanisms) | 50.0 | 50.0 | 3.5 / 3.5 | 0.50 | 1 / 1 / 2 | 4 |"
+    # F1 | answered | precision | wrong | declined | index lacks: declined | EM | ...
+    assert lines[2] == "| GRISP (all mechanisms) | 50.0 | 3 | 66.7 | 1 | 1 | 0 of 0 | 50.0 | 3.5 / 3.5 | 0.50 | 1 / 1 / 2 | 4 |"
     # the ablation's own preset is not repeated in the name
-    assert lines[3] == "| w/o re-ranking | 75.0 | 75.0 | 3.5 / 3.5 | 0.50 | 0 / 1 / 3 | 4 |"
+    assert lines[3] == "| w/o re-ranking | 75.0 | 4 | 75.0 | 1 | 0 | 0 of 0 | 75.0 | 3.5 / 3.5 | 0.50 | 0 / 1 / 3 | 4 |"
     slow = system_run(tmp_path, "slow", "none", [None, "timeout", "timeout", "dead_end"])
     assert report.systems_table([slow])[2].endswith("| 1 / 0 / 1 (2 timeout) | 4 |")  # no column of its own
+
+
+def test_risk_table_and_plot_follow_the_confidences(tmp_path):
+    """Four answered questions: at 25% coverage the surest (right), at 50% the two surest (one wrong), ...;
+    without the retry the retry's answer (confidence 0.1) is gone."""
+    outcomes = [(1.0, 0.9, False), (0.0, 0.8, False), (1.0, 0.5, False), (0.0, 0.1, True)]
+    records = [{"id": f"q{i}", "f1": f1, "sparql": "Q", "guess": "Q", "confidence": c, "declined": False,
+                "retried": retried, "index_lacks": []} for i, (f1, c, retried) in enumerate(outcomes)]
+    run = write_run(tmp_path / "run", records, {}, {"ablation": "none", "options": {}, "adapter": "a"})
+    curves = report.risk_curves([run], without_retry=True)
+    lines = report.risk_table(curves)
+    assert lines[0].startswith("| system | 10% | 20% | 30% |") and lines[0].endswith("| all answered |")
+    cells = lines[2].split(" | ")
+    assert cells[0] == "| GRISP (all mechanisms)" and cells[1] == "100.0 (0.90)" and cells[3] == "50.0 (0.80)"
+    assert lines[2].endswith("| 50.0 at 100.0% |")
+    assert lines[3].startswith("| GRISP (all mechanisms), w/o the retry |") and lines[3].endswith("| 66.7 at 75.0% |")
+    report.plot_risk(curves, tmp_path / "risk.png")
+    assert (tmp_path / "risk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_systems_table_names_what_else_differs(tmp_path):

@@ -1,5 +1,6 @@
 """The KG-guided depth-first resolver (resolve.py) on a real oxigraph server over the demo KG, with a
 scripted re-ranker standing in for the model: each test asserts the exact final query and the trace."""
+import math
 import subprocess
 import sys
 import time
@@ -74,6 +75,23 @@ def test_picks_the_film_over_the_genre(indices, client):
     # and the items resolved so far reach it with their labels and kinds (prompt format v2 shows them)
     film, director = (FILM, "wd:Q104123", "entity", "Pulp Fiction"), (DIRECTOR, "wdt:P57", "property", "director")
     assert reranker.resolved == [[], [film], [film, director]]
+
+
+def test_the_resolution_records_each_choice_with_its_probabilities(indices, client):
+    """Resolution.choices: per placeholder of the final query the chosen IRI, and the re-ranker's probability
+    (softmax over the shown hits and None) of it and of None; without re-ranking none."""
+    reranker = ScriptedReranker({FILM: 9.0, GENRE: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, client, reranker, Options()).resolve("q", SKELETON)
+    assert [c["iri"] for c in resolution.choices] == [FILM, DIRECTOR, BIRTHPLACE]
+    ranked = dict(events(resolution, "placeholder")[0]["reranked"])  # the first placeholder's scores
+    weights = {iri: math.exp(score) for iri, score in ranked.items()}
+    first = resolution.choices[0]
+    assert first["p"] == pytest.approx(weights[FILM] / sum(weights.values()), rel=1e-3)
+    assert first["p_none"] == pytest.approx(weights[None] / sum(weights.values()), rel=1e-3)
+    plain = Resolver(indices, client, None, Options(rerank=False)).resolve("q", SKELETON)
+    assert plain.sparql is not None and all(c["p"] is None and c["p_none"] is None for c in plain.choices)
+    failed = Resolver(indices, client, ScriptedReranker({}, none_first=lambda q: True), Options()).resolve("q", SKELETON)
+    assert failed.sparql is None and failed.choices == []
 
 
 def test_an_ask_question_is_not_constrained_so_a_no_resolves(indices, client):

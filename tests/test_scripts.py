@@ -72,3 +72,15 @@ def test_results_takes_a_relative_out_from_the_current_directory(tmp_path):
     assert done.returncode == 0, done.stderr
     outs = [line.split("--out ")[1].split()[0] for line in calls.splitlines() if line.startswith("python evaluate.py")]
     assert outs == [f"{tmp_path}/issue15/new/demo-none"]
+
+
+def test_results_runs_a_half_of_the_realistic_setting_with_its_risk_table(tmp_path):
+    done, calls = run(tmp_path, "runs/results.sh", "wwq-dev-real-report")
+    assert done.returncode == 0, done.stderr
+    lines = calls.splitlines()
+    evaluations = [line for line in lines if line.startswith("python evaluate.py")]
+    assert [line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in evaluations] == \
+        ["wwq-dev-real-report-none", "wwq-dev-real-report-no-rerank"]
+    assert all("--benchmark wwq-dev-real-report" in line and "7881" in line for line in evaluations)
+    assert any(line.startswith("python build_eval_kg.py --setting real") for line in lines)
+    assert any(line.startswith("python report.py risk") and "--without-retry" in line for line in lines)

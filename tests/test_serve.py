@@ -106,6 +106,8 @@ def test_answer_holds_query_result_labels_skeletons_trace_and_timings(server):
     assert answer["skeletons"] == [[GOLD, -1.0]]
     assert [e["event"] for e in answer["trace"]] == ["skeleton", "resolve"] + ["placeholder", "choose"] * 3 + ["validate"]
     assert {"generate", "resolve", "search", "validate", "total"} <= set(answer["timings"])
+    # its confidence (without re-ranking 1.0: nothing tells answers apart) and the query found
+    assert answer["confidence"] == 1.0 and answer["guess"] == answer["sparql"] and answer["declined"] is False
 
 
 def test_stream_sends_each_event_as_it_happens_then_the_answer(server):

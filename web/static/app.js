@@ -316,6 +316,11 @@ const drawers = {
   timeout() { return el("div", {class: "step stop"}, el("div", {class: "head"}, "time budget used up")); },
   endpoint_lost(e) { return el("div", {class: "step stop"}, el("div", {class: "head"}, `endpoint lost: ${e.error}`)); },
   refused(e) { return el("div", {class: "step stop"}, el("div", {class: "head"}, `refused: ${e.reason}`)); },
+  declined(e) {  // the answer found is below --min-confidence: declined, its query kept as the guess
+    return el("div", {class: "step stop"},
+              el("div", {class: "head"}, `declined: confidence ${e.confidence.toFixed(2)} < ${e.min_confidence}; guess: `,
+                 el("code", {}, e.guess)));
+  },
 };
 
 // --- the answer
@@ -324,6 +329,7 @@ const FAILURES = {
   dead_end: ["Dead end", "no skeleton resolved to a query with a non-empty result on this knowledge graph."],
   timeout: ["Timeout", "the time budget for resolving the skeletons ran out."],
   endpoint_error: ["Endpoint error", "the SPARQL endpoint failed during the search."],
+  declined: ["No confident answer", "the query found is below the confidence threshold; it is shown as a guess."],
 };
 
 function fail(title, text) {
@@ -347,10 +353,12 @@ function showTimings(answer) {
 
 function showAnswer(answer) {
   $("result").hidden = false;
-  if (answer.sparql) {
+  const query = answer.sparql || (answer.declined && answer.guess);  // a declined answer's guess stays visible
+  if (query) {
     $("sparql").hidden = false;
-    $("query").textContent = formatQuery(answer.sparql);
-    $("query").dataset.raw = answer.sparql;
+    $("sparqltitle").textContent = answer.sparql ? "SPARQL" : "SPARQL (declined guess)";
+    $("query").textContent = formatQuery(query);
+    $("query").dataset.raw = query;
   }
   const t = showTimings(answer);
   if (answer.mode === "generate") {
@@ -362,13 +370,16 @@ function showAnswer(answer) {
   }
   if (!answer.sparql) {
     const [title, text] = FAILURES[answer.failure] || ["No answer", answer.error || answer.failure || "unknown failure"];
-    fail(title, text);
+    fail(title, answer.declined ? `${text} (confidence ${answer.confidence.toFixed(2)})` : text);
     return;
   }
   $("table").replaceChildren(resultTable(answer.result, answer.labels));
+  const notes = answer.confidence == null ? [] : [el("p", {class: "confidence"},
+    `Confidence ${answer.confidence.toFixed(2)}` + (answer.retried ? " (from the second pass)" : ""))];
   if (answer.verified === false) {  // accepted although the endpoint failed on the final query
-    $("message").replaceChildren(el("p", {class: "more"}, `Unverified: ${answer.error}`));
+    notes.push(el("p", {class: "more"}, `Unverified: ${answer.error}`));
   }
+  $("message").replaceChildren(...notes);
   setStatus(`Answered in ${seconds(t.total || 0)}.`);
 }
 
