@@ -72,7 +72,7 @@ class Options:
                          "default, with re-ranking on, those skeletons are resolved once more keeping every hit "
                          "in the re-ranked order, None's cut lifted; ours)")
     min_confidence: float = option(0.0, "decline an answer whose confidence (grisp/confidence.py: the re-ranker's "
-                                   "least probability of a chosen IRI) is below this: \"no confident answer\", "
+                                   "mean probability of the chosen IRIs) is below this: \"no confident answer\", "
                                    "the query kept as a marked guess; 0 = answer whatever was found")
     rerank: bool = option(True, "take the index order, no model re-ranking")
     constrained: bool = option(True, "search without KG constraints")

@@ -59,8 +59,9 @@ def test_without_retry_takes_the_retry_answers_back():
     assert records[0] is RUN[0]
 
 
-def test_the_confidence_is_the_least_sure_choice_and_declines_below_the_threshold():
+def test_the_confidence_is_the_mean_choice_probability_and_declines_below_the_threshold():
     choices = [{"p": 0.9, "p_none": 0.05}, {"p": 0.4, "p_none": 0.5}]
-    assert confidence.confidence(choices) == 0.4
+    assert confidence.confidence(choices) == pytest.approx(0.65)
     assert confidence.confidence([{"p": None}]) == 1.0 and confidence.confidence([]) == 1.0  # no re-ranking
+    assert confidence.confidence([{"p": 0.2}, {"p": None}]) == 0.2  # only the re-ranked ones count
     assert confidence.decide(0.4, 0.5) and not confidence.decide(0.5, 0.5) and not confidence.decide(None, 0.5)
