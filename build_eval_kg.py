@@ -50,13 +50,13 @@ from typing import NamedTuple
 
 import pyoxigraph as ox
 
-import defaults
+from grisp import defaults
 import endpoint
 from build_index import WIKIDATA_ID
 from grisp import benchmarks, metrics, sparql
 from grisp.skeleton import query_iris
 from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, query_key, tokenize
-from jsonl import read_jsonl, write_jsonl
+from grisp.jsonl import read_jsonl, write_jsonl
 from search import normalize
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]

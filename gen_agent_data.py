@@ -39,15 +39,15 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import defaults
+from grisp import defaults
 from agent import Agent
-from defaults import WIKIDATA_INDEX_DIR
+from grisp.defaults import WIKIDATA_INDEX_DIR
 from grasp.backends import ToolCall
 from grasp.config import ConfigError, load_config, override
 from grasp.functions import FunctionError, KnowledgeGraph, canonical, check_known
 from grisp import mixture
 from grisp.skeleton import query_iris, skeletonize
-from jsonl import write_jsonl
+from grisp.jsonl import write_jsonl
 
 ANSWER_TEXT = "The result of this query."  # the trace never ran it (module docstring)
 

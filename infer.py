@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-import defaults
+from grisp import defaults
 from grisp.options import add_flags, from_flags
 from grisp.pipeline import Answer, Grisp, GrispError, answer_to_json
 from grisp.sparql import EndpointUnreachable, SparqlError

@@ -19,7 +19,7 @@ from pathlib import Path
 from evaluate import ABLATIONS, first_per_id
 from grisp import coverage
 from grisp.skeleton_score import SHAPES
-from jsonl import read_jsonl
+from grisp.jsonl import read_jsonl
 
 # row names of the systems table, by evaluate.py --ablation (the paper's names)
 SYSTEM_NAMES = {"none": "GRISP (all mechanisms)", "no-rerank": "w/o re-ranking", "no-beam-search": "w/o beam search",

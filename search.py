@@ -49,8 +49,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-import defaults
-import jsonl
+from grisp import defaults
+from grisp import jsonl
 
 
 # ---------------------------------------------------------------------------- the indices

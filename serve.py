@@ -49,7 +49,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-import defaults
+from grisp import defaults
 from agent import Agent, build_agent
 from grasp.backends import BackendError
 from grasp.config import Config, ConfigError, check, load_config, override, unset_flag
@@ -58,7 +58,7 @@ from grisp.options import GrispError, Options, add_flags, from_flags, preset
 from grisp.pipeline import Answer, Grisp, answer_to_json
 from grisp.sparql import SparqlError
 from grisp.sparql_syntax import PREFIXES
-from jsonl import read_jsonl
+from grisp.jsonl import read_jsonl
 from model import DEVICES
 from web.agent_routes import AgentQuestion, agent_info, agent_routes, run_agent
 from web.jobs import Job, QueueFull, Worker

@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 import build_index
-import defaults
+from grisp import defaults
 import lora
 from grisp import checkpoint, loss, mixture, peft_format, samples
 from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import defaults  # noqa: E402
+from grisp import defaults  # noqa: E402
 from grisp import peft_format  # noqa: E402
 from grisp.prompts import to_alternative  # noqa: E402
 from grisp.rerank import ModelReranker  # noqa: E402

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import requests
 
-import defaults
+from grisp import defaults
 from grisp.sparql_syntax import query_key
-from jsonl import read_jsonl, write_atomic
+from grisp.jsonl import read_jsonl, write_atomic
 
 GRASP_DATA_URL = "https://raw.githubusercontent.com/ad-freiburg/grasp/main/data/benchmark/wikidata"
 # name -> (path inside the data cache, public source or None)

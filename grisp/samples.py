@@ -51,7 +51,7 @@ from grisp.prompts import (IDENTIFIERS, LATEST_PROMPT_FORMAT, PROMPT_FORMATS, ma
                      to_alternative)
 from grisp.skeleton import find_placeholders, placeholder_text, skeletonize, split_variant, substitute
 from grisp.sparql import SparqlError
-from jsonl import iter_jsonl
+from grisp.jsonl import iter_jsonl
 from search import Indices
 
 

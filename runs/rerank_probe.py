@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import defaults  # noqa: E402
+from grisp import defaults  # noqa: E402
 from grisp import benchmarks  # noqa: E402
 from grisp.peft_format import load_for_inference, read_prompt_format  # noqa: E402
 from grisp.prompts import IDENTIFIERS  # noqa: E402

@@ -8,7 +8,7 @@ import pyoxigraph as ox
 import pytest
 
 import build_eval_kg
-import defaults
+from grisp import defaults
 import endpoint
 from grisp import benchmarks, metrics
 
