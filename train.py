@@ -342,7 +342,7 @@ def make_parser() -> argparse.ArgumentParser:
                        f"{', '.join(mixture.SOURCES)}, a benchmarks.py name or a JSONL path; samples are made "
                        "online, fresh per epoch; no evaluation set (qald10-dev, wwq-dev, the demo ...) is ever among them")
     group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online "
-                       "generation), or agent conversations from gen_agent_data.py")
+                       "generation), or agent conversations from tools/gen_agent_data.py")
     group.add_argument("--index", default=None, help="search index for online generation; unset: "
                        f"{defaults.WIKIDATA_INDEX_DIR}, built if missing")
     group.add_argument("--val-fraction", type=float, default=0.05, help="records held out (by id hash) for the "

@@ -336,7 +336,7 @@ def read_samples(path: str | Path) -> dict[int, list[dict]]:
     for number, sample in iter_jsonl(path):
         task = sample.get("task") if isinstance(sample, dict) else None
         if task not in TASKS or not {"id", "epoch", "messages", "tools" if task == "agent" else "target"} <= sample.keys():
-            raise ValueError(f"{path}: line {number} is not a gen_data.py or gen_agent_data.py sample (needs id, "
+            raise ValueError(f"{path}: line {number} is not a gen_data.py or tools/gen_agent_data.py sample (needs id, "
                              f"epoch, task, messages, and target or, for an agent trace, tools)")
         by_epoch.setdefault(sample["epoch"], []).append(sample)
     if not by_epoch:
