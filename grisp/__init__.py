@@ -7,7 +7,8 @@ the search indices are the root's search.py, the model's machinery llm/).
     stage 2, resolution:  resolve.py (depth-first search), positions.py, constraints.py, rerank.py, tracing.py
     the knowledge graph:  sparql.py (HTTP client), sparql_syntax.py (tokenizer, prefixes)
     training:             samples.py, compose.py, mixture.py, loss.py, trainer.py (train.py's loop and resume),
-                          checkpoint.py, peft_format.py (adapters on disk)
+                          train_config.py (train.py's flags, defined once), checkpoint.py, peft_format.py
+                          (adapters on disk)
     evaluation:           benchmarks.py, metrics.py, skeleton_score.py
     shared helpers:       defaults.py (locations, --help format), jsonl.py (the JSONL reader/writer, atomic
                           writes), code_version.py (the fingerprint of the sources a result comes from)
