@@ -58,10 +58,8 @@ from model import Transformer, pick_device
 RECIPES = {"cpu": {"lora_layers": 0, "micro_batch_size": 1, "epochs": 2},
            "gpu": {"lora_layers": 0, "micro_batch_size": 1, "epochs": 4}}
 # CPU seconds per token of a training step on the mixture, a + b x (blocks with LoRA), per precision (0.5B
-# model, 2 threads; docs/training.md): all tokens over all seconds. float32, fitted on the AVX2 machine
-# without native bf16: 81 tokens/s with LoRA on the last 8 blocks (cmp-l8-per-sample, 90 steps) and 46 on all
-# 24 (cmp-l24-reference, 33 steps). bfloat16, fitted on an AMD EPYC with native bf16: 290 tokens/s on the last
-# 8 (cmp-bf16-l8, 60 steps) and 149 on all 24 (the long run's first 20 steps, machine otherwise idle).
+# model, 2 threads), for the plan's expected duration: fitted to measured runs (the runs and their
+# tokens/s: docs/method.md 4.3, docs/training.md).
 CPU_SECONDS_PER_TOKEN = {"float32": (7.5e-3, 0.6e-3), "bfloat16": (1.8e-3, 0.2e-3)}
 
 # ---------------------------------------------------------------------------- setup, data, model

@@ -6,8 +6,8 @@ queries (full names, names with the last word cut to a prefix, word subsets, sho
 misses). Printed: build time, extra peak memory while building, memory after loading and querying
 (each in its own process), index size on disk, p50/p95 query latency (both indices in one process,
 interleaved per query, several rounds: the spread across rounds is the noise), KG-constrained
-latency, and top-1 / top-10 agreement. Ratios are ours / Rust. Targets (issue 4): latency within
-2x of Rust, >= 95% top-1 agreement.
+latency, and top-1 / top-10 agreement. Ratios are ours / Rust. What ours must reach: latency within
+2x of Rust, >= 95% top-1 agreement (the results: docs/search.md).
 
     pip install faiss-cpu          # search-index imports faiss; a bench-only dependency
     python bench/bench_search.py   # 1M names, 1000 queries (~5 minutes on 2 cores)
