@@ -416,4 +416,4 @@ if __name__ == "__main__":
     try:
         main(args)
     except (ValueError, SparqlError) as e:
-        raise SystemExit(f"error: {e}")
+        raise SystemExit(f"error: {e}") from None

@@ -588,7 +588,7 @@ def connect(endpoint: str, query_timeout: float) -> sparql.SparqlClient:
         sparql.SparqlClient(endpoint, retries=0).query("ASK {}")
     except sparql.SparqlError:
         raise FileNotFoundError(f"the SPARQL endpoint {endpoint} does not answer; start it "
-                                f"(python endpoint.py start) or pass --endpoint")
+                                f"(python endpoint.py start) or pass --endpoint") from None
     return client
 
 

@@ -675,4 +675,4 @@ if __name__ == "__main__":
     try:
         main(args)
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
+        raise SystemExit(f"error: {e}") from None

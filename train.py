@@ -24,8 +24,8 @@ plan and, on a CPU, its expected duration are printed before the first step and 
 
     python train.py --data wwq                                   # the device's recipe (CPU: the shipped adapter's)
     python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach   # the training mixture (the `mix` adapter's)
-    python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach --compose-shapes chain,ask,intersection,superlative,count,filter
-                                                                 # ... with every composed shape: the shipped adapter's
+    python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach \\
+        --compose-shapes chain,ask,intersection,superlative,count,filter   # every composed shape: the shipped adapter's
     python train.py --data wwq --max-steps 40                    # a short run
     python train.py --data wwq --name my-run --resume            # continue exactly where it stopped
     torchrun --nproc-per-node 4 train.py --data wwq              # several GPUs (DDP)

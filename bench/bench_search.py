@@ -181,7 +181,7 @@ def latency(work: Path, tsv: Path, names: list, queries: list[str], args: argpar
         run["ours"](q), run["rust"](q)
     rounds = {key: [] for key in ["ours", "rust", "ours_sub", "rust_sub"]}
     results = {}
-    for r in range(args.rounds):
+    for _ in range(args.rounds):
         times = {key: [] for key in rounds}
         for i, q in enumerate(queries):
             for impl in rotated(["ours", "rust"], i):
@@ -260,7 +260,6 @@ def report(stats: dict, rounds: dict, agreed: tuple[float, float, float], n: int
 
 
 def main(args: argparse.Namespace) -> None:
-    import search_index  # noqa: F401  (here: a missing Rust package fails before the data is made)
 
     from llm.cpu_speed import cpu_name  # here, not at the top: it imports torch, the spawned children need not
 
@@ -310,5 +309,5 @@ if __name__ == "__main__":
     except ImportError as e:
         raise SystemExit(
             f"error: GRASP's search-index is needed ({e}); pip install search-index faiss-cpu"
-        )
+        ) from None
     main(args)

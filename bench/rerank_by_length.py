@@ -29,7 +29,8 @@ PROPERTIES = ["P57", "P58", "P161", "P136", "P495", "P31", "P364", "P2047", "P57
 CASES = [
     ("who directed pulp fiction?", "SELECT DISTINCT ?x WHERE { wd:Q104123 <rep>director (wdt)</rep> ?x . }"),
     ("Where was the Pulp Fiction director born?",
-     "SELECT DISTINCT ?x WHERE { wd:Q104123 <rep>director (wdt)</rep> ?y . ?y <iri>place of birth (wdt)</iri> ?x . }"),
+     "SELECT DISTINCT ?x WHERE { wd:Q104123 <rep>director (wdt)</rep> ?y . "
+     "?y <iri>place of birth (wdt)</iri> ?x . }"),
 ]
 
 

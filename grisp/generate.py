@@ -16,10 +16,11 @@ The prompt is prefilled once (`prefill`), through a PromptCache (prompt_cache.py
 with the previous prompt, such as the skeleton prompt's instructions, is not recomputed); its KV cache is
 copied into the W beam rows and reordered whenever beams move (`KVCache.reorder`). Each step then takes
 the candidate continuations (`candidates`), keeps W beams and the ended hypotheses (`select`), and runs
-the W new tokens only (`decode_one_token`). `beam_search_stream` yields each hypothesis as soon as no running beam can overtake it
-("sum" ranking), so a caller that needs only the best few stops the search there (exact). Choosing the continuations
-takes a few linear passes over the W x V scores (top-p from a partial top-k, no full sort), so a
-step costs little more than the model's forward (bench/bench_infer.py measures it).
+the W new tokens only (`decode_one_token`). `beam_search_stream` yields each hypothesis as soon as no
+running beam can overtake it ("sum" ranking), so a caller that needs only the best few stops the search
+there (exact). Choosing the continuations takes a few linear passes over the W x V scores (top-p from
+a partial top-k, no full sort), so a step costs little more than the model's forward (bench/bench_infer.py
+measures it).
 
     from grisp.generate import beam_search
     hyps = beam_search(model, prompt_ids, eos_ids, num_beams=8, sample=True, temperature=0.4, top_p=0.9)
@@ -369,7 +370,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps ...")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weight dtype; auto = bfloat16 on a GPU with native bf16 (Ampere or newer) and on a CPU with it, float32 on "
-                             "other CPUs (llm/cpu_speed.pick_dtype)")
+                        help="weight dtype; auto = bfloat16 on a GPU with native bf16 (Ampere or newer) and on a CPU "
+                             "with it, float32 on other CPUs (llm/cpu_speed.pick_dtype)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     main(parser.parse_args())

@@ -26,7 +26,7 @@ large lm_head matmul everywhere else. The identifier tokens and their logits com
 scoring rule inference uses. `backward_batch` accumulates a batch's gradient over micro-batches and
 `evaluate` weighs a validation set the same way. Used by train.py; tested in tests/test_train.py.
 
-    encoded = [encode(sample, tokenizer) for sample in samples]   # samples.py samples (made online or read from gen_data.py)
+    encoded = [encode(sample, tokenizer) for sample in samples]  # samples.py's (online, or read from gen_data.py)
     losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id, "reference"))  # [B], [B]
     batch_loss = losses.sum() / sum(units(e, "reference") for e in encoded)
 """

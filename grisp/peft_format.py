@@ -320,4 +320,4 @@ if __name__ == "__main__":
     try:
         main(parser.parse_args())
     except (FileNotFoundError, ValueError) as error:
-        raise SystemExit(f"error: {error}")
+        raise SystemExit(f"error: {error}") from None

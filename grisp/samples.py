@@ -23,7 +23,8 @@ A sample is a pure function of (seed, epoch, record, copy) (and the endpoint's a
 ones), so online generation (train.py) is reproducible and resumable, and gen_data.py can precompute N
 epochs offline. Records whose query has an IRI the index does not know are skipped and counted. A sample:
 
-    {"id": record id, "source": "wwq", "epoch": 0, "task": "skeleton", "messages": [system, user], "target": "SELECT ..."}
+    {"id": record id, "source": "wwq", "epoch": 0, "task": "skeleton", "messages": [system, user],
+     "target": "SELECT ..."}
     {"id": ..., "epoch": 0, "task": "rerank", "messages": [...], "target": "C", "prompt_format": "v2",
      "identifiers": ["A", ..., "K"], "iri": gold item IRI or null when dropped or missed}
 
