@@ -1,4 +1,4 @@
-"""jsonl.py: the one JSONL reader/writer and the atomic writes (round trips, bad lines named, logs cut
+"""grisp/jsonl.py: the one JSONL reader/writer and the atomic writes (round trips, bad lines named, logs cut
 off by a killed run, interrupted writes that leave no half file)."""
 import json
 
