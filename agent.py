@@ -13,8 +13,8 @@ back (at most max_feedbacks times). Follow-up questions carry the earlier turns 
     python agent.py --file questions.jsonl --out answers.jsonl   # {"question": ...} per line
     python agent.py --follow-up "Who directed Pulp Fiction?"     # then more questions from stdin, same conversation
 
-About 375 lines, just over a library's ~350: the loop (~265) and its command line (~105) stay in one
-file, as the issue asks for library + CLI in agent.py.
+About 455 lines, over a library's ~350: the loop (~310, Agent.run -> _turns -> _model_turn, _handle_call)
+and its command line (~120) stay in one file, the library beside the command that runs it.
 """
 import argparse
 import json
@@ -24,13 +24,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import defaults
+from grisp import defaults
 from grasp.backends import BackendCancelled, BackendError, BackendTimeout, ToolCall
 from grasp.config import ConfigError, check, load_config, make_backend, override, unset_flag
 from grasp.functions import FunctionError, Functions, KnowledgeGraph, check_known, table
 from grasp.prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
 from grisp.sparql import SparqlClient, SparqlError
-from jsonl import append_jsonl, read_jsonl
+from grisp.jsonl import append_jsonl, read_jsonl
 
 FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "loop": "dead_end",  # as evaluate.py
            "step_limit": "timeout", "time_limit": "timeout", "error": "error", "cancelled": "error"}  # counts failures
@@ -113,42 +113,36 @@ class Agent:
         messages = [system, *[m for m in past_messages if m["role"] != "system"], {"role": "user", "content": question}]
         r.messages, first = messages, len(messages) - 1  # this question's turns start at `first`
         emit("question", question=question, task=task, kgs=", ".join(names), backend=getattr(self.backend, "name", ""))
+        if not past_messages:
+            self._force_examples(r, messages, functions, names, question, deadline, emit)
+        # --- model turns until answer / cancel, a turn without calls, or a limit; then the output
+        self._turns(r, messages, first, names, functions, tools, start, deadline, emit, cancel)
+        self._output(r, messages[first:])
+        r.timings["total"] = time.monotonic() - start
+        emit("output", status=r.status, kg=r.kg, sparql=r.sparql, answer=r.answer, explanation=r.explanation,
+             steps=r.steps, seconds=round(r.timings["total"], 2))
+        return r
+
+    def _force_examples(self, r, messages, functions, names, question, deadline, emit) -> None:
+        """With force_examples naming one of `names` that has examples, a first call of find_similar_examples
+        (or find_examples) made for the model, as if it had made it (a new conversation only)."""
         forced = self.o.force_examples
-        if forced in names and self.kgs[forced].examples is not None and not past_messages:
+        if forced in names and self.kgs[forced].examples is not None:
             name = "find_examples" if self.o.random_examples else "find_similar_examples"
             args = {"kg": forced} | ({} if self.o.random_examples else {"question": question})
             forced_call = ToolCall.made("call_examples", name, args)
             messages.append({"role": "assistant", "content": "", "tool_calls": [forced_call.message()]})
             self._call(r, messages, functions, "call_examples", name, args, deadline, emit)
 
-        # --- model turns until answer / cancel, a turn without calls, or a limit
+    def _turns(self, r, messages, first, names, functions, tools, start, deadline, emit, cancel) -> None:
+        """The loop: model turns, each call answered, until an answer or cancel call (unless the judge sends
+        the agent back), a turn without calls, too many repeated turns, cancel, or a limit (r.status)."""
         made, loops = {}, 0  # the calls run so far (name and arguments -> step, and for a failed one the number of
         # known IRIs then), and how many times the model only repeated them
-        while True:
-            if cancel is not None and cancel.is_set():
-                r.status = "cancelled"
-                emit("cancelled")
+        while not self._stopped(r, start, deadline, cancel, emit):
+            reply = self._model_turn(r, messages, tools, deadline, emit)
+            if reply is None:
                 break
-            if r.steps >= self.o.max_steps or time.monotonic() >= deadline:
-                r.status = "step_limit" if r.steps >= self.o.max_steps else "time_limit"
-                emit("limit", kind=r.status, steps=r.steps, seconds=round(time.monotonic() - start, 2))
-                break
-            try:
-                reply = self.backend.chat(messages, tools, deadline)
-            except BackendCancelled:  # stopped during generation (serve.py's cancel reaches the local model)
-                r.status = "cancelled"
-                emit("cancelled", during="generation")
-                break
-            except BackendError as e:
-                r.status, r.error = ("time_limit" if isinstance(e, BackendTimeout) else "error"), str(e)
-                emit("backend_error", error=str(e), timeout=isinstance(e, BackendTimeout))
-                break
-            r.steps += 1
-            r.timings["model"] += reply.seconds
-            emit("model", step=r.steps, content=reply.content, calls=", ".join(c.name for c in reply.tool_calls),
-                 seconds=round(reply.seconds, 2), notes="; ".join(reply.notes))
-            messages.append({"role": "assistant", "content": reply.content,
-                             **({"tool_calls": [c.message() for c in reply.tool_calls]} if reply.tool_calls else {})})
             # a call made before is not run again: its result is in the conversation already (GRASP's loop
             # check, widened from the turn before to the whole question: small models also cycle)
             # (a call that failed counts as made until the known IRIs grow: know_before_use's fix is to look first)
@@ -168,29 +162,67 @@ class Agent:
             if stop:
                 emit("no_call", step=r.steps)
             for i, call in enumerate(reply.tool_calls):  # by position: a remote model may reuse an id
-                if call.error:
-                    r.calls["malformed"] += 1
-                    emit("malformed_call", step=r.steps, name=call.name, raw=call.raw, error=call.error)
-                    messages.append({"role": "tool", "tool_call_id": call.id,
-                                     "content": f"Error: {call.error}. Call the function again, correctly."})
-                    continue
-                if i in repeats:
-                    messages.append(not_run(call.id, repeats[i]))
-                    continue
-                ends, failed = self._call(r, messages, functions, call.id, call.name, call.arguments, deadline, emit)
-                stop |= ends
-                made[keys[i]] = (r.steps, len(r.known) if failed else None)
+                ran = self._handle_call(r, messages, functions, call, repeats.get(i), deadline, emit)
+                if ran is not None:
+                    ends, failed = ran
+                    stop |= ends
+                    made[keys[i]] = (r.steps, len(r.known) if failed else None)
             if not stop:
                 continue
             if not (self.o.feedback and r.feedbacks < self.o.max_feedbacks) or \
                     not self._feedback(r, messages, first, names, deadline, emit):
                 break
             made = {}  # sent back: any call may be made again, answering the same included
-        self._output(r, messages[first:])
-        r.timings["total"] = time.monotonic() - start
-        emit("output", status=r.status, kg=r.kg, sparql=r.sparql, answer=r.answer, explanation=r.explanation,
-             steps=r.steps, seconds=round(r.timings["total"], 2))
-        return r
+
+    def _stopped(self, r: AgentResult, start: float, deadline: float, cancel, emit) -> bool:
+        """Whether the run stops before the next model turn: cancelled, or at the step or time limit
+        (r.status says which)."""
+        if cancel is not None and cancel.is_set():
+            r.status = "cancelled"
+            emit("cancelled")
+            return True
+        if r.steps >= self.o.max_steps or time.monotonic() >= deadline:
+            r.status = "step_limit" if r.steps >= self.o.max_steps else "time_limit"
+            emit("limit", kind=r.status, steps=r.steps, seconds=round(time.monotonic() - start, 2))
+            return True
+        return False
+
+    def _model_turn(self, r: AgentResult, messages: list[dict], tools: list[dict], deadline: float, emit):
+        """One model turn, appended to `messages` and counted as a step: the backend's reply, or None when
+        the backend failed or was cancelled (r.status and r.error say so)."""
+        try:
+            reply = self.backend.chat(messages, tools, deadline)
+        except BackendCancelled:  # stopped during generation (serve.py's cancel reaches the local model)
+            r.status = "cancelled"
+            emit("cancelled", during="generation")
+            return None
+        except BackendError as e:
+            r.status, r.error = ("time_limit" if isinstance(e, BackendTimeout) else "error"), str(e)
+            emit("backend_error", error=str(e), timeout=isinstance(e, BackendTimeout))
+            return None
+        r.steps += 1
+        r.timings["model"] += reply.seconds
+        emit("model", step=r.steps, content=reply.content, calls=", ".join(c.name for c in reply.tool_calls),
+             seconds=round(reply.seconds, 2), notes="; ".join(reply.notes))
+        messages.append({"role": "assistant", "content": reply.content,
+                         **({"tool_calls": [c.message() for c in reply.tool_calls]} if reply.tool_calls else {})})
+        return reply
+
+    def _handle_call(self, r, messages, functions, call: ToolCall, repeat_of: int | None, deadline,
+                     emit) -> tuple[bool, bool] | None:
+        """Answer one call of a model turn in `messages`: a malformed one with its error, one that repeats
+        the call of step `repeat_of` with a pointer to that result, any other by running it (_call).
+        Returns _call's (ends the conversation, failed) for a call that ran, else None."""
+        if call.error:
+            r.calls["malformed"] += 1
+            emit("malformed_call", step=r.steps, name=call.name, raw=call.raw, error=call.error)
+            messages.append({"role": "tool", "tool_call_id": call.id,
+                             "content": f"Error: {call.error}. Call the function again, correctly."})
+            return None
+        if repeat_of is not None:
+            messages.append(not_run(call.id, repeat_of))
+            return None
+        return self._call(r, messages, functions, call.id, call.name, call.arguments, deadline, emit)
 
     def conversation(self, task: str, names: list[str]) -> tuple[Functions, list[dict], dict]:
         """What a conversation over the knowledge graphs `names` starts from: their functions, the tool

@@ -46,12 +46,12 @@ from urllib.parse import unquote
 
 from tqdm import tqdm
 
-import defaults
+from grisp import defaults
 from grisp import benchmarks
 from grisp.skeleton import split_variant
 from grisp.sparql import SparqlClient, SparqlError
 from grisp.sparql_syntax import PREFIXES
-from jsonl import iter_jsonl
+from grisp.jsonl import iter_jsonl
 from search import (KINDS, EmbeddingIndex, Indices, ItemStore, PrefixIndex, embeddings_current, load_indices,
                     prefixes_current)
 
@@ -416,4 +416,4 @@ if __name__ == "__main__":
     try:
         main(args)
     except (ValueError, SparqlError) as e:
-        raise SystemExit(f"error: {e}")
+        raise SystemExit(f"error: {e}") from None

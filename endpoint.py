@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-import defaults
+from grisp import defaults
 from grisp.sparql import SparqlClient, SparqlError
-from jsonl import write_atomic, write_json
+from grisp.jsonl import write_atomic, write_json
 
 RDF_SUFFIXES = (".ttl", ".nt", ".nq", ".trig", ".rdf", ".xml", ".owl", ".n3", ".jsonld")
 

@@ -31,7 +31,7 @@ predictions.jsonl and summary.json the same way.
     python evaluate.py --score-only ~/.cache/grisp/eval/demo-none/predictions.jsonl
     python evaluate.py --skeleton-only --benchmark qald10-dev --index ~/.cache/grisp/indices/wikidata-items
 
-About 700 lines, over a script's ~300: the run modes above (and --system agent) share the run directory, resumption and
+About 800 lines, over a script's ~300: the run modes above (and --system agent) share the run directory, resumption and
 the summary, so the evaluation stage stays one file; the scoring rules themselves live in metrics.py
 and skeleton_score.py.
 """
@@ -49,14 +49,14 @@ from typing import Callable
 
 from tqdm import tqdm
 
-import defaults
+from grisp import defaults
 from grisp import benchmarks, coverage, metrics, sparql
 from grisp.options import GrispError, Options, add_flags, preset
 from grisp.skeleton_score import SHAPES, shape as question_shape
 from grisp.sparql_syntax import query_key
 from grisp.tracing import Stopwatch
-from code_version import code_version
-from jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
+from grisp.code_version import code_version
+from grisp.jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
 from llm.cpu_speed import cpu_name, pick_precision
 from model import DEVICES, pick_device
 
@@ -569,62 +569,61 @@ def parse_shapes(text: str | list[str] | None) -> list[str] | None:
     return shapes
 
 
-def main(args: argparse.Namespace, pipeline=None) -> dict:
-    """Run (or only score) an evaluation; returns the summary. `pipeline` replaces grisp.pipeline.Grisp
-    (anything with `answer(question)` and `answer_from_skeletons(question, skeletons)`)."""
-    # --- setup
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be positive, not {args.limit}")
-    args.shapes = parse_shapes(getattr(args, "shapes", None))
-    if getattr(args, "skeleton_only", False):
-        return evaluate_skeletons(args, pipeline)
-    if args.skeletons_from and args.oracle_skeleton:
-        raise ValueError("--skeletons-from and --oracle-skeleton both choose the skeletons; pass one")
-    saved_run = {}  # --score-only: the run's own benchmark and endpoint unless given on the command line
-    if args.score_only:
-        path = Path(args.score_only).expanduser()
-        if not path.is_file():
-            raise FileNotFoundError(f"predictions file {path} does not exist; pass the "
-                                    f"predictions.jsonl of an earlier run to --score-only")
-        if (path.parent / "config.json").is_file():
-            saved_run = json.loads((path.parent / "config.json").read_text())
-    args.benchmark = args.benchmark or saved_run.get("benchmark") or "demo"
-    args.endpoint = args.endpoint or saved_run.get("endpoint") or defaults.ENDPOINT_URL
-    samples = select_questions(args)
-    gold_by_id = {sample["id"]: sample["sparql"] for sample in samples}
-    client = sparql.SparqlClient(args.endpoint, read_timeout_s=args.query_timeout)
+def saved_run_of(predictions: str) -> tuple[Path, dict]:
+    """--score-only PREDICTIONS: the predictions file and its run's config.json ({} if it has none); a
+    FileNotFoundError if the file is missing."""
+    path = Path(predictions).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"predictions file {path} does not exist; pass the "
+                                f"predictions.jsonl of an earlier run to --score-only")
+    config = path.parent / "config.json"
+    return path, json.loads(config.read_text()) if config.is_file() else {}
+
+
+def connect(endpoint: str, query_timeout: float) -> sparql.SparqlClient:
+    """The client that runs the gold and predicted queries on `endpoint`; a FileNotFoundError with the fix
+    if the endpoint does not answer now."""
+    client = sparql.SparqlClient(endpoint, read_timeout_s=query_timeout)
     try:
-        sparql.SparqlClient(args.endpoint, retries=0).query("ASK {}")
+        sparql.SparqlClient(endpoint, retries=0).query("ASK {}")
     except sparql.SparqlError:
-        raise FileNotFoundError(f"the SPARQL endpoint {args.endpoint} does not answer; start it "
-                                f"(python endpoint.py start) or pass --endpoint")
-    name = Path(args.benchmark).stem if args.benchmark.endswith(".jsonl") else args.benchmark
+        raise FileNotFoundError(f"the SPARQL endpoint {endpoint} does not answer; start it "
+                                f"(python endpoint.py start) or pass --endpoint") from None
+    return client
 
-    # --- score an existing predictions file only
-    if args.score_only:
-        records = read_predictions(path)  # all are written back; those of this selection are re-scored
-        selected = selected_records(records, samples)
-        threshold = getattr(args, "min_confidence", None)  # given: decline the recorded answers anew
+
+def score_only(args: argparse.Namespace, path: Path, saved_run: dict, samples: list[dict],
+               client: sparql.SparqlClient, name: str) -> dict:
+    """--score-only: re-score the records of `samples` in the predictions file `path` (with
+    --min-confidence, declined anew first), write every record back and the summary beside it."""
+    gold_by_id = {sample["id"]: sample["sparql"] for sample in samples}
+    records = read_predictions(path)  # all are written back; those of this selection are re-scored
+    selected = selected_records(records, samples)
+    threshold = getattr(args, "min_confidence", None)  # given: decline the recorded answers anew
+    if threshold is not None:
+        saved_run.setdefault("options", {})["min_confidence"] = threshold
+    for record in tqdm(selected, desc="scoring", unit="q"):
         if threshold is not None:
-            saved_run.setdefault("options", {})["min_confidence"] = threshold
-        for record in tqdm(selected, desc="scoring", unit="q"):
-            if threshold is not None:
-                redecide(record, threshold)
-            score_record(record, gold_by_id[record["id"]], client)
-        write_jsonl(path, records)
-        summary = {**summarize(selected), "config": {**saved_run, "score_only": str(path), "benchmark": args.benchmark,
-                                                     "endpoint": args.endpoint, "limit": args.limit, "shapes": args.shapes}}
-        if saved_run.get("system") == "agent":
-            from grasp import evaluation
-            summary["agent"] = evaluation.agent_summary(selected)
-        write_json(path.parent / "summary.json", summary)
-        print_summary(summary, name)
-        return summary
+            redecide(record, threshold)
+        score_record(record, gold_by_id[record["id"]], client)
+    write_jsonl(path, records)
+    summary = {**summarize(selected), "config": {**saved_run, "score_only": str(path), "benchmark": args.benchmark,
+                                                 "endpoint": args.endpoint, "limit": args.limit, "shapes": args.shapes}}
+    if saved_run.get("system") == "agent":
+        from grasp import evaluation
+        summary["agent"] = evaluation.agent_summary(selected)
+    write_json(path.parent / "summary.json", summary)
+    print_summary(summary, name)
+    return summary
 
-    # --- run configuration (saved next to the predictions; a resumed run must match it)
+
+def run_config(args: argparse.Namespace, name: str) -> tuple[dict, str, Callable | None]:
+    """The run's configuration (saved next to its predictions; a resumed run must match it), the suffix
+    of its default directory, and with --system agent what makes the agent (None: GRISP answers)."""
     options = pipeline_options(args)
     suffix = args.ablation + ("-oracle" if args.oracle_skeleton else "")
     system = getattr(args, "system", "grisp")
+    make_agent = None
     if system == "grisp" and options.get("rerank", True):  # saved where it acts: a run from before it differs
         options["retry"] = not getattr(args, "no_retry", False)
     if system == "agent":  # the GRASP agent (agent.py) instead of GRISP; same scoring
@@ -650,44 +649,89 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     config["load"] = machine_load()
     if system == "agent":
         config |= {"system": "agent", "agent": agent_settings}
-    print(f"config: {json.dumps(config)}")
+    return config, suffix, make_agent
 
-    # --- answer the questions not answered yet
-    predictions_path, todo = start_run(out, config, RUN_KEYS, samples, getattr(args, "accept_other_code", False),
-                                       getattr(args, "redo_failed", False))
-    if todo:
-        generated = (load_generated_skeletons(Path(config["skeletons_from"]), config, todo,
-                                              getattr(args, "accept_other_code", False))
-                     if args.skeletons_from else {})
-        run_options = Options(**options)
-        pipeline = pipeline or (make_agent() if system == "agent" else load_pipeline(args, options))
-        skeletonize = load_skeletonizer(args.index) if args.oracle_skeleton else None
-        with open(predictions_path, "a", encoding="utf-8") as file:
-            for sample in tqdm(todo, desc="evaluating", unit="q"):
-                start = time.perf_counter()
-                if skeletonize is not None:
-                    answer = pipeline.answer_from_skeletons(sample["question"], [skeletonize(sample["sparql"])])
-                elif sample["id"] in generated:
-                    answer = answer_with_generated(pipeline, sample["question"], generated[sample["id"]], run_options)
-                else:  # (with --skeletons-from: a question that run has not reached yet)
-                    answer = pipeline.answer(sample["question"])
-                record = answer_record(sample, answer, answer.timings.get("total", time.perf_counter() - start))
-                record["reused_skeletons"] = sample["id"] in generated
-                record.update(getattr(answer, "extra", {}))  # the agent's steps, calls and status
-                score_record(record, sample["sparql"], client)
-                append_jsonl(file, record)
 
-    # --- summary over this benchmark selection
+def answer_questions(args: argparse.Namespace, config: dict, todo: list[dict], predictions_path: Path,
+                     client: sparql.SparqlClient, load: Callable[[], object]) -> None:
+    """Answer each question of `todo` (generating skeletons, or reusing --skeletons-from's, or resolving
+    the gold skeleton with --oracle-skeleton), score it and append its record to `predictions_path` as
+    soon as it is scored. `load()` gives what answers (called once, after the reused skeletons are
+    checked, so a refused run loads no model)."""
+    generated = (load_generated_skeletons(Path(config["skeletons_from"]), config, todo,
+                                          getattr(args, "accept_other_code", False))
+                 if args.skeletons_from else {})
+    run_options = Options(**config["options"])
+    pipeline = load()
+    skeletonize = load_skeletonizer(args.index) if args.oracle_skeleton else None
+    with open(predictions_path, "a", encoding="utf-8") as file:
+        for sample in tqdm(todo, desc="evaluating", unit="q"):
+            start = time.perf_counter()
+            if skeletonize is not None:
+                answer = pipeline.answer_from_skeletons(sample["question"], [skeletonize(sample["sparql"])])
+            elif sample["id"] in generated:
+                answer = answer_with_generated(pipeline, sample["question"], generated[sample["id"]], run_options)
+            else:  # (with --skeletons-from: a question that run has not reached yet)
+                answer = pipeline.answer(sample["question"])
+            record = answer_record(sample, answer, answer.timings.get("total", time.perf_counter() - start))
+            record["reused_skeletons"] = sample["id"] in generated
+            record.update(getattr(answer, "extra", {}))  # the agent's steps, calls and status
+            score_record(record, sample["sparql"], client)
+            append_jsonl(file, record)
+
+
+def summarise_run(out: Path, config: dict, samples: list[dict], label: str) -> dict:
+    """The summary of the run in `out` over the questions of `samples` (its first record of each),
+    written to summary.json and printed; returned."""
+    predictions_path = out / "predictions.jsonl"
     records = selected_records(read_predictions(predictions_path), samples)
     summary = {**summarize(records), "config": config}
-    if system == "agent":
+    agent = config.get("system") == "agent"
+    if agent:
+        from grasp import evaluation
         summary["agent"] = evaluation.agent_summary(records)
     write_json(out / "summary.json", summary)
-    print_summary(summary, f"{name} ({suffix})")
-    if system == "agent":
+    print_summary(summary, label)
+    if agent:
         print(f"  agent              {json.dumps(summary['agent'])}")
     print(f"wrote {predictions_path} and {out / 'summary.json'}")
     return summary
+
+
+def main(args: argparse.Namespace, pipeline=None) -> dict:
+    """Run (or only score) an evaluation; returns the summary. `pipeline` replaces grisp.pipeline.Grisp
+    (anything with `answer(question)` and `answer_from_skeletons(question, skeletons)`)."""
+    # --- load: the questions and the endpoint
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be positive, not {args.limit}")
+    args.shapes = parse_shapes(getattr(args, "shapes", None))
+    if getattr(args, "skeleton_only", False):
+        return evaluate_skeletons(args, pipeline)
+    if args.skeletons_from and args.oracle_skeleton:
+        raise ValueError("--skeletons-from and --oracle-skeleton both choose the skeletons; pass one")
+    # --score-only: the run's own benchmark and endpoint unless given on the command line
+    path, saved_run = saved_run_of(args.score_only) if args.score_only else (None, {})
+    args.benchmark = args.benchmark or saved_run.get("benchmark") or "demo"
+    args.endpoint = args.endpoint or saved_run.get("endpoint") or defaults.ENDPOINT_URL
+    samples = select_questions(args)
+    client = connect(args.endpoint, args.query_timeout)
+    name = Path(args.benchmark).stem if args.benchmark.endswith(".jsonl") else args.benchmark
+    if args.score_only:
+        return score_only(args, path, saved_run, samples, client, name)
+
+    # --- run: answer the questions not answered yet
+    config, suffix, make_agent = run_config(args, name)
+    print(f"config: {json.dumps(config)}")
+    out = Path(config["out"])
+    predictions_path, todo = start_run(out, config, RUN_KEYS, samples, getattr(args, "accept_other_code", False),
+                                       getattr(args, "redo_failed", False))
+    if todo:
+        def load():
+            return pipeline or (make_agent() if make_agent else load_pipeline(args, config["options"]))
+        answer_questions(args, config, todo, predictions_path, client, load)
+
+    # --- summarise over this benchmark selection
+    return summarise_run(out, config, samples, f"{name} ({suffix})")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ by endpoint.py, its index from build_index.py, the shipped adapter).
 
     python infer.py "Where was the Pulp Fiction director born?"
     python infer.py "Who directed Pulp Fiction?" --no-rerank --json answer.json
-    python infer.py "..." --endpoint https://qlever.cs.uni-freiburg.de/api/wikidata --index ~/.cache/grisp/indices/wikidata-items
-    python infer.py "Who directed Pulp Fiction?" --skeleton-only --num-skeletons 8 --json skeletons.json  # no index, no KG
+    python infer.py "..." --endpoint https://qlever.cs.uni-freiburg.de/api/wikidata \\
+        --index ~/.cache/grisp/indices/wikidata-items
+    python infer.py "Who directed Pulp Fiction?" --skeleton-only --num-skeletons 8 \\
+        --json skeletons.json   # no index, no KG
 
 Exit codes:
   0  answered: the final query ran and returned a result (or KG guidance is off: nothing was checked)
@@ -31,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-import defaults
+from grisp import defaults
 from grisp.options import add_flags, from_flags
 from grisp.pipeline import Answer, Grisp, GrispError, answer_to_json
 from grisp.sparql import EndpointUnreachable, SparqlError

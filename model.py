@@ -2,7 +2,8 @@
 
 GRISP (paper Sec. 3) fine-tunes a small Qwen2.5 model to write SPARQL skeletons and to re-rank search
 results. This file is that model and reads bottom-up: ModelArgs -> RMSNorm -> rotary embeddings ->
-attention mask -> KVCache -> one-query attention (decoding) -> Attention -> MLP -> Block -> Transformer (forward, from_pretrained).
+attention mask -> KVCache -> one-query attention (decoding) -> Attention -> MLP -> Block -> Transformer
+(forward, from_pretrained).
 Around it: tokenizer.py (the tokenizer and Qwen's chat prompt), lora.py (adapters), cpu_speed.py (the
 CPU inference speed-up) and generate.py (decoding, and a chat command line to check the model).
 Submodule names equal the Hugging Face Qwen2ForCausalLM checkpoint keys, so loading is one strict
@@ -194,8 +195,8 @@ def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_
     """softmax(q k^T / sqrt(D) + mask) v for one new query per row (decoding), as two plain matmuls in
     float32 (float64 for float64 inputs, and under autocast too): q [B, H, 1, D], k and v [B, H_kv, S, D],
     attn_mask [B, 1, 1, S] or None; returns [B, H, 1, D] in q's dtype. Query head h reads key/value head
-    h // (H / H_kv), as grouped-query attention pairs them. The same as F.scaled_dot_product_attention, whose flash kernel
-    is 3-11x slower for this shape in bf16 on a CPU (bench/bench_attention.py)."""
+    h // (H / H_kv), as grouped-query attention pairs them. The same as F.scaled_dot_product_attention,
+    whose flash kernel is 3-11x slower for this shape in bf16 on a CPU (bench/bench_attention.py)."""
     (B, H, _, D), H_kv, S, dtype = q.shape, k.shape[1], k.shape[2], q.dtype
     compute = torch.promote_types(dtype, torch.float32)  # float32, or float64 for a float64 model
     with torch.autocast(q.device.type, enabled=False):  # autocast would run these matmuls in bf16

@@ -49,8 +49,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-import defaults
-import jsonl
+from grisp import defaults
+from grisp import jsonl
 
 
 # ---------------------------------------------------------------------------- the indices
@@ -675,4 +675,4 @@ if __name__ == "__main__":
     try:
         main(args)
     except (FileNotFoundError, ValueError) as e:
-        raise SystemExit(f"error: {e}")
+        raise SystemExit(f"error: {e}") from None

@@ -49,7 +49,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-import defaults
+from grisp import defaults
 from agent import Agent, build_agent
 from grasp.backends import BackendError
 from grasp.config import Config, ConfigError, check, load_config, override, unset_flag
@@ -58,7 +58,7 @@ from grisp.options import GrispError, Options, add_flags, from_flags, preset
 from grisp.pipeline import Answer, Grisp, answer_to_json
 from grisp.sparql import SparqlError
 from grisp.sparql_syntax import PREFIXES
-from jsonl import read_jsonl
+from grisp.jsonl import read_jsonl
 from model import DEVICES
 from web.agent_routes import AgentQuestion, agent_info, agent_routes, run_agent
 from web.jobs import Job, QueueFull, Worker
@@ -154,14 +154,11 @@ def run(grisp: Grisp, job: Job) -> dict:
 
 
 # --- the web app
-def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], max_waiting: int = 8,
-             time_limit: float = 120.0, agent: Agent | None = None, chat: LocalBackend | None = None) -> Starlette:
-    """The Starlette app over a loaded `grisp`; `info` names what it was loaded from (for /api/config).
-    `agent` adds the page's agent mode, `chat` (our model in-process) the OpenAI-compatible /v1."""
-    runs = {Question: lambda job: run(grisp, job)}  # the worker runs each kind of job with its own function
-    worker = Worker(lambda job: runs[type(job.request)](job), max_waiting)
-    workers, models = [worker], [grisp.model]
-    config = info | {
+def page_config(grisp: Grisp, info: dict, options: Options, examples: list[str], max_waiting: int,
+                time_limit: float, agent: Agent | None) -> dict:
+    """What /api/config tells the page: what was loaded (`info`), the default options with their help and
+    choices, what a request cannot change, the limits, the examples, and the agent mode if any."""
+    return info | {
         "options": asdict(options), "option_help": {f.name: f.metadata["help"] for f in fields(Options)},
         "option_choices": {f.name: list(f.metadata["choices"]) for f in fields(Options) if f.metadata["choices"]},
         "load_time_options": grisp.fixed_options(),  # shown on the page, not changeable
@@ -169,32 +166,11 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], ma
         "caps": CAPS, "modes": list(MODES), "max_question_chars": MAX_QUESTION_CHARS,
         "max_waiting": max_waiting, "time_limit": time_limit, "examples": examples, "prefixes": PREFIXES,
         "agent": agent_info(agent) if agent is not None else None}
-    extra = []
-    for backend in (chat, agent.backend if agent is not None else None):
-        if isinstance(backend, LocalBackend):  # a cancel or the time limit ends its turn at the next forward
-            backend.should_stop = worker.stop_requested
-    if chat is not None:
-        runs[ChatRequest] = lambda job: run_chat(chat, job)
-        extra += openai_routes(chat, worker, time_limit)
-    if agent is not None:  # on our model: the one worker; on a remote model: a worker of its own
-        if isinstance(agent.backend, LocalBackend):
-            runs[AgentQuestion], agent_worker = (lambda job: run_agent(agent, job)), worker
-        else:
-            agent_worker = Worker(lambda job: run_agent(agent, job), max_waiting)
-            workers.append(agent_worker)
-        extra += agent_routes(agent, agent_worker)
 
-    @asynccontextmanager
-    async def lifespan(app):
-        hooks = [m.register_forward_pre_hook(lambda module, args: worker.check()) for m in models]  # cancel points
-        for w in workers:
-            w.start()
-        yield
-        for w in workers:
-            w.stop()
-        for hook in hooks:
-            hook.remove()
 
+def grisp_routes(grisp: Grisp, options: Options, worker: Worker, time_limit: float) -> list[Route]:
+    """POST /api/answer (the answer as JSON, or an error with its status) and POST /api/stream (the
+    answer's steps as Server-Sent Events): each question a job of `worker`, `options` its defaults."""
     async def submit(request: Request) -> Job | Response:
         try:
             question = parse_question(await read_body(request), options)
@@ -225,10 +201,46 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], ma
         job = await submit(request)
         return job if isinstance(job, Response) else event_stream(job)
 
+    return [Route("/api/answer", answer, methods=["POST"]), Route("/api/stream", stream, methods=["POST"])]
+
+
+def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], max_waiting: int = 8,
+             time_limit: float = 120.0, agent: Agent | None = None, chat: LocalBackend | None = None) -> Starlette:
+    """The Starlette app over a loaded `grisp`; `info` names what it was loaded from (for /api/config).
+    `agent` adds the page's agent mode, `chat` (our model in-process) the OpenAI-compatible /v1."""
+    runs = {Question: lambda job: run(grisp, job)}  # the worker runs each kind of job with its own function
+    worker = Worker(lambda job: runs[type(job.request)](job), max_waiting)
+    workers, models = [worker], [grisp.model]
+    config = page_config(grisp, info, options, examples, max_waiting, time_limit, agent)
+    extra = []
+    for backend in (chat, agent.backend if agent is not None else None):
+        if isinstance(backend, LocalBackend):  # a cancel or the time limit ends its turn at the next forward
+            backend.should_stop = worker.stop_requested
+    if chat is not None:
+        runs[ChatRequest] = lambda job: run_chat(chat, job)
+        extra += openai_routes(chat, worker, time_limit)
+    if agent is not None:  # on our model: the one worker; on a remote model: a worker of its own
+        if isinstance(agent.backend, LocalBackend):
+            runs[AgentQuestion], agent_worker = (lambda job: run_agent(agent, job)), worker
+        else:
+            agent_worker = Worker(lambda job: run_agent(agent, job), max_waiting)
+            workers.append(agent_worker)
+        extra += agent_routes(agent, agent_worker)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        hooks = [m.register_forward_pre_hook(lambda module, args: worker.check()) for m in models]  # cancel points
+        for w in workers:
+            w.start()
+        yield
+        for w in workers:
+            w.stop()
+        for hook in hooks:
+            hook.remove()
+
     routes = [Route("/", lambda request: FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)),
               Route("/api/config", lambda request: JSONResponse(config)),
-              Route("/api/answer", answer, methods=["POST"]),
-              Route("/api/stream", stream, methods=["POST"]),
+              *grisp_routes(grisp, options, worker, time_limit),
               *extra,
               Mount("/static", StaticFiles(directory=STATIC_DIR))]
     return Starlette(routes=routes, lifespan=lifespan)
@@ -318,13 +330,9 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=defaults.HelpFormatter)
+def add_network_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the server itself: where it listens, how many jobs wait, how long one may run."""
     S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset
-    parser.add_argument("--config", default=None,
-                        help="TOML or JSON config shared with agent.py (grasp.toml); default $GRASP_CONFIG or built-in")
-    # network
     parser.add_argument("--host", default=S,
                         help=f"address to listen on; 0.0.0.0 exposes it {unset_flag('server', 'host')}")
     parser.add_argument("--port", type=int, default=S, help=f"port to listen on {unset_flag('server', 'port')}")
@@ -336,6 +344,16 @@ def build_parser() -> argparse.ArgumentParser:
                              f"agent run has [agent] time_limit_s {unset_flag('server', 'time_limit_s')}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                         help="uvicorn's log level")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """serve.py's command line: the config file, the server, the model and knowledge graph, the options."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=defaults.HelpFormatter)
+    S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset
+    parser.add_argument("--config", default=None,
+                        help="TOML or JSON config shared with agent.py (grasp.toml); default $GRASP_CONFIG or built-in")
+    add_network_flags(parser)
     # model, index and knowledge graph
     parser.add_argument("--kg", default=S,
                         help="the configured knowledge graph GRISP answers over (config [server] kg, default: the "

@@ -15,7 +15,8 @@ make_model (base + LoRA, optimiser) -> resume (or a fresh TrainState) -> Trainin
 validate, checkpoint) -> save the adapter. This file holds the stage as a reader follows it, top to
 bottom as in nanoGPT's train.py; the engine it drives (the run's state, data order and schedule, exact
 and portable resumption, the loop with DDP and early stopping) is grisp/trainer.py, the loss of a batch
-and of the validation set grisp/loss.py, the data mixture grisp/mixture.py.
+and of the validation set grisp/loss.py, the data mixture grisp/mixture.py, and the flags are the fields
+of TrainConfig (grisp/train_config.py).
 
 Flags left unset take the device's recipe: on a CPU the shipped adapter's (LoRA on all blocks,
 micro-batches of 1, 2 epochs), on a GPU the paper's (all blocks, 4 epochs); a resumed run keeps its own. The
@@ -23,8 +24,8 @@ plan and, on a CPU, its expected duration are printed before the first step and 
 
     python train.py --data wwq                                   # the device's recipe (CPU: the shipped adapter's)
     python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach   # the training mixture (the `mix` adapter's)
-    python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach --compose-shapes chain,ask,intersection,superlative,count,filter
-                                                                 # ... with every composed shape: the shipped adapter's
+    python train.py --data wwq,qald10,qald7,lcquad2,sq,spinach \\
+        --compose-shapes chain,ask,intersection,superlative,count,filter   # every composed shape: the shipped adapter's
     python train.py --data wwq --max-steps 40                    # a short run
     python train.py --data wwq --name my-run --resume            # continue exactly where it stopped
     torchrun --nproc-per-node 4 train.py --data wwq              # several GPUs (DDP)
@@ -42,25 +43,23 @@ import torch
 import torch.distributed as dist
 
 import build_index
-import defaults
+from grisp import defaults
 import lora
 from grisp import checkpoint, loss, mixture, peft_format, samples
-from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from grisp.sparql import SparqlClient
+from grisp.train_config import add_flags
 from grisp.trainer import Run, TrainingLoop, TrainState, data_sha256, portable_copy, resume, start_run_dir
 from llm import cpu_speed
 from llm.tokenizer import Tokenizer
-from model import DEVICES, Transformer, pick_device
+from model import Transformer, pick_device
 
 # Flags left unset take the recipe of the device (`apply_recipe`): on a CPU the shipped adapter's (LoRA on
 # all blocks, micro-batches of 1 as its run had), on a GPU the paper's; 2 epochs on a CPU, 4 on a GPU.
 RECIPES = {"cpu": {"lora_layers": 0, "micro_batch_size": 1, "epochs": 2},
            "gpu": {"lora_layers": 0, "micro_batch_size": 1, "epochs": 4}}
 # CPU seconds per token of a training step on the mixture, a + b x (blocks with LoRA), per precision (0.5B
-# model, 2 threads; docs/training.md): all tokens over all seconds. float32, fitted on the AVX2 machine
-# without native bf16: 81 tokens/s with LoRA on the last 8 blocks (cmp-l8-per-sample, 90 steps) and 46 on all
-# 24 (cmp-l24-reference, 33 steps). bfloat16, fitted on an AMD EPYC with native bf16: 290 tokens/s on the last
-# 8 (cmp-bf16-l8, 60 steps) and 149 on all 24 (the long run's first 20 steps, machine otherwise idle).
+# model, 2 threads), for the plan's expected duration: fitted to measured runs (the runs and their
+# tokens/s: docs/method.md 4.3, docs/training.md).
 CPU_SECONDS_PER_TOKEN = {"float32": (7.5e-3, 0.6e-3), "bfloat16": (1.8e-3, 0.2e-3)}
 
 # ---------------------------------------------------------------------------- setup, data, model
@@ -331,107 +330,11 @@ def check_args(args: argparse.Namespace, world: int) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
+    """train.py's command line: one flag per TrainConfig field (grisp/train_config.py), in groups."""
     parser = argparse.ArgumentParser(description="Fine-tune Qwen2.5 with LoRA jointly on SPARQL skeletons and "
                                      "list-wise re-ranking (GRISP).",
                                      formatter_class=defaults.HelpFormatter)
-    # data
-    group = parser.add_argument_group("data")
-    group.add_argument("--data", default="wwq", help="the training mixture (mixture.py): comma-separated sources, "
-                                                     "each with an "
-                       "optional weight = uses of each record per epoch (e.g. wwq,qald10,lcquad2:0.3); a source is "
-                       f"{', '.join(mixture.SOURCES)}, a benchmarks.py name or a JSONL path; samples are made "
-                       "online, fresh per epoch; no evaluation set (qald10-dev, wwq-dev, the demo ...) is ever among them")
-    group.add_argument("--samples", default=None, help="precomputed samples from gen_data.py --out (instead of online "
-                       "generation), or agent conversations from gen_agent_data.py")
-    group.add_argument("--index", default=None, help="search index for online generation; unset: "
-                       f"{defaults.WIKIDATA_INDEX_DIR}, built if missing")
-    group.add_argument("--val-fraction", type=float, default=0.05, help="records held out (by id hash) for the "
-                                                                        "validation loss")
-    group.add_argument("--val-data", default=None, help="validation benchmark or samples file instead of the held-out "
-                                                        "slice (not an evaluation set: validation picks best/)")
-    group.add_argument("--max-length", type=int, default=1024, help="skip samples with more tokens than this")
-    group.add_argument("--seed", type=int, default=0, help="seed of the samples, batch order, LoRA init and dropout")
-    group.add_argument("--prompt-format", choices=PROMPT_FORMATS, default=LATEST_PROMPT_FORMAT,
-                       help="re-ranking prompt format (prompts.py), saved with the adapter (v1: the first adapter's)")
-    group.add_argument("--endpoint", default=None, help="SPARQL endpoint of the KG, for the constrained re-ranking "
-                                                        "samples "
-                       "(--constrain); without it no sample is constrained")
-    samples.add_generation_args(parser.add_argument_group("augmentation (online generation)"))
-    # model
-    group = parser.add_argument_group("model")
-    group.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (Hugging Face Qwen2 "
-                                                                            "layout)")
-    group.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                       help="precision of the base weights and the compute (bfloat16: under autocast; the LoRA weights "
-                            "and AdamW stay float32): auto = bfloat16 on GPUs of compute capability 8.0+ and on CPUs "
-                            "with native bf16 (flag avx512_bf16/amx_bf16/bf16), float32 on other CPUs, where bf16 is "
-                            "several times slower; may change on --resume")
-    # LoRA
-    group = parser.add_argument_group("LoRA")
-    group.add_argument("--lora-r", type=int, default=32, help="rank")
-    group.add_argument("--lora-alpha", type=float, default=32, help="scaling alpha (update scaled by alpha / r)")
-    group.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the LoRA input")
-    group.add_argument("--lora-targets", nargs="+", default=list(lora.DEFAULT_TARGETS),
-                       help="module names that get LoRA; the default is every linear layer of a block")
-    group.add_argument("--init-adapter", default=None, help="start from these LoRA weights, an adapter or a run's "
-                                                            "checkpoint-* directory (same r, alpha, targets, layers), "
-                                                            "instead of LoRA's zero update")
-    group.add_argument("--lora-layers", type=int, default=None, help="LoRA on the last N blocks only (0 = all blocks); "
-                       "unset: all (the shipped adapter's and the paper's recipe)")
-    # optimisation
-    group = parser.add_argument_group("optimisation")
-    group.add_argument("--epochs", type=int, default=None, help="passes over the training records; unset: 2 on a CPU, "
-                       "4 on a GPU (the paper's); with --resume, unset recipe flags (this, --lora-layers, "
-                       "--micro-batch-size) keep the run's own values")
-    group.add_argument("--first-epoch", type=int, default=0,
-                       help="draw the run's epoch e as epoch e + N of its samples: a continuation of a run that "
-                            "trained N epochs (--init-adapter) sees new samples and keeps --seed, and with it the "
-                            "validation split; with --samples, the file's epochs from the (N+1)-th")
-    group.add_argument("--batch-size", type=int, default=8, help="samples per optimiser step (over all processes)")
-    group.add_argument("--micro-batch-size", type=int, default=None,
-                       help="samples per forward pass (the batch is accumulated from these); more costs memory and "
-                            "was not faster on a 2-core CPU (0.5B, all blocks, bf16: peak 5.5 / 7.7 / 12.3 GB for "
-                            "1 / 2 / 4; docs/training-history.md); unset: 1")
-    group.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (AdamW)")
-    group.add_argument("--warmup", type=float, default=0.05, help="fraction of steps with linear warmup, then cosine "
-                                                                  "decay to 0")
-    group.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    group.add_argument("--clip-grad", type=float, default=1.0, help="clip the gradient norm (0 = off)")
-    group.add_argument("--loss-weighting", choices=loss.WEIGHTINGS, default="reference",
-                       help="reference: sum of all skeleton-token and re-ranking cross-entropies of the batch / "
-                            "(skeleton tokens + re-ranking rows), as the reference implementation; per-sample: "
-                            "each sample weighs 1, a skeleton's tokens averaged (the first adapter's)")
-    group.add_argument("--max-steps", type=int, default=0, help="train at most this many steps; the schedule spans "
-                                                                "them (0 = all epochs)")
-    group.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (0 = after each epoch)")
-    group.add_argument("--patience", type=int, default=2, help="stop after this many validations without a new best "
-                                                               "loss (at least 1; a large value: never stop early)")
-    # checkpoints
-    group = parser.add_argument_group("checkpoints")
-    group.add_argument("--runs-dir", default=str(defaults.RUNS_DIR), help="where runs live")
-    group.add_argument("--name", default="grisp", help="run name: the run directory is RUNS_DIR/NAME")
-    group.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint every N steps (and on "
-                                                                        "SIGINT/SIGTERM, at each epoch end)")
-    group.add_argument("--keep-checkpoints", type=int, default=2, help="keep the newest N checkpoints")
-    group.add_argument("--resume", action="store_true", help="continue the run NAME exactly from its latest checkpoint")
-    group.add_argument("--stop-after", type=int, default=0, help="act as if interrupted after step N (checkpoint and "
-                                                                 "exit; for testing)")
-    group.add_argument("--portable-dir", default=None, help="also write a portable copy of the run's state to DIR/NAME at "
-                       "every checkpoint (bf16 LoRA weights, RNG, position, logs; no AdamW moments nor best/: ~35 MB "
-                       "for LoRA r=32 on 24 blocks), small enough to commit to git; --resume continues from it where "
-                       "the run directory is missing or behind it (e.g. on a fresh clone)")
-    group.add_argument("--rewarm-steps", type=int, default=20, help="after continuing from a portable copy, raise the "
-                       "lr linearly over this many steps while AdamW's moments fill again")
-    group.add_argument("--accept-new-samples", action="store_true",
-                       help="with --resume: continue although the samples differ from the run's (data_sha256; their "
-                       "number must not change), e.g. after a fix to the code that makes them; the rest of the epoch "
-                       "follows the new samples' plan (a few samples may repeat or be skipped), the stretch's start "
-                       "line in stretches.jsonl records both fingerprints' prefixes, and resumes from the next "
-                       "checkpoint on check against the new samples")
-    # CPU
-    group = parser.add_argument_group("CPU / device")
-    group.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-    group.add_argument("--device", default="auto", help=f"{DEVICES}; auto: cuda, then mps, then cpu")
+    add_flags(parser)
     return parser
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import defaults  # noqa: E402
+from grisp import defaults  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
 from llm import cpu_speed  # noqa: E402
 
@@ -130,39 +130,22 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-def main(args: argparse.Namespace) -> None:
-    if args.worker:
-        return worker(args)
-    if not (Path(args.model_dir) / "config.json").exists():
-        sys.exit(f"error: no model at {args.model_dir}; run `python get_model.py` or pass --model-dir")
-    # auto: what infer.py would run on this CPU
-    args.precision, why = cpu_speed.pick_precision(args.precision, torch.device("cpu"))
-    print(f"model {args.model_dir}, CPU {cpu_speed.cpu_name()} (native bf16: {cpu_speed.native_bf16()}), "
-          f"{args.threads} threads, {args.precision} ({why}), {args.repeats} rounds, "
-          f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens")
-    print("precision per implementation: "
-          + "; ".join(f"{impl} {runs_in(impl, args.precision)}" for impl in args.impls))
-    def measure(impl: str, precision: str, agreement: int) -> dict:  # one worker process
-        cmd = [sys.executable, __file__, "--worker", impl, "--model-dir", args.model_dir,
-               "--threads", str(args.threads), "--prefill-len", str(args.prefill_len),
-               "--decode-steps", str(args.decode_steps), "--precision", precision, "--agreement", str(agreement)]
-        done = subprocess.run(cmd, capture_output=True, text=True,
-                              env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"})
-        if done.returncode != 0:
-            sys.exit(f"error: the {impl} worker failed:\n{done.stderr[-2000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+def measure(args: argparse.Namespace, impl: str, precision: str, agreement: int) -> dict:
+    """One measurement of `impl` in a worker process of its own (--worker): its metrics, and with
+    `agreement` its greedy tokens."""
+    cmd = [sys.executable, __file__, "--worker", impl, "--model-dir", args.model_dir,
+           "--threads", str(args.threads), "--prefill-len", str(args.prefill_len),
+           "--decode-steps", str(args.decode_steps), "--precision", precision, "--agreement", str(agreement)]
+    done = subprocess.run(cmd, capture_output=True, text=True,
+                          env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"})
+    if done.returncode != 0:
+        sys.exit(f"error: the {impl} worker failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
-    results: dict[str, list[dict]] = {impl: [] for impl in args.impls}
-    for r in range(args.repeats):  # alternate implementations, rotating the order, so that background
-        for impl in rotated(args.impls, r):  # load hits all alike
-            results[impl].append(measure(impl, args.precision, args.agreement if r == 0 else 0))
-            print(f"round {r + 1} {impl}: { {k: v for k, v in results[impl][-1].items() if k != 'tokens'} }",
-                  file=sys.stderr)
-    tokens = {impl: rows[0].pop("tokens") for impl, rows in results.items() if args.agreement}
-    if args.agreement:  # the reference of agreement: ours in float32 (measured once more unless it ran)
-        tokens["float32"] = (tokens["ours"] if args.precision == "float32" and "ours" in tokens
-                             else measure("ours", "float32", args.agreement)["tokens"])
-    # ---------------------------------------------------------------- table
+
+def print_table(args: argparse.Namespace, results: dict[str, list[dict]], tokens: dict[str, list]) -> None:
+    """The medians over the rounds per implementation and metric, the ratios against the reference
+    (transformers if measured), and with --agreement the share of greedy tokens as ours in float32."""
     reference = "transformers" if "transformers" in args.impls else args.impls[-1]
     metrics = list(results[reference][0])
     median = {impl: {m: statistics.median(x[m] for x in rows) for m in metrics} for impl, rows in results.items()}
@@ -178,6 +161,31 @@ def main(args: argparse.Namespace) -> None:
         print(f"| greedy tokens as ours in float32 ({args.agreement} skeleton prompts) | " + " | ".join(cells)
               + " |" + " |" * len(others))
     print("\n" + "; ".join(f"{impl} = {IMPLS[impl]}" for impl in args.impls))
+
+
+def main(args: argparse.Namespace) -> None:
+    if args.worker:
+        return worker(args)
+    if not (Path(args.model_dir) / "config.json").exists():
+        sys.exit(f"error: no model at {args.model_dir}; run `python get_model.py` or pass --model-dir")
+    # auto: what infer.py would run on this CPU
+    args.precision, why = cpu_speed.pick_precision(args.precision, torch.device("cpu"))
+    print(f"model {args.model_dir}, CPU {cpu_speed.cpu_name()} (native bf16: {cpu_speed.native_bf16()}), "
+          f"{args.threads} threads, {args.precision} ({why}), {args.repeats} rounds, "
+          f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens")
+    print("precision per implementation: "
+          + "; ".join(f"{impl} {runs_in(impl, args.precision)}" for impl in args.impls))
+    results: dict[str, list[dict]] = {impl: [] for impl in args.impls}
+    for r in range(args.repeats):  # alternate implementations, rotating the order, so that background
+        for impl in rotated(args.impls, r):  # load hits all alike
+            results[impl].append(measure(args, impl, args.precision, args.agreement if r == 0 else 0))
+            print(f"round {r + 1} {impl}: { {k: v for k, v in results[impl][-1].items() if k != 'tokens'} }",
+                  file=sys.stderr)
+    tokens = {impl: rows[0].pop("tokens") for impl, rows in results.items() if args.agreement}
+    if args.agreement:  # the reference of agreement: ours in float32 (measured once more unless it ran)
+        tokens["float32"] = (tokens["ours"] if args.precision == "float32" and "ours" in tokens
+                             else measure(args, "ours", "float32", args.agreement)["tokens"])
+    print_table(args, results, tokens)
 
 
 if __name__ == "__main__":

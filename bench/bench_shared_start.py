@@ -1,7 +1,7 @@
 """Training speed on agent conversations with their shared start run once (loss.SharedPrefix) against
 running every conversation whole, on the same model, LoRA and batch.
 
-A batch of `--batch` conversations from a gen_agent_data.py file (the first ones of similar length),
+A batch of `--batch` conversations from a tools/gen_agent_data.py file (the first ones of similar length),
 all sharing the system instruction and tool definitions; one round = loss.backward_batch on it (forward
 + backward, no optimiser step), once with the shared start and once without (loss.MIN_SHARED_PREFIX
 raised above every start). The rounds alternate which goes first so that load from other processes
@@ -9,7 +9,7 @@ hits both alike;
 the table shows the median seconds per batch and the ratio whole / shared (> 1: the shared start is
 faster). The gradients of the two are checked to agree first.
 
-    python gen_agent_data.py --data wwq --limit 16 --out /tmp/agent-16.jsonl
+    python tools/gen_agent_data.py --data wwq --limit 16 --out /tmp/agent-16.jsonl
     python bench/bench_shared_start.py --data /tmp/agent-16.jsonl               # LoRA on the last 8 blocks
 """
 import argparse
@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import defaults  # noqa: E402
+from grisp import defaults  # noqa: E402
 import lora  # noqa: E402
 from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
 from grisp import loss  # noqa: E402
-from jsonl import read_jsonl  # noqa: E402
+from grisp.jsonl import read_jsonl  # noqa: E402
 from llm.cpu_speed import cpu_name  # noqa: E402
 from llm.tokenizer import Tokenizer  # noqa: E402
 from model import Transformer  # noqa: E402
@@ -34,7 +34,7 @@ from model import Transformer  # noqa: E402
 
 def main(args):
     if not Path(args.data).is_file():
-        sys.exit(f"error: no conversations file {args.data}; make one with gen_agent_data.py (see the docstring)")
+        sys.exit(f"error: no conversations file {args.data}; make one with tools/gen_agent_data.py (see the docstring)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tokenizer = Tokenizer(args.model_dir)
@@ -83,7 +83,7 @@ def main(args):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--data", required=True, help="agent conversations from gen_agent_data.py")
+    parser.add_argument("--data", required=True, help="agent conversations from tools/gen_agent_data.py")
     parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory")
     parser.add_argument("--batch", type=int, default=4, help="conversations per batch")
     parser.add_argument("--micro-batch", type=int, default=4, help="conversations per forward pass")

@@ -27,7 +27,7 @@ import torch
 ROWS = ("ours:float32", "ours:bfloat16", "transformers+peft:bfloat16")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import defaults  # noqa: E402
+from grisp import defaults  # noqa: E402
 import lora  # noqa: E402
 from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
@@ -109,11 +109,12 @@ def main(args: argparse.Namespace) -> None:
         at = torch.zeros(args.micro_batch, T, dtype=torch.bool)
         at[:, args.prompt_len:] = True  # the answer tokens are the labels
         batch.append((tokens, at))
-    print(f"batch {args.batch} x {T} tokens ({args.answer_len} answer tokens each) in micro-batches of {args.micro_batch}; "
-          f"LoRA r={args.r} alpha={args.alpha} on {args.lora_layers or 'all'} blocks ({next(iter(sizes.values())):,} parameters); "
+    print(f"batch {args.batch} x {T} tokens ({args.answer_len} answer tokens each) in micro-batches of "
+          f"{args.micro_batch}; LoRA r={args.r} alpha={args.alpha} on {args.lora_layers or 'all'} blocks "
+          f"({next(iter(sizes.values())):,} parameters); "
           f"{args.threads} threads; CPU {cpu_name()} (native bf16: {native_bf16()})")
     times = {name: [] for name in impls}
-    for name, (model, step, optimizer, _, dtype) in impls.items():  # warm-up step, not timed
+    for model, step, optimizer, _, dtype in impls.values():  # warm-up step, not timed
         time_step(model, step, batch, optimizer, dtype)
     for round_ in range(args.repeats):
         for name in rotated(impls, round_):

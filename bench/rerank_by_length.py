@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import defaults  # noqa: E402
+from grisp import defaults  # noqa: E402
 from grisp import peft_format  # noqa: E402
 from grisp.prompts import to_alternative  # noqa: E402
 from grisp.rerank import ModelReranker  # noqa: E402
@@ -29,7 +29,8 @@ PROPERTIES = ["P57", "P58", "P161", "P136", "P495", "P31", "P364", "P2047", "P57
 CASES = [
     ("who directed pulp fiction?", "SELECT DISTINCT ?x WHERE { wd:Q104123 <rep>director (wdt)</rep> ?x . }"),
     ("Where was the Pulp Fiction director born?",
-     "SELECT DISTINCT ?x WHERE { wd:Q104123 <rep>director (wdt)</rep> ?y . ?y <iri>place of birth (wdt)</iri> ?x . }"),
+     "SELECT DISTINCT ?x WHERE { wd:Q104123 <rep>director (wdt)</rep> ?y . "
+     "?y <iri>place of birth (wdt)</iri> ?x . }"),
 ]
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import get_type_hints
 
-import defaults
+from grisp import defaults
 from grasp.backends import OpenAIBackend
 
 TASKS = ("sparql-qa", "general-qa")

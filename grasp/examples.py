@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from grisp import benchmarks
-from jsonl import read_jsonl
+from grisp.jsonl import read_jsonl
 from search import EmbeddingIndex
 
 ENCODER = "all-minilm-l6-v2"  # encoder.MINILM (not imported here: torch only when embedding)

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import defaults
+from grisp import defaults
 from grisp.constraints import CONSTRAINT_LIMIT, allowed_items
 from grisp.skeleton import split_variant
 from grisp.sparql import Result, SparqlClient, SparqlError

@@ -1,6 +1,5 @@
 """GRISP's library: the pipeline and everything it is made of (the stage scripts at the root use it;
-the search indices are the root's search.py, the model's machinery llm/, the shared locations and JSONL
-files the root's defaults.py and jsonl.py).
+the search indices are the root's search.py, the model's machinery llm/).
 
     pipeline.py      question -> skeletons -> resolution -> first valid query (the Grisp class)
     options.py       the one set of switches and knobs (ablations) every stage derives its flags from
@@ -8,6 +7,9 @@ files the root's defaults.py and jsonl.py).
     stage 2, resolution:  resolve.py (depth-first search), positions.py, constraints.py, rerank.py, tracing.py
     the knowledge graph:  sparql.py (HTTP client), sparql_syntax.py (tokenizer, prefixes)
     training:             samples.py, compose.py, mixture.py, loss.py, trainer.py (train.py's loop and resume),
-                          checkpoint.py, peft_format.py (adapters on disk)
+                          train_config.py (train.py's flags, defined once), checkpoint.py, peft_format.py
+                          (adapters on disk)
     evaluation:           benchmarks.py, metrics.py, skeleton_score.py
+    shared helpers:       defaults.py (locations, --help format), jsonl.py (the JSONL reader/writer, atomic
+                          writes), code_version.py (the fingerprint of the sources a result comes from)
 """

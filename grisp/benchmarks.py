@@ -23,9 +23,9 @@ from pathlib import Path
 
 import requests
 
-import defaults
+from grisp import defaults
 from grisp.sparql_syntax import query_key
-from jsonl import read_jsonl, write_atomic
+from grisp.jsonl import read_jsonl, write_atomic
 
 GRASP_DATA_URL = "https://raw.githubusercontent.com/ad-freiburg/grasp/main/data/benchmark/wikidata"
 # name -> (path inside the data cache, public source or None)
@@ -46,7 +46,7 @@ DEV_FRACTION = 0.2
 TRAINING_MATERIAL = ("wwq-train", "qald10-train", "qald7-train", "lcquad2-test", "simplequestions-val", "spinach-val")
 SPLITS = {f"{name}-{part}": (name, part) for name in HELD_OUT for part in ("train", "dev")}
 # every benchmark name benchmark_path takes (the rest are JSONL paths)
-# the closed WWQ-dev evaluation KGs written by build_eval_kg.py (their questions: "wwq-dev-kg",
+# the closed WWQ-dev evaluation KGs written by tools/build_eval_kg.py (their questions: "wwq-dev-kg",
 # "wwq-dev-full" for `--setting full`: + the demo KG + labels of all items, and "wwq-dev-real" for
 # `--setting real`: + CoDEx's real facts, questions the index cannot name kept)
 EVAL_KG_DIR = defaults.GRISP_HOME / "eval_kg" / "wwq-dev"
@@ -110,7 +110,7 @@ def benchmark_path(name_or_path: str | Path, data_dir: Path = defaults.DATA_DIR,
         path = directory / "questions.jsonl"
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist; build the closed WWQ-dev KG first: "
-                                    f"python build_eval_kg.py --setting {setting}")
+                                    f"python tools/build_eval_kg.py --setting {setting}")
     else:
         path = Path(name_or_path).expanduser()
     if not path.is_file():

@@ -12,13 +12,15 @@ and scores as transformers' `generate` with length_penalty 0 for "sum" and 1 for
 the finished ones are listed before any cut off at `max_new_tokens`, where transformers ranks the two
 together), and width 1 is greedy decoding.
 
-The prompt is prefilled once, through a PromptCache (prompt_cache.py: a start it shares with the
-previous prompt, such as the skeleton prompt's instructions, is not recomputed); its KV cache is copied
-into the W beam rows and reordered whenever beams move (`KVCache.reorder`), so each step runs W new
-tokens only. `beam_search_stream` yields each hypothesis as soon as no running beam can overtake it
-("sum" ranking), so a caller that needs only the best few stops the search there (exact). Choosing the continuations
-takes a few linear passes over the W x V scores (top-p from a partial top-k, no full sort), so a
-step costs little more than the model's forward (bench/bench_infer.py measures it).
+The prompt is prefilled once (`prefill`), through a PromptCache (prompt_cache.py: a start it shares
+with the previous prompt, such as the skeleton prompt's instructions, is not recomputed); its KV cache is
+copied into the W beam rows and reordered whenever beams move (`KVCache.reorder`). Each step then takes
+the candidate continuations (`candidates`), keeps W beams and the ended hypotheses (`select`), and runs
+the W new tokens only (`decode_one_token`). `beam_search_stream` yields each hypothesis as soon as no
+running beam can overtake it ("sum" ranking), so a caller that needs only the best few stops the search
+there (exact). Choosing the continuations takes a few linear passes over the W x V scores (top-p from
+a partial top-k, no full sort), so a step costs little more than the model's forward (bench/bench_infer.py
+measures it).
 
     from grisp.generate import beam_search
     hyps = beam_search(model, prompt_ids, eos_ids, num_beams=8, sample=True, temperature=0.4, top_p=0.9)
@@ -37,11 +39,11 @@ from typing import Iterator
 
 import torch
 
-import defaults
+from grisp import defaults
 from llm.cpu_speed import pick_dtype, prepare_for_inference
 from llm.prompt_cache import PromptCache
 from llm.tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
-from model import Transformer, pick_device
+from model import KVCache, Transformer, pick_device
 
 
 RANKINGS = ("sum", "length-normalised")  # how beams and hypotheses are scored (beam_search)
@@ -158,13 +160,91 @@ class LengthNormalisedRanking:
         return score / length
 
 
-RANKING_RULES = {"sum": SumRanking(), "length-normalised": LengthNormalisedRanking()}
+Ranking = SumRanking | LengthNormalisedRanking
+RANKING_RULES: dict[str, Ranking] = {"sum": SumRanking(), "length-normalised": LengthNormalisedRanking()}
 
 
 # ---------------------------------------------------------------------------- beam search
 def beam_search(model: Transformer, prompt: list[int], eos_ids: list[int], **settings) -> list[Hypothesis]:
     """All hypotheses of `beam_search_stream` (same arguments), best first."""
     return list(beam_search_stream(model, prompt, eos_ids, **settings))
+
+
+def prefill(model: Transformer, prompt: list[int], num_beams: int, max_new_tokens: int, use_cache: bool,
+            prompt_cache: PromptCache | None) -> tuple[torch.Tensor, KVCache | None]:
+    """Run the prompt once: its next-token logits repeated for the W beams [W, V], and a KV cache of W
+    rows holding the prompt with room for `max_new_tokens` more (None when use_cache is False)."""
+    device = model.model.norm.weight.device
+    if not use_cache:
+        return model(torch.tensor([prompt], device=device), logits_at=-1).expand(num_beams, -1), None  # [W, V]
+    prompt_cache = prompt_cache or PromptCache(model)
+    logits = prompt_cache.run(prompt)[None]  # [1, V]
+    rows = torch.zeros(num_beams, dtype=torch.long, device=device)  # every beam starts as the prompt's row 0
+    return logits.expand(num_beams, -1), prompt_cache.cache.copy_rows(rows, len(prompt) + max_new_tokens + 1)
+
+
+def candidates(logits: torch.Tensor, beam_scores: torch.Tensor, rule: Ranking, n_candidates: int, eos_ids: list[int],
+               sample: bool, temperature: float, top_p: float,
+               generator: torch.Generator | None) -> tuple[list[int], list[int], list[float]]:
+    """One step's candidate continuations, best first: (beam rows, tokens, scores), at most n_candidates.
+
+    logits [W, V] are each beam's next-token logits, beam_scores [W] their scores (-inf: a dead beam).
+    sample=False takes the best by score; sample=True draws without replacement over the tokens of each
+    beam's top-p set of its temperature-scaled distribution, then ranks them by score."""
+    scaled = rows = tokens = None
+    if sample:  # each beam's top-p set of its temperature-scaled distribution
+        scaled = torch.log_softmax(logits.float() / temperature, dim=-1)  # [W, V]
+        rows, tokens = top_p_tokens(scaled, top_p, min_keep=rule.min_keep(eos_ids))
+    scores = beam_scores[:, None] + rule.logprobs(logits, scaled, rows, tokens, temperature)  # [W, V] each continuation's
+    W, V = scores.shape
+    if sample:
+        allowed = rows * V + tokens  # [M] flat indices into scores
+        allowed = allowed[torch.isfinite(scores.flatten()[allowed])]  # dead beams continue nothing
+        weights = scores.flatten()[allowed] / rule.sampling_temperature(temperature)  # [M]
+        picked = sample_without_replacement(weights, allowed, W * V, min(n_candidates, len(allowed)), generator)
+        picked = picked[scores.flatten()[picked].argsort(descending=True)]  # rank by score
+    else:
+        # the n best of all W*V continuations are among the n best of each row
+        n = min(n_candidates, V)
+        row_best, row_tokens = scores.topk(n, dim=-1)  # [W, n]
+        best = row_best.flatten().topk(min(n, int(torch.isfinite(row_best).sum()))).indices
+        picked = (best // n) * V + row_tokens.flatten()[best]
+    return (picked // V).tolist(), (picked % V).tolist(), scores.flatten()[picked].tolist()
+
+
+def select(rows: list[int], tokens: list[int], scores: list[float], beam_tokens: torch.Tensor, eos_ids: list[int],
+           rule: Ranking, length: int, last_step: bool) -> tuple[list[Hypothesis], list[int], list[int], list[float]]:
+    """Walk the candidates best first: an end-of-turn id among the W best ends a hypothesis, any other
+    token continues its beam, until W beams run on. Returns the hypotheses ended this step (in candidate
+    order; at the last step also the cut-off beams, if the rule ranks them) and the next beams' rows,
+    tokens and scores (fewer than W if the candidates run out).
+
+    beam_tokens [W, t] are the beams' generated tokens, `length` = t + 1 the candidates' length."""
+    W = beam_tokens.shape[0]
+    ended, next_rows, next_tokens, next_scores = [], [], [], []
+    for rank, (row, token, score) in enumerate(zip(rows, tokens, scores)):
+        if token in eos_ids:
+            if rank < W:  # only an end among the W best counts (as in standard beam search)
+                ended.append(Hypothesis(beam_tokens[row].tolist(), rule.final(score, length), True))
+        else:
+            if rule.ranks_cut_off_beams and last_step and rank < W:
+                ended.append(Hypothesis(beam_tokens[row].tolist() + [token], rule.final(score, length), False))
+            next_rows.append(row), next_tokens.append(token), next_scores.append(score)
+        if len(next_rows) == W:
+            break
+    return ended, next_rows, next_tokens, next_scores
+
+
+def decode_one_token(model: Transformer, tokens: torch.Tensor, cache: KVCache | None, prompt: list[int],
+                     beam_tokens: torch.Tensor) -> torch.Tensor:
+    """The next-token logits [W, V] of the W beams after their newest `tokens` [W]: one token per beam
+    over the (already reordered) KV cache, or without a cache the whole prompt + beam_tokens [W, t]
+    recomputed."""
+    if cache is not None:
+        return model(tokens[:, None], cache=cache, logits_at=-1)  # [W, V]
+    prompt_ids = torch.tensor([prompt], device=beam_tokens.device)  # [1, P]
+    full = torch.cat([prompt_ids.expand(len(beam_tokens), -1), beam_tokens], dim=1)  # [W, P + t]
+    return model(full, logits_at=-1)  # [W, V]
 
 
 @torch.inference_mode()
@@ -208,56 +288,17 @@ def beam_search_stream(
     beam_scores[0] = 0.0
     beam_tokens = torch.zeros(W, 0, dtype=torch.long, device=device)  # [W, t]
     finished: list[Hypothesis] = []
-
-    prompt_ids = torch.tensor([prompt], device=device)  # [1, P]
-    cache = None
-    if use_cache:
-        prompt_cache = prompt_cache or PromptCache(model)
-        logits = prompt_cache.run(prompt)[None]  # [1, V]
-        cache = prompt_cache.cache.copy_rows(torch.zeros(W, dtype=torch.long, device=device), len(prompt) + max_new_tokens + 1)
-    else:
-        logits = model(prompt_ids, logits_at=-1)  # [1, V]
-    logits = logits.expand(W, -1)  # [W, V]
+    logits, cache = prefill(model, prompt, W, max_new_tokens, use_cache, prompt_cache)  # [W, V]
     settled = 0  # the leading finished hypotheses already yielded
     running = True  # beams still run (not all ended)
 
     for step in range(max_new_tokens):
-        length = step + 1  # generated tokens of every candidate, its new one included
-        scaled = rows = tokens = None
-        if sample:  # each beam's top-p set of its temperature-scaled distribution
-            scaled = torch.log_softmax(logits.float() / temperature, dim=-1)  # [W, V]
-            rows, tokens = top_p_tokens(scaled, top_p, min_keep=rule.min_keep(eos_ids))
-        scores = beam_scores[:, None] + rule.logprobs(logits, scaled, rows, tokens, temperature)  # [W, V] each continuation's
-        V = scores.shape[1]
-        if sample:
-            allowed = rows * V + tokens  # [M] flat indices into scores
-            allowed = allowed[torch.isfinite(scores.flatten()[allowed])]  # dead beams continue nothing
-            weights = scores.flatten()[allowed] / rule.sampling_temperature(temperature)  # [M]
-            picked = sample_without_replacement(weights, allowed, W * V, min(n_candidates, len(allowed)), generator)
-            picked = picked[scores.flatten()[picked].argsort(descending=True)]  # rank by score
-        else:
-            # the n best of all W*V continuations are among the n best of each row
-            n = min(n_candidates, V)
-            row_best, row_tokens = scores.topk(n, dim=-1)  # [W, n]
-            best = row_best.flatten().topk(min(n, int(torch.isfinite(row_best).sum()))).indices
-            picked = (best // n) * V + row_tokens.flatten()[best]
-        rows, tokens = picked // V, picked % V
-        picked_scores = scores.flatten()[picked].tolist()
-
-        # walk the candidates best first: eos ends a hypothesis, anything else continues a beam
-        next_rows, next_tokens, next_scores = [], [], []
-        for rank, (row, token, score) in enumerate(zip(rows.tolist(), tokens.tolist(), picked_scores)):
-            if token in eos_ids:
-                if rank < W:  # only an end among the W best counts (as in standard beam search)
-                    finished.append(Hypothesis(beam_tokens[row].tolist(), rule.final(score, length), True))
-            else:
-                if rule.ranks_cut_off_beams and step == max_new_tokens - 1 and rank < W:
-                    finished.append(Hypothesis(beam_tokens[row].tolist() + [token], rule.final(score, length), False))
-                next_rows.append(row), next_tokens.append(token), next_scores.append(score)
-            if len(next_rows) == W:
-                break
-        finished.sort(key=lambda h: h.score, reverse=True)
-        finished = finished[:W]
+        length, last_step = step + 1, step == max_new_tokens - 1  # length: the candidates', new token included
+        rows, tokens, scores = candidates(logits, beam_scores, rule, n_candidates, eos_ids, sample, temperature,
+                                          top_p, generator)
+        ended, next_rows, next_tokens, next_scores = select(rows, tokens, scores, beam_tokens, eos_ids, rule,
+                                                            length, last_step)
+        finished = sorted(finished + ended, key=lambda h: h.score, reverse=True)[:W]
         best_running = rule.final(max(next_scores, default=float("-inf")), length)
         running = bool(next_rows)  # False: every candidate ended its hypothesis, nothing runs on
         if not running or (len(finished) == W and finished[-1].score >= best_running):
@@ -273,14 +314,11 @@ def beam_search_stream(
         tokens_t = torch.tensor(next_tokens, device=device)
         beam_scores = torch.tensor(next_scores, device=device)
         beam_tokens = torch.cat([beam_tokens[rows_t], tokens_t[:, None]], dim=1)  # [W, t+1]
-        if step == max_new_tokens - 1:
+        if last_step:
             break
         if cache is not None:
-            cache.reorder(rows_t)
-            logits = model(tokens_t[:, None], cache=cache, logits_at=-1)  # [W, V]
-        else:
-            full = torch.cat([prompt_ids.expand(W, -1), beam_tokens], dim=1)  # [W, P + t + 1]
-            logits = model(full, logits_at=-1)  # [W, V]
+            cache.reorder(rows_t)  # each beam's cache row follows the beam it continues
+        logits = decode_one_token(model, tokens_t, cache, prompt, beam_tokens)  # [W, V]
 
     if running and len(finished) < W and not rule.ranks_cut_off_beams:  # out of steps: the best running beams
         live = [(float(s), t.tolist()) for s, t in zip(beam_scores, beam_tokens) if torch.isfinite(s)]
@@ -332,7 +370,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens")
     parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps ...")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weight dtype; auto = bfloat16 on a GPU with native bf16 (Ampere or newer) and on a CPU with it, float32 on "
-                             "other CPUs (llm/cpu_speed.pick_dtype)")
+                        help="weight dtype; auto = bfloat16 on a GPU with native bf16 (Ampere or newer) and on a CPU "
+                             "with it, float32 on other CPUs (llm/cpu_speed.pick_dtype)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     main(parser.parse_args())

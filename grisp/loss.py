@@ -5,7 +5,7 @@ The model is trained jointly on two tasks:
 - skeleton: next-token cross-entropy on each answer token (the skeleton and <|im_end|>);
 - re-ranking: cross-entropy restricted to the logits of the identifier tokens present in the prompt
   (A, B, ..., and the one of "None of the above"), read at the first answer position: one row.
-A third task trains the GRASP agent's local model (gen_agent_data.py; not GRISP's): agent, a whole
+A third task trains the GRASP agent's local model (tools/gen_agent_data.py; not GRISP's): agent, a whole
 conversation with tools, next-token cross-entropy on every token of the model's own turns (its calls and
 <|im_end|>), weighed as skeleton answer tokens are.
 How they add up is the weighting (WEIGHTINGS; docs/method.md section 4.1):
@@ -26,7 +26,7 @@ large lm_head matmul everywhere else. The identifier tokens and their logits com
 scoring rule inference uses. `backward_batch` accumulates a batch's gradient over micro-batches and
 `evaluate` weighs a validation set the same way. Used by train.py; tested in tests/test_train.py.
 
-    encoded = [encode(sample, tokenizer) for sample in samples]   # samples.py samples (made online or read from gen_data.py)
+    encoded = [encode(sample, tokenizer) for sample in samples]  # samples.py's (online, or read from gen_data.py)
     losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id, "reference"))  # [B], [B]
     batch_loss = losses.sum() / sum(units(e, "reference") for e in encoded)
 """

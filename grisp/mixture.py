@@ -102,8 +102,8 @@ def without_label_service(sparql: str) -> str | None:
     """The query with Wikidata's label service replaced by plain patterns, or None if it calls another
     SERVICE (not rewritable). `SERVICE wikibase:label { bd:serviceParam wikibase:language "en" . }`
     binds ?xLabel, ?xDescription and ?xAltLabel for every variable ?x of the query; explicit bindings
-    inside it (`?x rdfs:label ?name .`, `wd:Q42 schema:description ?d .`) bind those variables. Each binding used becomes
-    `OPTIONAL { ?x rdfs:label ?xLabel . FILTER(LANG(?xLabel) = "en") }` (schema:description,
+    inside it (`?x rdfs:label ?name .`, `wd:Q42 schema:description ?d .`) bind those variables. Each
+    binding used becomes `OPTIONAL { ?x rdfs:label ?xLabel . FILTER(LANG(?xLabel) = "en") }` (schema:description,
     skos:altLabel) in the place of the SERVICE group. Differences from the service, which do not matter
     for a training target: no fallback to the id when an item has no English label, and one row per
     alias instead of a comma-joined list. A query without SERVICE is returned unchanged."""
@@ -179,7 +179,8 @@ def epoch_records(records: list[dict], weights: dict[str, float], seed: int, epo
 
 
 def records_per_epoch(weight: float, count: int) -> int:
-    """How many of a source's `count` records an epoch uses at weight w: floor(w) x count + round((w - floor(w)) x count)."""
+    """How many of a source's `count` records an epoch uses at weight w:
+    floor(w) x count + round((w - floor(w)) x count)."""
     return int(weight) * count + round((weight - int(weight)) * count)
 
 

@@ -34,7 +34,7 @@ from torch import nn
 
 from grisp import checkpoint
 from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
-from jsonl import write_atomic, write_json
+from grisp.jsonl import write_atomic, write_json
 from llm.cpu_speed import prepare_for_inference
 from lora import (candidate_names, inject_lora, is_target, layer_index, load_lora_state_dict, lora_layers,
                   lora_state_dict, merge_lora, unload_lora)
@@ -320,4 +320,4 @@ if __name__ == "__main__":
     try:
         main(parser.parse_args())
     except (FileNotFoundError, ValueError) as error:
-        raise SystemExit(f"error: {error}")
+        raise SystemExit(f"error: {error}") from None

@@ -150,7 +150,7 @@ def rerank_messages(
         if resolved:
             parts.append(format_resolved(list(resolved)))
         if grouped:  # one group per kind
-            parts += [f"{kind.capitalize()} alternatives:\n" + "\n".join(l for l, k in zip(lines, kinds) if k == kind)
+            parts += [f"{kind.capitalize()} alternatives:\n" + "\n".join(line for line, k in zip(lines, kinds) if k == kind)
                       for kind in dict.fromkeys(kinds)]
         else:
             parts.append("Alternatives:\n" + "\n".join(lines))

@@ -11,8 +11,8 @@ for those rows of the lm_head only, in float32 (`Transformer.forward(..., vocab=
 logits are rounded coarsely enough to tie an alternative with None, and a tie is cut).
 
 `ModelReranker` adds the speed-up: its prompts run through a PromptCache (prompt_cache.py), which
-computes only the tokens after the start a prompt shares with the previous one (tests/test_rerank.py: same scores as a full forward;
-docs/cpu_speed.md section 3.3: the speed-up).
+computes only the tokens after the start a prompt shares with the previous one (tests/test_rerank.py:
+same scores as a full forward; docs/cpu_speed.md section 3.3: the speed-up).
 
     reranker = ModelReranker(model, tokenizer, prompt_format="v2")   # the adapter's format (peft_format)
     scores = reranker(question, marked_query, alternatives, resolved)   # len(alternatives) + 1, None's last

@@ -23,7 +23,8 @@ A sample is a pure function of (seed, epoch, record, copy) (and the endpoint's a
 ones), so online generation (train.py) is reproducible and resumable, and gen_data.py can precompute N
 epochs offline. Records whose query has an IRI the index does not know are skipped and counted. A sample:
 
-    {"id": record id, "source": "wwq", "epoch": 0, "task": "skeleton", "messages": [system, user], "target": "SELECT ..."}
+    {"id": record id, "source": "wwq", "epoch": 0, "task": "skeleton", "messages": [system, user],
+     "target": "SELECT ..."}
     {"id": ..., "epoch": 0, "task": "rerank", "messages": [...], "target": "C", "prompt_format": "v2",
      "identifiers": ["A", ..., "K"], "iri": gold item IRI or null when dropped or missed}
 
@@ -51,7 +52,7 @@ from grisp.prompts import (IDENTIFIERS, LATEST_PROMPT_FORMAT, PROMPT_FORMATS, ma
                      to_alternative)
 from grisp.skeleton import find_placeholders, placeholder_text, skeletonize, split_variant, substitute
 from grisp.sparql import SparqlError
-from jsonl import iter_jsonl
+from grisp.jsonl import iter_jsonl
 from search import Indices
 
 
@@ -336,7 +337,7 @@ def read_samples(path: str | Path) -> dict[int, list[dict]]:
     for number, sample in iter_jsonl(path):
         task = sample.get("task") if isinstance(sample, dict) else None
         if task not in TASKS or not {"id", "epoch", "messages", "tools" if task == "agent" else "target"} <= sample.keys():
-            raise ValueError(f"{path}: line {number} is not a gen_data.py or gen_agent_data.py sample (needs id, "
+            raise ValueError(f"{path}: line {number} is not a gen_data.py or tools/gen_agent_data.py sample (needs id, "
                              f"epoch, task, messages, and target or, for an agent trace, tools)")
         by_epoch.setdefault(sample["epoch"], []).append(sample)
     if not by_epoch:

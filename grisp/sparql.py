@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import requests
 import urllib3
 
-import defaults
+from grisp import defaults
 from grisp.sparql_syntax import PREFIXES, ForbiddenQuery, SparqlError, check_read_only, with_prefixes  # noqa: F401
 
 # ---------------------------------------------------------------------------- errors

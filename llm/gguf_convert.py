@@ -24,7 +24,7 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tqdm import tqdm
 
-from jsonl import write_atomic, write_json
+from grisp.jsonl import write_atomic, write_json
 
 # The Qwen2 pre-tokenizer: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -30,7 +30,7 @@ for m in 0 1; do
   [ -f "$work/all-$m.jsonl" ] || python gen_data.py --data wwq,qald10,qald7,lcquad2,sq,spinach --epochs 1 \
     --mention $m --out "$work/all-$m.jsonl"
 done
-python runs/matched_rerank_sets.py "$work/all-0.jsonl" "$work/all-1.jsonl" "$work" --n-worded "$N" --n-plain "$N"
+python tools/matched_rerank_sets.py "$work/all-0.jsonl" "$work/all-1.jsonl" "$work" --n-worded "$N" --n-plain "$N"
 for arm in $ARMS; do
   [ -d "$work/runs/$arm/adapter" ] || python train.py --samples "$work/train-$arm.jsonl" --val-data "$work/val.jsonl" \
     --init-adapter adapters/grisp-mix-0.5b --epochs 1 --runs-dir "$work/runs" --name $arm --checkpoint-every 10
@@ -42,5 +42,5 @@ for arm in $ARMS; do
   python evaluate.py --benchmark demo --precision bfloat16 --rerank-adapter "$work/runs/$arm/adapter" \
     --no-retry --skeletons-from "$O/demo-none" --out "$O/demo-rerank-$arm$tag"
 done
-python report.py systems "$O"/wwq-dev-full-{none,no-rerank} $(for a in $ARMS; do echo "$O/wwq-dev-full-rerank-$a$tag"; done)
-python report.py systems "$O"/demo-{none,no-rerank} $(for a in $ARMS; do echo "$O/demo-rerank-$a$tag"; done)
+python tools/report.py systems "$O"/wwq-dev-full-{none,no-rerank} $(for a in $ARMS; do echo "$O/wwq-dev-full-rerank-$a$tag"; done)
+python tools/report.py systems "$O"/demo-{none,no-rerank} $(for a in $ARMS; do echo "$O/demo-rerank-$a$tag"; done)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The evaluations behind docs/results.md for one adapter in one precision: builds what they need (the
 # evaluation KGs, indices and endpoints; each is built once and reused), runs every row and prints each
-# table with report.py. Interrupted, run it again: every evaluate.py run resumes where it stopped (after a
+# table with tools/report.py. Interrupted, run it again: every evaluate.py run resumes where it stopped (after a
 # change to the Python sources it refuses: another OUT, or EVALUATE_FLAGS=--accept-other-code). Leave
 # the machine alone while it runs: the time budgets are wall-clock, so on a busy machine answers can change,
 # not only timings (evaluate.py warns when the load is high as a run starts). Needs bash 4.4 or newer. The
@@ -60,17 +60,17 @@ use_kg() {  # $1 = KG setting: builds its KG and index once, starts its endpoint
       python build_index.py --endpoint http://127.0.0.1:7878/query
       kg=(--benchmark demo) ;;
     wwq-dev-kg)  # (re)built unless built with today's popularity (counted in the training material)
-      grep -qs '"popularity": "training"' "$eval_kg/wwq-dev/stats.json" || python build_eval_kg.py
+      grep -qs '"popularity": "training"' "$eval_kg/wwq-dev/stats.json" || python tools/build_eval_kg.py
       python build_index.py --items "$eval_kg/wwq-dev/items.jsonl" --out "$home/indices/wwq-dev"
       python endpoint.py start --data "$eval_kg/wwq-dev/kg.nt" --store "$home/stores/wwq-dev" --port 7879
       kg=(--benchmark wwq-dev-kg --endpoint http://127.0.0.1:7879/query --index "$home/indices/wwq-dev") ;;
     wwq-dev-full)
-      grep -qs '"popularity": "training"' "$eval_kg/wwq-dev-full/stats.json" || python build_eval_kg.py --setting full
+      grep -qs '"popularity": "training"' "$eval_kg/wwq-dev-full/stats.json" || python tools/build_eval_kg.py --setting full
       python build_index.py --items "$eval_kg/wwq-dev-full/items.jsonl" --out "$home/indices/wwq-dev-full"
       python endpoint.py start --data "$eval_kg/wwq-dev-full/kg.nt" --store "$home/stores/wwq-dev-full" --port 7880
       kg=(--benchmark wwq-dev-full --endpoint http://127.0.0.1:7880/query --index "$home/indices/wwq-dev-full") ;;
     wwq-dev-real-tune | wwq-dev-real-report)  # one KG, two halves (docs/evaluation.md)
-      [ -s "$eval_kg/wwq-dev-real/stats.json" ] || python build_eval_kg.py --setting real
+      [ -s "$eval_kg/wwq-dev-real/stats.json" ] || python tools/build_eval_kg.py --setting real
       python build_index.py --items "$eval_kg/wwq-dev-real/items.jsonl" --out "$home/indices/wwq-dev-real"
       python endpoint.py start --data "$eval_kg/wwq-dev-real/kg.nt" --store "$home/stores/wwq-dev-real" --port 7881
       kg=(--benchmark "$1" --endpoint http://127.0.0.1:7881/query --index "$home/indices/wwq-dev-real") ;;
@@ -80,8 +80,8 @@ use_kg() {  # $1 = KG setting: builds its KG and index once, starts its endpoint
 full_system() {  # $1 = KG setting
   use_kg "$1"
   evaluate "${kg[@]}" --out "$out/$1-none"
-  python report.py systems "$out/$1-none"
-  python report.py shapes "$out/$1-none"
+  python tools/report.py systems "$out/$1-none"
+  python tools/report.py shapes "$out/$1-none"
 }
 
 ablations() {  # $1 = KG setting; the resolution-only rows reuse the full system's skeletons
@@ -101,8 +101,8 @@ ablations() {  # $1 = KG setting; the resolution-only rows reuse the full system
   for ablation in all-disabled rerank-only; do  # the paper's stripped-down rows: plain index search, + re-ranking
     evaluate "${kg[@]}" --ablation $ablation --skeletons-from "$run-no-beam-search" --out "$run-$ablation"
   done
-  python report.py systems "$run"-{none,none-no-retry,no-rerank,no-beam-search,no-kg-guidance,no-constrained,no-backtracking,all-disabled,rerank-only}
-  python report.py systems "$run"-{oracle,no-rerank-oracle}
+  python tools/report.py systems "$run"-{none,none-no-retry,no-rerank,no-beam-search,no-kg-guidance,no-constrained,no-backtracking,all-disabled,rerank-only}
+  python tools/report.py systems "$run"-{oracle,no-rerank-oracle}
 }
 
 trust() {  # $1 = wwq-dev-real-tune or -report: the full system and w/o re-ranking, precision against coverage
@@ -110,8 +110,8 @@ trust() {  # $1 = wwq-dev-real-tune or -report: the full system and w/o re-ranki
   use_kg "$1"
   evaluate "${kg[@]}" --out "$run-none"
   evaluate "${kg[@]}" --ablation no-rerank --skeletons-from "$run-none" --out "$run-no-rerank"
-  python report.py systems "$run"-{none,no-rerank}
-  python report.py risk "$run"-{none,no-rerank} --without-retry --plot "$run-risk.png"
+  python tools/report.py systems "$run"-{none,no-rerank}
+  python tools/report.py risk "$run"-{none,no-rerank} --without-retry --plot "$run-risk.png"
 }
 
 skeletons() {  # $1 = benchmark: demo (labels from the demo index), qald10-dev or wwq-dev (all items)
@@ -122,12 +122,12 @@ skeletons() {  # $1 = benchmark: demo (labels from the demo index), qald10-dev o
     build_items_index
     evaluate --skeleton-only --benchmark "$1" --index "$items_index" --out "$out/$1-skeletons"
   fi
-  python report.py skeletons "$out/$1-skeletons"
+  python tools/report.py skeletons "$out/$1-skeletons"
 }
 
 all_skeletons() {
   for benchmark in demo qald10-dev wwq-dev; do skeletons $benchmark; done
-  python report.py skeletons "$out"/{demo,qald10-dev,wwq-dev}-skeletons
+  python tools/report.py skeletons "$out"/{demo,qald10-dev,wwq-dev}-skeletons
 }
 
 steps=()  # every group name is checked before the first group runs

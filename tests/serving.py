@@ -22,7 +22,7 @@ import requests
 import torch
 import uvicorn
 
-import defaults
+from grisp import defaults
 from grisp.options import Options
 from grisp.pipeline import Grisp
 from tests.tiny import make_model_dir

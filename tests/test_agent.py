@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-import defaults
+from grisp import defaults
 import evaluate
 from agent import Agent, build_agent
 from grasp import evaluation

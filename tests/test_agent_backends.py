@@ -20,7 +20,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-import defaults
+from grisp import defaults
 from agent import Agent
 from grasp.backends import BackendError, BackendTimeout, OpenAIBackend, check_call, parse_qwen_calls
 from grasp.config import AgentConfig, ModelConfig, make_backend

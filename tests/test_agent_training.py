@@ -1,4 +1,4 @@
-"""Training the agent's local model on conversations (gen_agent_data.py, loss.py's agent task): the
+"""Training the agent's local model on conversations (tools/gen_agent_data.py, loss.py's agent task): the
 conversations a record gives over the demo KG, the tokens the loss reads, and train.py on them with a
 tiny model."""
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import gen_agent_data
+from tools import gen_agent_data
 import train
 from agent import Agent
 from grasp.config import AgentConfig
@@ -120,7 +120,7 @@ def test_gen_agent_data_command_line_writes_conversations(demo_endpoint, model_d
     config.write_text(f'[[knowledge_graphs]]\nname = "wikidata"\nendpoint = "{demo_endpoint}"\n'
                       f'index = "{demo_index(demo_endpoint)}"\n')
     out = tmp_path / "traces.jsonl"
-    done = subprocess.run([sys.executable, "gen_agent_data.py", "--data", str(records), "--config", str(config),
+    done = subprocess.run([sys.executable, "tools/gen_agent_data.py", "--data", str(records), "--config", str(config),
                            "--index", str(demo_index(demo_endpoint)), "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

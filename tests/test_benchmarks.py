@@ -69,7 +69,7 @@ def test_path_and_bad_input(tmp_path):
 
 def test_closed_kg_questions_need_build_eval_kg(tmp_path, monkeypatch):
     monkeypatch.setitem(benchmarks.EVAL_KGS, "wwq-dev-kg", (tmp_path, "closed"))
-    with pytest.raises(FileNotFoundError, match="python build_eval_kg.py --setting closed"):
+    with pytest.raises(FileNotFoundError, match="python tools/build_eval_kg.py --setting closed"):
         benchmarks.load_benchmark("wwq-dev-kg")
     write_jsonl(tmp_path / "questions.jsonl", [SAMPLE])
     assert benchmarks.load_benchmark("wwq-dev-kg")[0]["id"] == "q1"

@@ -1,4 +1,4 @@
-"""Tests for build_eval_kg.py on a tiny fake dev file and item cache."""
+"""Tests for tools/build_eval_kg.py on a tiny fake dev file and item cache."""
 import argparse
 import json
 import subprocess
@@ -7,8 +7,8 @@ import sys
 import pyoxigraph as ox
 import pytest
 
-import build_eval_kg
-import defaults
+from tools import build_eval_kg
+from grisp import defaults
 import endpoint
 from grisp import benchmarks, metrics
 
@@ -261,7 +261,7 @@ def test_closed_setting_is_unchanged_by_more_item_records(tmp_path, built):
 @pytest.mark.parametrize("name, setting", [("wwq-dev-full", "full"), ("wwq-dev-real", "real")])
 def test_each_setting_is_a_benchmark_name(tmp_path, monkeypatch, name, setting):
     monkeypatch.setitem(benchmarks.EVAL_KGS, name, (tmp_path, setting))
-    with pytest.raises(FileNotFoundError, match=f"python build_eval_kg.py --setting {setting}"):
+    with pytest.raises(FileNotFoundError, match=f"python tools/build_eval_kg.py --setting {setting}"):
         benchmarks.load_benchmark(name)
     write_jsonl(tmp_path / "questions.jsonl", DEV[:1])
     assert benchmarks.load_benchmark(name)[0]["id"] == "object"
@@ -270,7 +270,7 @@ def test_each_setting_is_a_benchmark_name(tmp_path, monkeypatch, name, setting):
 
 
 def run_script(*args):
-    return subprocess.run([sys.executable, "build_eval_kg.py", *args], cwd=defaults.REPO_DIR,
+    return subprocess.run([sys.executable, "tools/build_eval_kg.py", *args], cwd=defaults.REPO_DIR,
                           capture_output=True, text=True, timeout=60)
 
 

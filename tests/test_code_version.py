@@ -1,10 +1,10 @@
-"""Tests for code_version.py: which files the fingerprint reads, and what changes it."""
+"""Tests for grisp/code_version.py: which files the fingerprint reads, and what changes it."""
 import subprocess
 
-import code_version
+from grisp import code_version
 
 FILES = {"evaluate.py": "print(1)\n", "grisp/pipeline.py": "x = 1\n", "tests/test_x.py": "", "bench/b.py": "",
-         "runs/r.py": "", ".venv/lib/site.py": "", "README.md": "not code\n"}
+         "runs/r.py": "", "tools/t.py": "", ".venv/lib/site.py": "", "README.md": "not code\n"}
 
 
 def make_tree(root):
@@ -24,7 +24,7 @@ def test_the_fingerprint_reads_the_python_sources_that_decide_answers(tmp_path):
     assert code_version.python_sources(root) == ["evaluate.py", "grisp/pipeline.py"]  # no git here: found on disk
     before = code_version.code_version(root)
     assert before["commit"] is None and len(before["fingerprint"]) == 64
-    for path in ("tests/test_x.py", "bench/b.py", "runs/r.py", ".venv/lib/site.py", "README.md"):
+    for path in ("tests/test_x.py", "bench/b.py", "runs/r.py", "tools/t.py", ".venv/lib/site.py", "README.md"):
         (root / path).write_text("changed\n")
     assert code_version.code_version(root) == before
     (root / "grisp/pipeline.py").write_text("x = 2\n")
@@ -50,5 +50,5 @@ def test_in_a_checkout_git_lists_the_files_and_names_the_commit(tmp_path):
 
 def test_the_projects_own_sources():
     sources = code_version.python_sources()
-    assert {"evaluate.py", "code_version.py", "grisp/pipeline.py", "grasp/evaluation.py"} <= set(sources)
-    assert not [path for path in sources if path.split("/")[0] in ("tests", "bench", "runs")]
+    assert {"evaluate.py", "grisp/code_version.py", "grisp/pipeline.py", "grasp/evaluation.py"} <= set(sources)
+    assert not [path for path in sources if path.split("/")[0] in ("tests", "bench", "runs", "tools")]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-import defaults
+from grisp import defaults
 from grisp.constraints import constraint_query
 from grisp.skeleton import Placeholder, find_placeholders, parses, skeletonize, substitute
 from grisp.sparql import SparqlClient

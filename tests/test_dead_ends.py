@@ -1,11 +1,5 @@
-"""runs/dead_ends.py: a dead end is sorted by where the first skeleton ran out of alternatives."""
-import importlib.util
-from pathlib import Path
-
-RUNS = Path(__file__).resolve().parent.parent / "runs"
-spec = importlib.util.spec_from_file_location("dead_ends", RUNS / "dead_ends.py")
-dead_ends = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(dead_ends)
+"""tools/dead_ends.py: a dead end is sorted by where the first skeleton ran out of alternatives."""
+from tools import dead_ends
 
 WD, WDT = "http://www.wikidata.org/entity/", "http://www.wikidata.org/prop/direct/"
 PROPERTIES = {"member of sports team": {"P54"}, "drafted by": {"P647"}}

@@ -15,7 +15,7 @@ from collections import Counter
 import pyoxigraph as ox
 import pytest
 
-import defaults
+from grisp import defaults
 from grisp import benchmarks
 from grisp.sparql import SparqlClient
 from grisp.sparql_syntax import PREFIXES

@@ -23,7 +23,7 @@ import pytest
 import requests
 import torch
 
-import defaults
+from grisp import defaults
 import evaluate
 from grisp import resolve
 from grisp.options import Options

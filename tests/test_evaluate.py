@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-import defaults
+from grisp import defaults
 import evaluate
 
 KG = """@prefix wd: <http://www.wikidata.org/entity/> .

@@ -24,7 +24,7 @@ import requests
 from safetensors.numpy import load_file, save
 from tokenizers import Tokenizer, pre_tokenizers
 
-import defaults
+from grisp import defaults
 import get_model
 from llm import gguf_convert
 

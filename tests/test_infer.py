@@ -9,7 +9,7 @@ from math import inf
 import pytest
 import torch
 
-import defaults
+from grisp import defaults
 import infer
 import lora
 from grisp import peft_format

@@ -1,10 +1,10 @@
-"""jsonl.py: the one JSONL reader/writer and the atomic writes (round trips, bad lines named, logs cut
+"""grisp/jsonl.py: the one JSONL reader/writer and the atomic writes (round trips, bad lines named, logs cut
 off by a killed run, interrupted writes that leave no half file)."""
 import json
 
 import pytest
 
-from jsonl import append_jsonl, iter_jsonl, read_finished, read_jsonl, write_atomic, write_json, write_jsonl
+from grisp.jsonl import append_jsonl, iter_jsonl, read_finished, read_jsonl, write_atomic, write_json, write_jsonl
 
 RECORDS = [{"id": "q1", "question": "wo wurde Gödel geboren?"}, {"id": "q2", "n": [1, 2.5, None]}, "a string", 7]
 

@@ -1,12 +1,7 @@
-"""runs/matched_rerank_sets.py: the --mention experiment's training sets differ only in the wording."""
-import importlib.util
+"""tools/matched_rerank_sets.py: the --mention experiment's training sets differ only in the wording."""
 import json
-from pathlib import Path
 
-RUNS = Path(__file__).resolve().parent.parent / "runs"
-spec = importlib.util.spec_from_file_location("matched_rerank_sets", RUNS / "matched_rerank_sets.py")
-matched = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(matched)
+from tools import matched_rerank_sets as matched
 
 
 def sample(record_id, placeholder, iri="Q1"):

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import Qwen2ForCausalLM
 
-import defaults
+from grisp import defaults
 import model as M
 from llm.cpu_speed import prepare_for_inference
 from llm.tokenizer import Tokenizer, as_text, chat_prompt

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import defaults
+from grisp import defaults
 import lora
 from grisp import peft_format
 from model import Transformer
@@ -227,7 +227,7 @@ def test_save_refuses_what_a_peft_config_cannot_describe(model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_real_model_adapter_round_trips_with_peft(tmp_path):
-    import defaults
+    from grisp import defaults
     if not (defaults.MODEL_DIR / "config.json").exists():
         pytest.skip(f"no base model at {defaults.MODEL_DIR}; run get_model.py first")
     model = Transformer.from_pretrained(defaults.MODEL_DIR)

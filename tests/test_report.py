@@ -1,10 +1,10 @@
-"""report.py: the tables of docs/results*.md come out of real evaluate.py summaries with the right numbers."""
+"""tools/report.py: the tables of docs/results*.md come out of real evaluate.py summaries with the right numbers."""
 import json
 
 import pytest
 
 import evaluate
-import report
+from tools import report
 from grasp import evaluation
 from grisp import skeleton_score
 

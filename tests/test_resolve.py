@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-import defaults
+from grisp import defaults
 from grisp.options import GrispError, Options
 from grisp.prompts import mark_current
 from grisp.resolve import Resolver

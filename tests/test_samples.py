@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import build_index
-import defaults
+from grisp import defaults
 from build_index import open_index
 from grisp import benchmarks, compose, skeleton_score
 from grisp.prompts import NONE_TEXT

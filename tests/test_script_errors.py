@@ -1,4 +1,4 @@
-"""The research scripts (bench/, runs/, gen_agent_data.py, get_model.py) end a bad flag or a missing file with an
+"""The research scripts (bench/, runs/, tools/gen_agent_data.py, get_model.py) end a bad flag or a missing file with an
 error message that names it, before loading a model or an index: no traceback."""
 import subprocess
 import sys
@@ -20,10 +20,10 @@ CASES = [  # script, flags, what the message names
     ("bench/bench_matmul.py", ["--rounds", "0", "--rows", "1"], "--rounds"),
     ("bench/bench_train.py", ["--threads", "0"], "--threads"),
     ("bench/bench_train.py", ["--repeats", "0", "--model-dir", MISSING], "--repeats"),
-    ("runs/rerank_probe.py", ["--benchmark", "nosuch"], "nosuch"),
-    ("runs/matched_rerank_sets.py", [MISSING, MISSING, "{tmp}/out"], "missing"),
-    ("runs/dead_ends.py", [MISSING, MISSING, "--endpoint", "http://127.0.0.1:9/query"], "missing"),
-    ("gen_agent_data.py", ["--limit", "-5", "--index", MISSING, "--out", "{tmp}/out.jsonl"], "--limit -5"),
+    ("tools/rerank_probe.py", ["--benchmark", "nosuch"], "nosuch"),
+    ("tools/matched_rerank_sets.py", [MISSING, MISSING, "{tmp}/out"], "missing"),
+    ("tools/dead_ends.py", [MISSING, MISSING, "--endpoint", "http://127.0.0.1:9/query"], "missing"),
+    ("tools/gen_agent_data.py", ["--limit", "-5", "--index", MISSING, "--out", "{tmp}/out.jsonl"], "--limit -5"),
     ("get_model.py", ["--timeout", "0", "--gguf", MISSING, "--out", "{tmp}/model"], "--timeout 0"),
     ("get_model.py", ["--timeout", "-1", "--gguf", MISSING, "--out", "{tmp}/model"], "--timeout -1"),
 ]

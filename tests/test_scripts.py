@@ -82,5 +82,5 @@ def test_results_runs_a_half_of_the_realistic_setting_with_its_risk_table(tmp_pa
     assert [line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in evaluations] == \
         ["wwq-dev-real-report-none", "wwq-dev-real-report-no-rerank"]
     assert all("--benchmark wwq-dev-real-report" in line and "7881" in line for line in evaluations)
-    assert any(line.startswith("python build_eval_kg.py --setting real") for line in lines)
-    assert any(line.startswith("python report.py risk") and "--without-retry" in line for line in lines)
+    assert any(line.startswith("python tools/build_eval_kg.py --setting real") for line in lines)
+    assert any(line.startswith("python tools/report.py risk") and "--without-retry" in line for line in lines)

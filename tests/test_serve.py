@@ -17,7 +17,7 @@ import pytest
 import requests
 import torch
 
-import defaults
+from grisp import defaults
 import serve
 from grisp.options import Options
 from grisp.sparql import SparqlClient

@@ -16,7 +16,7 @@ import pytest
 import requests
 import torch
 
-import defaults
+from grisp import defaults
 import serve
 from agent import Agent
 from grasp.backends import Reply

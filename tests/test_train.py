@@ -19,7 +19,7 @@ import train
 from grisp import checkpoint, loss, peft_format, trainer
 from grisp import samples as samples_module
 from grisp.prompts import Alternative, rerank_messages, skeleton_messages
-from jsonl import read_jsonl
+from grisp.jsonl import read_jsonl
 from llm.tokenizer import Tokenizer
 from model import Transformer
 from tests.conftest import free_port
@@ -825,6 +825,6 @@ def test_latest_puts_back_a_checkpoint_a_cut_off_resave_left_as_old(tmp_path):
 @pytest.mark.parametrize("value, expected", [("", "~/.cache/grisp"), ("/tmp/elsewhere", "/tmp/elsewhere")])
 def test_grisp_home_set_but_empty_is_the_default_as_in_the_scripts(value, expected):
     # an empty GRISP_HOME made the run directory runs/NAME: the portable copy itself, which a save renames away
-    out = subprocess.run([sys.executable, "-c", "import defaults; print(defaults.GRISP_HOME)"], capture_output=True,
+    out = subprocess.run([sys.executable, "-c", "from grisp import defaults; print(defaults.GRISP_HOME)"], capture_output=True,
                          text=True, cwd=Path(train.__file__).parent, env={**os.environ, "GRISP_HOME": value}, check=True)
     assert out.stdout.strip() == str(Path(expected).expanduser())

@@ -3,12 +3,12 @@
 Every number in those tables comes from a run directory's summary.json or predictions.jsonl; this
 script prints the tables from them, so a table can be re-made to the digit after a re-run.
 
-    python report.py systems ~/.cache/grisp/eval/demo-{none,no-rerank,no-beam-search}    # one row per run
-    python report.py skeletons ~/.cache/grisp/eval/{demo,qald10-dev}-skeletons           # one column per run
-    python report.py shapes ~/.cache/grisp/eval/{grisp-wwq-0.5b-float32,grisp-mix-0.5b-auto}/demo-none  # F1 by shape
-    python report.py compare ~/.cache/grisp/eval/wwq-dev-full-none ~/.cache/grisp/eval/wwq-dev-full-no-rerank
-    python report.py agent ~/.cache/grisp/eval/demo-agent                                # evaluate.py --system agent
-    python report.py risk RUN_A RUN_B --without-retry --plot risk.png   # precision at each coverage (coverage.py)
+    python tools/report.py systems ~/.cache/grisp/eval/demo-{none,no-rerank,no-beam-search}    # one row per run
+    python tools/report.py skeletons ~/.cache/grisp/eval/{demo,qald10-dev}-skeletons           # one column per run
+    python tools/report.py shapes ~/.cache/grisp/eval/{grisp-wwq-0.5b-float32,grisp-mix-0.5b-auto}/demo-none  # F1 by shape
+    python tools/report.py compare ~/.cache/grisp/eval/wwq-dev-full-none ~/.cache/grisp/eval/wwq-dev-full-no-rerank
+    python tools/report.py agent ~/.cache/grisp/eval/demo-agent                                # evaluate.py --system agent
+    python tools/report.py risk RUN_A RUN_B --without-retry --plot risk.png   # precision at each coverage (coverage.py)
 """
 import argparse
 import json
@@ -16,10 +16,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from evaluate import ABLATIONS, first_per_id
-from grisp import coverage
-from grisp.skeleton_score import SHAPES
-from jsonl import read_jsonl
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
+from evaluate import ABLATIONS, first_per_id  # noqa: E402
+from grisp import coverage  # noqa: E402
+from grisp.skeleton_score import SHAPES  # noqa: E402
+from grisp.jsonl import read_jsonl  # noqa: E402
 
 # row names of the systems table, by evaluate.py --ablation (the paper's names)
 SYSTEM_NAMES = {"none": "GRISP (all mechanisms)", "no-rerank": "w/o re-ranking", "no-beam-search": "w/o beam search",
@@ -78,7 +79,7 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
     summaries = [load_summary(d) for d in run_dirs]
     for run_dir, s in zip(run_dirs, summaries):
         if "f1" not in s:
-            sys.exit(f"error: {run_dir} is a --skeleton-only run; use `report.py skeletons`")
+            sys.exit(f"error: {run_dir} is a --skeleton-only run; use `tools/report.py skeletons`")
     several_adapters = len({s["config"]["adapter"] for s in summaries}) > 1
     shared = frozenset.intersection(*(frozenset(option_notes(s["config"])) for s in summaries))
     for s in summaries:
@@ -195,7 +196,7 @@ def agent_table(run_dirs: list[Path]) -> list[str]:
     for run_dir in run_dirs:
         s = load_summary(run_dir)
         if "agent" not in s:
-            sys.exit(f"error: {run_dir} is not an evaluate.py --system agent run; use `report.py systems`")
+            sys.exit(f"error: {run_dir} is not an evaluate.py --system agent run; use `tools/report.py systems`")
         a = s["agent"]
         calls = ", ".join(f"{name} {n:.2f}" for name, n in sorted(a["calls_per_question"].items(), key=lambda kv: -kv[1]))
         ended = ", ".join(f"{status} {n}" for status, n in sorted(a["statuses"].items(), key=lambda kv: -kv[1]))
@@ -216,7 +217,7 @@ def skeletons_table(run_dirs: list[Path]) -> list[str]:
     summaries = [load_summary(d) for d in run_dirs]
     for run_dir, s in zip(run_dirs, summaries):
         if "by_shape" not in s:
-            sys.exit(f"error: {run_dir} is not a --skeleton-only run; use `report.py systems`")
+            sys.exit(f"error: {run_dir} is not a --skeleton-only run; use `tools/report.py systems`")
     heads = column_heads(run_dirs)
     lines = ["| shape | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for shape in SHAPES:  # most specific first, as skeleton_score assigns them

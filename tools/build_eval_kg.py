@@ -31,11 +31,11 @@ built on it ranks the gold item first among its namesakes, and search alone look
 (the default) counts each id's occurrences in the gold queries and answers of the training material
 (benchmarks.TRAINING_MATERIAL) instead; `items` keeps the cache's count (evaluations before 2026-12-06).
 
-    python build_eval_kg.py                      # WWQ dev -> ~/.cache/grisp/eval_kg/wwq-dev/
+    python tools/build_eval_kg.py                      # WWQ dev -> ~/.cache/grisp/eval_kg/wwq-dev/
     python endpoint.py start --data ~/.cache/grisp/eval_kg/wwq-dev/kg.nt \
         --store ~/.cache/grisp/stores/wwq-dev --port 7879   # serve it for evaluate.py
-    python build_eval_kg.py --setting full       # -> ~/.cache/grisp/eval_kg/wwq-dev-full/ (port 7880)
-    python build_eval_kg.py --setting real       # -> ~/.cache/grisp/eval_kg/wwq-dev-real/ (port 7881)
+    python tools/build_eval_kg.py --setting full       # -> ~/.cache/grisp/eval_kg/wwq-dev-full/ (port 7880)
+    python tools/build_eval_kg.py --setting real       # -> ~/.cache/grisp/eval_kg/wwq-dev-real/ (port 7881)
     python build_index.py --items ~/.cache/grisp/eval_kg/wwq-dev-full/items.jsonl \
         --out ~/.cache/grisp/indices/wwq-dev-full          # its search index
 """
@@ -50,14 +50,15 @@ from typing import NamedTuple
 
 import pyoxigraph as ox
 
-import defaults
-import endpoint
-from build_index import WIKIDATA_ID
-from grisp import benchmarks, metrics, sparql
-from grisp.skeleton import query_iris
-from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, query_key, tokenize
-from jsonl import read_jsonl, write_jsonl
-from search import normalize
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
+from grisp import defaults  # noqa: E402
+import endpoint  # noqa: E402
+from build_index import WIKIDATA_ID  # noqa: E402
+from grisp import benchmarks, metrics, sparql  # noqa: E402
+from grisp.skeleton import query_iris  # noqa: E402
+from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, query_key, tokenize  # noqa: E402
+from grisp.jsonl import read_jsonl, write_jsonl  # noqa: E402
+from search import normalize  # noqa: E402
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
 RDFS_LABEL, SKOS_ALT_LABEL = expand("rdfs:label"), expand("skos:altLabel")

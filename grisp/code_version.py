@@ -2,20 +2,20 @@
 
 evaluate.py records it in a run's config.json and compares it when the run resumes, so that one run's
 answers do not silently come from two versions of the code (docs/method.md 7.3). The fingerprint is a
-SHA-256 over the sorted relative paths and the contents of the Python files outside tests/, bench/ and
-runs/ (edits not committed yet count), listed by `git ls-files` in a git checkout, else found on disk in
-the same directories; the git commit is recorded beside it for information (a commit that changes only
-documentation keeps the fingerprint).
+SHA-256 over the sorted relative paths and the contents of the Python files outside tests/, bench/,
+runs/ and tools/ (edits not committed yet count), listed by `git ls-files` in a git checkout, else found
+on disk in the same directories; the git commit is recorded beside it for information (a commit that
+changes only documentation keeps the fingerprint).
 
-    from code_version import code_version
+    from grisp.code_version import code_version
     code_version()   # {"fingerprint": "<64 hex digits>", "commit": "<40 hex digits>" or None}
 """
 import hashlib
 import subprocess
 from pathlib import Path
 
-REPO_DIR = Path(__file__).resolve().parent
-NOT_ANSWERING = ("tests", "bench", "runs")  # tests, benchmarks and experiments: they decide no answer
+REPO_DIR = Path(__file__).resolve().parent.parent  # grisp/ is one level down
+NOT_ANSWERING = ("tests", "bench", "runs", "tools")  # they decide no answer
 
 
 def git(root: Path, *args: str) -> str | None:

@@ -27,7 +27,7 @@ turns only):
 
     {"id": record id, "source": "wwq", "epoch": 0, "task": "agent", "messages": [...], "tools": [...]}
 
-    python gen_agent_data.py --data wwq --limit 300 --out ~/.cache/grisp/data/agent-wwq.jsonl
+    python tools/gen_agent_data.py --data wwq --limit 300 --out ~/.cache/grisp/data/agent-wwq.jsonl
     python train.py --samples ~/.cache/grisp/data/agent-wwq.jsonl --name agent-wwq --max-length 4096 ...
 """
 import argparse
@@ -39,15 +39,16 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import defaults
-from agent import Agent
-from defaults import WIKIDATA_INDEX_DIR
-from grasp.backends import ToolCall
-from grasp.config import ConfigError, load_config, override
-from grasp.functions import FunctionError, KnowledgeGraph, canonical, check_known
-from grisp import mixture
-from grisp.skeleton import query_iris, skeletonize
-from jsonl import write_jsonl
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
+from grisp import defaults  # noqa: E402
+from agent import Agent  # noqa: E402
+from grisp.defaults import WIKIDATA_INDEX_DIR  # noqa: E402
+from grasp.backends import ToolCall  # noqa: E402
+from grasp.config import ConfigError, load_config, override  # noqa: E402
+from grasp.functions import FunctionError, KnowledgeGraph, canonical, check_known  # noqa: E402
+from grisp import mixture  # noqa: E402
+from grisp.skeleton import query_iris, skeletonize  # noqa: E402
+from grisp.jsonl import write_jsonl  # noqa: E402
 
 ANSWER_TEXT = "The result of this query."  # the trace never ran it (module docstring)
 

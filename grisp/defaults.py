@@ -8,7 +8,7 @@ import argparse
 import os
 from pathlib import Path
 
-REPO_DIR = Path(__file__).resolve().parent
+REPO_DIR = Path(__file__).resolve().parent.parent  # grisp/ is one level down
 GRISP_HOME = Path(os.environ.get("GRISP_HOME") or "~/.cache/grisp").expanduser()  # set but empty: the default, as in bash's ${GRISP_HOME:-...}
 
 MODEL_DIR = GRISP_HOME / "models" / "qwen2.5-coder-0.5b-instruct"  # written by get_model.py

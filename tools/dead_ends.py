@@ -9,7 +9,7 @@ the placeholder at which B's first skeleton ran out of alternatives, sorted into
   entity                 B found no entity it ranked above None
   other                  anything else (a literal, a later placeholder, no trace)
 
-    python runs/dead_ends.py ~/.cache/grisp/eval/M/wwq-dev-full-no-rerank ~/.cache/grisp/eval/M/wwq-dev-full-none \\
+    python tools/dead_ends.py ~/.cache/grisp/eval/M/wwq-dev-full-no-rerank ~/.cache/grisp/eval/M/wwq-dev-full-none \\
         --endpoint http://127.0.0.1:7880/query
 """
 import argparse
@@ -18,11 +18,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
 from build_index import WIKIDATA_ID  # noqa: E402
 from grisp import benchmarks, sparql  # noqa: E402
 from grisp.sparql_syntax import with_prefixes  # noqa: E402
-from jsonl import read_jsonl  # noqa: E402
+from grisp.jsonl import read_jsonl  # noqa: E402
 
 # a property placeholder of a skeleton: its label, then the namespace the model chose, e.g. (wdt)
 PROPERTY_PLACEHOLDER = re.compile(r"<iri>(.*) \((?:wdt|p|ps|pq)\)</iri>")

@@ -4,7 +4,7 @@ by the question's words (--mention 1; only the samples whose wording changed), t
 Prints, per setting, the samples, top-1 correct, None on top, and for those with the gold item present how
 often it is at A and above None (docs/results-mention.md).
 
-    python runs/rerank_probe.py --adapter adapters/grisp-mix-0.5b --benchmark wwq-dev --limit 150
+    python tools/rerank_probe.py --adapter adapters/grisp-mix-0.5b --benchmark wwq-dev --limit 150
 """
 import argparse
 import random
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import defaults  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
+from grisp import defaults  # noqa: E402
 from grisp import benchmarks  # noqa: E402
 from grisp.peft_format import load_for_inference, read_prompt_format  # noqa: E402
 from grisp.prompts import IDENTIFIERS  # noqa: E402
@@ -24,7 +24,7 @@ from grisp.samples import Augment, SampleGenerator  # noqa: E402
 from llm.cpu_speed import pick_precision  # noqa: E402
 from llm.tokenizer import Tokenizer, chat_prompt  # noqa: E402
 from search import load_indices  # noqa: E402
-from matched_rerank_sets import marked  # noqa: E402  (runs/, beside this file)
+from tools.matched_rerank_sets import marked  # noqa: E402
 
 PLAIN = dict(vary_k=0, drop_infos=0, drop_gold=0, shuffle=0, alias=0, compose=0)
 SETTINGS = {"search order": Augment(**PLAIN), "shuffled": Augment(**PLAIN | dict(shuffle=1)),

@@ -3,7 +3,7 @@ re-ranking samples of one epoch made twice, without and with `--mention 1` (gen_
 sample whose entity the question names in other words appears in its worded form in one set and its
 plain form in the other, so the sets differ only in the wording.
 
-    python runs/matched_rerank_sets.py PLAIN.jsonl WORDED.jsonl OUT_DIR [--n-worded 120 --n-plain 120 --n-val 24]
+    python tools/matched_rerank_sets.py PLAIN.jsonl WORDED.jsonl OUT_DIR [--n-worded 120 --n-plain 120 --n-val 24]
 
 writes OUT_DIR/train-mention.jsonl (N worded + M plain samples), OUT_DIR/train-control.jsonl (the same
 samples, all plain) and OUT_DIR/val.jsonl (V worded + V plain others, in their worded form).
@@ -15,7 +15,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
 from grisp.prompts import marked_placeholder  # noqa: E402
 
 
