@@ -24,13 +24,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grisp import defaults
 from grasp.backends import BackendCancelled, BackendError, BackendTimeout, ToolCall
 from grasp.config import ConfigError, check, load_config, make_backend, override, unset_flag
 from grasp.functions import FunctionError, Functions, KnowledgeGraph, check_known, table
 from grasp.prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
-from grisp.sparql import SparqlClient, SparqlError
+from grisp import defaults
 from grisp.jsonl import append_jsonl, read_jsonl
+from grisp.sparql import SparqlClient, SparqlError
 
 FAILURE = {"answer": None, "cancel": "dead_end", "no_answer": "dead_end", "loop": "dead_end",  # as evaluate.py
            "step_limit": "timeout", "time_limit": "timeout", "error": "error", "cancelled": "error"}  # counts failures

@@ -46,14 +46,21 @@ from urllib.parse import unquote
 
 from tqdm import tqdm
 
-from grisp import defaults
-from grisp import benchmarks
+from grisp import benchmarks, defaults
+from grisp.jsonl import iter_jsonl
 from grisp.skeleton import split_variant
 from grisp.sparql import SparqlClient, SparqlError
 from grisp.sparql_syntax import PREFIXES
-from grisp.jsonl import iter_jsonl
-from search import (KINDS, EmbeddingIndex, Indices, ItemStore, PrefixIndex, embeddings_current, load_indices,
-                    prefixes_current)
+from search import (
+    KINDS,
+    EmbeddingIndex,
+    Indices,
+    ItemStore,
+    PrefixIndex,
+    embeddings_current,
+    load_indices,
+    prefixes_current,
+)
 
 WD_ENTITY = PREFIXES["wd"]  # Wikidata items and properties: wd:Q42, wd:P19
 WIKIDATA_ID = re.compile(r"[QP]\d+")

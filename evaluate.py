@@ -49,14 +49,14 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from grisp import defaults
-from grisp import benchmarks, coverage, metrics, sparql
-from grisp.options import GrispError, Options, add_flags, preset
-from grisp.skeleton_score import SHAPES, shape as question_shape
-from grisp.sparql_syntax import query_key
-from grisp.tracing import Stopwatch
+from grisp import benchmarks, coverage, defaults, metrics, sparql
 from grisp.code_version import code_version
 from grisp.jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
+from grisp.options import GrispError, Options, add_flags, preset
+from grisp.skeleton_score import SHAPES
+from grisp.skeleton_score import shape as question_shape
+from grisp.sparql_syntax import query_key
+from grisp.tracing import Stopwatch
 from llm.cpu_speed import cpu_name, pick_precision
 from model import DEVICES, pick_device
 

@@ -28,15 +28,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
-from grisp import defaults
 from build_index import open_index
+from grisp import defaults, mixture
 from grisp.defaults import WIKIDATA_INDEX_DIR
-from grisp import mixture
+from grisp.jsonl import write_jsonl
 from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from grisp.samples import Augment, SampleGenerator, add_generation_args, length_stats
 from grisp.skeleton_score import SHAPES, shape
 from grisp.sparql import SparqlClient
-from grisp.jsonl import write_jsonl
 
 
 def main(args: argparse.Namespace) -> None:

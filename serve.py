@@ -49,22 +49,33 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from grisp import defaults
 from agent import Agent, build_agent
 from grasp.backends import BackendError
 from grasp.config import Config, ConfigError, check, load_config, override, unset_flag
 from grasp.local_backend import LocalBackend
+from grisp import defaults
+from grisp.jsonl import read_jsonl
 from grisp.options import GrispError, Options, add_flags, from_flags, preset
 from grisp.pipeline import Answer, Grisp, answer_to_json
 from grisp.sparql import SparqlError
 from grisp.sparql_syntax import PREFIXES
-from grisp.jsonl import read_jsonl
 from model import DEVICES
 from web.agent_routes import AgentQuestion, agent_info, agent_routes, run_agent
 from web.jobs import Job, QueueFull, Worker
 from web.openai_api import ChatRequest, openai_routes, run_chat
-from web.shared import (MAX_QUESTION_CHARS, STATUS, BadRequest, busy, event_stream, final_message, json_object, plain,
-                        question_text, read_body, result_labels)
+from web.shared import (
+    MAX_QUESTION_CHARS,
+    STATUS,
+    BadRequest,
+    busy,
+    event_stream,
+    final_message,
+    json_object,
+    plain,
+    question_text,
+    read_body,
+    result_labels,
+)
 
 STATIC_DIR = defaults.REPO_DIR / "web" / "static"
 MODES = ("answer", "generate")  # generate: the skeletons only, no resolution

@@ -27,17 +27,17 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from grisp import defaults  # noqa: E402
 from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
+from grisp import defaults  # noqa: E402
 from grisp.generate import beam_search  # noqa: E402
+from grisp.jsonl import read_jsonl  # noqa: E402
 from grisp.options import Options  # noqa: E402
 from grisp.pipeline import Grisp, GrispError  # noqa: E402
 from grisp.prompts import rerank_messages, skeleton_messages  # noqa: E402
 from grisp.rerank import ModelReranker  # noqa: E402
 from grisp.skeleton import skeletonize  # noqa: E402
 from grisp.sparql import SparqlError  # noqa: E402
-from grisp.jsonl import read_jsonl  # noqa: E402
 from llm.cpu_speed import cpu_name, native_bf16, pick_precision  # noqa: E402
 from llm.tokenizer import chat_prompt  # noqa: E402
 from model import Transformer  # noqa: E402

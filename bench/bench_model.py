@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from grisp import defaults  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
+from grisp import defaults  # noqa: E402
 from llm import cpu_speed  # noqa: E402
 
 IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (float32: split matmuls for few rows; bf16: plain)",

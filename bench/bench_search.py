@@ -261,7 +261,9 @@ def report(stats: dict, rounds: dict, agreed: tuple[float, float, float], n: int
 
 def main(args: argparse.Namespace) -> None:
 
-    from llm.cpu_speed import cpu_name  # here, not at the top: it imports torch, the spawned children need not
+    from llm.cpu_speed import (
+        cpu_name,  # here, not at the top: it imports torch, the spawned children need not
+    )
 
     work = Path(tempfile.mkdtemp(prefix="bench_search_", dir=args.work_dir))
     tsv = work / "data.tsv"

@@ -27,10 +27,10 @@ import torch
 ROWS = ("ours:float32", "ours:bfloat16", "transformers+peft:bfloat16")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from grisp import defaults  # noqa: E402
 import lora  # noqa: E402
 from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
+from grisp import defaults  # noqa: E402
 from llm.cpu_speed import cpu_name, native_bf16  # noqa: E402
 from model import Transformer  # noqa: E402
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's modules
-from grisp import defaults  # noqa: E402
 from bench.flags import positive_int  # noqa: E402
+from grisp import defaults  # noqa: E402
 from grisp.jsonl import iter_jsonl  # noqa: E402
 from llm.cpu_speed import cpu_name  # noqa: E402
 from llm.encoder import MINILM, load_encoder  # noqa: E402
@@ -53,8 +53,8 @@ class QwenLastToken:
     PROMPT = 'This knowledge graph property: "{}" means in one word: "'
 
     def __init__(self, model_dir: Path, batch_size: int = 16):
-        from model import Transformer
         from llm.tokenizer import Tokenizer
+        from model import Transformer
 
         self.model, self.tokenizer = Transformer.from_pretrained(model_dir), Tokenizer(model_dir)
         self.batch_size, self.last = batch_size, None

@@ -14,8 +14,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from grisp import defaults  # noqa: E402
-from grisp import peft_format  # noqa: E402
+from grisp import (
+    defaults,  # noqa: E402
+    peft_format,  # noqa: E402
+)
 from grisp.prompts import to_alternative  # noqa: E402
 from grisp.rerank import ModelReranker  # noqa: E402
 from grisp.sparql_syntax import PREFIXES  # noqa: E402

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import get_type_hints
 
-from grisp import defaults
 from grasp.backends import OpenAIBackend
+from grisp import defaults
 
 TASKS = ("sparql-qa", "general-qa")
 BACKENDS = ("local", "openai")

@@ -10,7 +10,15 @@ section 6.3). The resolver runs it on the endpoint and searches the index only a
 Pure functions over the text (the triple patterns come from sparql_syntax.top_level_triples).
 """
 from grisp.skeleton import Placeholder, parses, split_variant
-from grisp.sparql_syntax import Span, Unsupported, is_keyword, skip_group, tokenize, top_level_triples, where_start
+from grisp.sparql_syntax import (
+    Span,
+    Unsupported,
+    is_keyword,
+    skip_group,
+    tokenize,
+    top_level_triples,
+    where_start,
+)
 
 CONSTRAINT_LIMIT = 131073  # 2**17 + 1: one row more than the resolver accepts as a candidate set
 

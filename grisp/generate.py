@@ -45,7 +45,6 @@ from llm.prompt_cache import PromptCache
 from llm.tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt
 from model import KVCache, Transformer, pick_device
 
-
 RANKINGS = ("sum", "length-normalised")  # how beams and hypotheses are scored (beam_search)
 
 

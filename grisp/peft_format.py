@@ -33,11 +33,20 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from grisp import checkpoint
-from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from grisp.jsonl import write_atomic, write_json
+from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from llm.cpu_speed import prepare_for_inference
-from lora import (candidate_names, inject_lora, is_target, layer_index, load_lora_state_dict, lora_layers,
-                  lora_state_dict, merge_lora, unload_lora)
+from lora import (
+    candidate_names,
+    inject_lora,
+    is_target,
+    layer_index,
+    load_lora_state_dict,
+    lora_layers,
+    lora_state_dict,
+    merge_lora,
+    unload_lora,
+)
 from model import Transformer
 
 CONFIG_NAME = "adapter_config.json"

@@ -46,15 +46,21 @@ import torch
 
 from grisp import compose, mixture
 from grisp.constraints import allowed_items, constraint_query
+from grisp.jsonl import iter_jsonl
 from grisp.loss import TASKS
 from grisp.mixture import epoch_records
-from grisp.prompts import (IDENTIFIERS, LATEST_PROMPT_FORMAT, PROMPT_FORMATS, mark_current, rerank_messages, skeleton_messages,
-                     to_alternative)
+from grisp.prompts import (
+    IDENTIFIERS,
+    LATEST_PROMPT_FORMAT,
+    PROMPT_FORMATS,
+    mark_current,
+    rerank_messages,
+    skeleton_messages,
+    to_alternative,
+)
 from grisp.skeleton import find_placeholders, placeholder_text, skeletonize, split_variant, substitute
 from grisp.sparql import SparqlError
-from grisp.jsonl import iter_jsonl
 from search import Indices
-
 
 
 @dataclass

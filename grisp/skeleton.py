@@ -28,8 +28,19 @@ from typing import Callable
 
 import pyoxigraph
 
-from grisp.sparql_syntax import (PREFIXES, ForbiddenQuery, Span, Token, check_read_only, compact, declared_prefixes,
-                           expand, is_keyword, rewrite, tokenize)
+from grisp.sparql_syntax import (
+    PREFIXES,
+    ForbiddenQuery,
+    Span,
+    Token,
+    check_read_only,
+    compact,
+    declared_prefixes,
+    expand,
+    is_keyword,
+    rewrite,
+    tokenize,
+)
 
 # property variants a placeholder hint may name (`(wdt)`); each is a PREFIXES namespace
 VARIANTS = ("wdt", "p", "ps", "pq", "psv", "pqv", "pr", "prv", "wdtn", "psn", "pqn", "prn", "wdno")

@@ -26,8 +26,20 @@ from math import factorial, prod
 from typing import Callable
 
 from grisp.skeleton import find_placeholders, label_key, skeletonize, split_variant, split_wordings
-from grisp.sparql_syntax import (PREFIXES, Token, Unsupported, declared_prefixes, expand, is_keyword, skip_group,
-                                  tokenize, top_level_triples, triple_blocks, values_data_start, where_start)
+from grisp.sparql_syntax import (
+    PREFIXES,
+    Token,
+    Unsupported,
+    declared_prefixes,
+    expand,
+    is_keyword,
+    skip_group,
+    tokenize,
+    top_level_triples,
+    triple_blocks,
+    values_data_start,
+    where_start,
+)
 from search import Item
 
 # shapes in order of precedence: the query form and solution modifiers first (syntax the model writes on

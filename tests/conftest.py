@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's top-level modules
-from grisp import defaults  # noqa: E402
 import endpoint  # noqa: E402
+from grisp import defaults  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

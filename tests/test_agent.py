@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from grisp import defaults
 import evaluate
 from agent import Agent, build_agent
 from grasp import evaluation
 from grasp.backends import BackendError, BackendTimeout, Reply, ToolCall
 from grasp.config import AgentConfig, ConfigError, load_config
 from grasp.evaluation import EvalPipeline
+from grisp import defaults
 from tests.agent_helpers import Scripted, bag_of_words, call, demo_index, demo_kg, reply
 
 QUERY = "SELECT ?d WHERE { wd:Q104123 wdt:P57 ?d }"

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools import gen_agent_data
 import train
 from agent import Agent
 from grasp.config import AgentConfig
@@ -18,6 +17,7 @@ from grisp import loss, samples
 from llm.tokenizer import Tokenizer, qwen_tool_prompt
 from tests.agent_helpers import demo_index, demo_kg
 from tests.tiny import make_model_dir
+from tools import gen_agent_data
 
 REPO = Path(__file__).resolve().parents[1]
 PULP_FICTION = {"id": "r1", "question": "Who directed Pulp Fiction?",

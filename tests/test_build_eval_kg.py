@@ -6,13 +6,11 @@ import sys
 
 import pyoxigraph as ox
 import pytest
-
-from tools import build_eval_kg
-from grisp import defaults
-import endpoint
-from grisp import benchmarks, metrics
-
 from conftest import free_port
+
+import endpoint
+from grisp import benchmarks, defaults, metrics
+from tools import build_eval_kg
 
 PREFIXES = ("PREFIX wdt: <http://www.wikidata.org/prop/direct/> "
             "PREFIX wd: <http://www.wikidata.org/entity/> ")

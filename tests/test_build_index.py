@@ -13,10 +13,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import free_port
 
 import endpoint
 from build_index import current_parts, fetch_pairs, local_name, open_index
-from conftest import free_port
 from search import EmbeddingIndex, PrefixIndex, load_indices
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,7 @@ from collections import Counter
 import pyoxigraph as ox
 import pytest
 
-from grisp import defaults
-from grisp import benchmarks
+from grisp import benchmarks, defaults
 from grisp.sparql import SparqlClient
 from grisp.sparql_syntax import PREFIXES
 

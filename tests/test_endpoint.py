@@ -9,9 +9,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from conftest import free_port
 
 import endpoint
-from conftest import free_port
 from grisp.sparql import SparqlClient
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,15 +22,14 @@ from urllib.parse import parse_qs
 import pytest
 import requests
 import torch
+from conftest import start_http_server, stop_http_server
 
-from grisp import defaults
 import evaluate
-from grisp import resolve
+from grisp import defaults, resolve
 from grisp.options import Options
 from grisp.pipeline import Grisp
-from model import Transformer
-from conftest import start_http_server, stop_http_server
 from grisp.sparql import SparqlClient
+from model import Transformer
 from tests.test_infer import demo_index, run_infer, tiny_model  # noqa: F401 (fixtures)
 
 torch.set_num_threads(1)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from grisp import defaults
 import evaluate
+from grisp import defaults
 
 KG = """@prefix wd: <http://www.wikidata.org/entity/> .
 @prefix wdt: <http://www.wikidata.org/prop/direct/> .

@@ -24,8 +24,8 @@ import requests
 from safetensors.numpy import load_file, save
 from tokenizers import Tokenizer, pre_tokenizers
 
-from grisp import defaults
 import get_model
+from grisp import defaults
 from llm import gguf_convert
 
 REPO = Path(__file__).resolve().parents[1]

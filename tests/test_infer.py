@@ -9,10 +9,9 @@ from math import inf
 import pytest
 import torch
 
-from grisp import defaults
 import infer
 import lora
-from grisp import peft_format
+from grisp import defaults, peft_format
 from grisp.generate import Hypothesis
 from grisp.options import Options
 from grisp.pipeline import Answer, Grisp, GrispError, answer_to_json

@@ -4,7 +4,15 @@ import json
 
 import pytest
 
-from grisp.jsonl import append_jsonl, iter_jsonl, read_finished, read_jsonl, write_atomic, write_json, write_jsonl
+from grisp.jsonl import (
+    append_jsonl,
+    iter_jsonl,
+    read_finished,
+    read_jsonl,
+    write_atomic,
+    write_json,
+    write_jsonl,
+)
 
 RECORDS = [{"id": "q1", "question": "wo wurde Gödel geboren?"}, {"id": "q2", "n": [1, 2.5, None]}, "a string", 7]
 

@@ -11,11 +11,19 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from grisp import defaults
 import lora
-from grisp import peft_format
+from grisp import defaults, peft_format
 from model import Transformer
-from tests.test_lora import (EXACT, IDS, LAYERS, host_model, logits, model_dir, one_thread_and_a_seed, randomize_b)  # noqa: F401  (the same fixtures)
+from tests.test_lora import (  # noqa: F401  (the same fixtures)
+    EXACT,
+    IDS,
+    LAYERS,
+    host_model,
+    logits,
+    model_dir,
+    one_thread_and_a_seed,
+    randomize_b,
+)
 from tests.tiny import make_model_dir
 
 peft = pytest.importorskip("peft")

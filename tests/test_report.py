@@ -4,9 +4,9 @@ import json
 import pytest
 
 import evaluate
-from tools import report
 from grasp import evaluation
 from grisp import skeleton_score
+from tools import report
 
 
 def write_run(run_dir, records, summary, config):

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 import build_index
-from grisp import defaults
 from build_index import open_index
-from grisp import benchmarks, compose, skeleton_score
+from grisp import benchmarks, compose, defaults, skeleton_score
 from grisp.prompts import NONE_TEXT
 from grisp.samples import Augment, SampleGenerator, validation_split
 

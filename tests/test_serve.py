@@ -17,8 +17,8 @@ import pytest
 import requests
 import torch
 
-from grisp import defaults
 import serve
+from grisp import defaults
 from grisp.options import Options
 from grisp.sparql import SparqlClient
 from llm.cpu_speed import cpu_name

@@ -16,12 +16,12 @@ import pytest
 import requests
 import torch
 
-from grisp import defaults
 import serve
 from agent import Agent
 from grasp.backends import Reply
 from grasp.config import AgentConfig, ConfigError
 from grasp.local_backend import LocalBackend
+from grisp import defaults
 from grisp.options import Options
 from serve import make_app
 from tests.agent_helpers import call, demo_index, demo_kg

@@ -9,8 +9,16 @@ from hypothesis import strategies as st
 from grisp import skeleton
 from grisp.constraints import constraint_query
 from grisp.positions import infer_position
-from grisp.skeleton import (Placeholder, find_placeholders, parses, query_iris, skeletonize, split_variant,
-                            substitute, with_variant)
+from grisp.skeleton import (
+    Placeholder,
+    find_placeholders,
+    parses,
+    query_iris,
+    skeletonize,
+    split_variant,
+    substitute,
+    with_variant,
+)
 from grisp.sparql_syntax import PREFIXES, tokenize
 
 WD = PREFIXES["wd"]

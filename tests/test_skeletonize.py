@@ -4,7 +4,15 @@ import pytest
 
 from grisp.constraints import constraint_query
 from grisp.positions import infer_position
-from grisp.skeleton import Placeholder, find_placeholders, parses, query_iris, skeletonize, split_variant, substitute
+from grisp.skeleton import (
+    Placeholder,
+    find_placeholders,
+    parses,
+    query_iris,
+    skeletonize,
+    split_variant,
+    substitute,
+)
 from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, tokenize
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]

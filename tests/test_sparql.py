@@ -6,11 +6,18 @@ from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
 
 import pytest
+from conftest import free_port, start_http_server, stop_http_server
 
 from grisp import sparql
-from conftest import free_port, start_http_server, stop_http_server
-from grisp.sparql import (BadQuery, EndpointUnreachable, ForbiddenQuery, InvalidResponse, QueryTimeout,
-                    ServerError, SparqlClient)
+from grisp.sparql import (
+    BadQuery,
+    EndpointUnreachable,
+    ForbiddenQuery,
+    InvalidResponse,
+    QueryTimeout,
+    ServerError,
+    SparqlClient,
+)
 
 KG = """@prefix wd: <http://www.wikidata.org/entity/> .
 @prefix wdt: <http://www.wikidata.org/prop/direct/> .

@@ -3,8 +3,17 @@ helpers, on query text alone (sending queries: test_sparql.py)."""
 import pytest
 
 from grisp import sparql_syntax
-from grisp.sparql_syntax import (ForbiddenQuery, SparqlError, Unsupported, check_read_only, closers, skip_group, tokenize,
-                           top_level_triples, where_start)
+from grisp.sparql_syntax import (
+    ForbiddenQuery,
+    SparqlError,
+    Unsupported,
+    check_read_only,
+    closers,
+    skip_group,
+    tokenize,
+    top_level_triples,
+    where_start,
+)
 
 
 def test_compact_expand_and_tokenizer():

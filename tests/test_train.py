@@ -18,8 +18,8 @@ import lora
 import train
 from grisp import checkpoint, loss, peft_format, trainer
 from grisp import samples as samples_module
-from grisp.prompts import Alternative, rerank_messages, skeleton_messages
 from grisp.jsonl import read_jsonl
+from grisp.prompts import Alternative, rerank_messages, skeleton_messages
 from llm.tokenizer import Tokenizer
 from model import Transformer
 from tests.conftest import free_port
@@ -702,8 +702,8 @@ def test_unset_flags_take_the_devices_recipe(model_dir):
 
 
 def test_command_line_trains_online_on_a_mixture_and_prints_the_plan(model_dir, tmp_path):
-    from tests.test_samples import write_items, write_records
     import build_index
+    from tests.test_samples import write_items, write_records
     write_items(tmp_path / "items.jsonl")
     write_records(tmp_path / "a.jsonl", 30)
     write_records(tmp_path / "b.jsonl", 10)

@@ -51,13 +51,17 @@ from typing import NamedTuple
 import pyoxigraph as ox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
-from grisp import defaults  # noqa: E402
 import endpoint  # noqa: E402
 from build_index import WIKIDATA_ID  # noqa: E402
-from grisp import benchmarks, metrics, sparql  # noqa: E402
+from grisp import (  # noqa: E402
+    benchmarks,
+    defaults,  # noqa: E402
+    metrics,
+    sparql,
+)
+from grisp.jsonl import read_jsonl, write_jsonl  # noqa: E402
 from grisp.skeleton import query_iris  # noqa: E402
 from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, query_key, tokenize  # noqa: E402
-from grisp.jsonl import read_jsonl, write_jsonl  # noqa: E402
 from search import normalize  # noqa: E402
 
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]

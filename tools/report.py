@@ -19,8 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
 from evaluate import ABLATIONS, first_per_id  # noqa: E402
 from grisp import coverage  # noqa: E402
-from grisp.skeleton_score import SHAPES  # noqa: E402
 from grisp.jsonl import read_jsonl  # noqa: E402
+from grisp.skeleton_score import SHAPES  # noqa: E402
 
 # row names of the systems table, by evaluate.py --ablation (the paper's names)
 SYSTEM_NAMES = {"none": "GRISP (all mechanisms)", "no-rerank": "w/o re-ranking", "no-beam-search": "w/o beam search",

@@ -27,7 +27,16 @@ from grasp.config import TASKS
 from grasp.functions import FunctionError
 from grisp.sparql import SparqlError
 from web.jobs import Job, QueueFull, Worker
-from web.shared import BadRequest, busy, event_stream, json_object, plain, question_text, read_body, result_labels
+from web.shared import (
+    BadRequest,
+    busy,
+    event_stream,
+    json_object,
+    plain,
+    question_text,
+    read_body,
+    result_labels,
+)
 
 EXAMPLE = '{"question": "Who directed Pulp Fiction?", "task": "sparql-qa"}'
 FINAL_QUERY_S = 30.0  # beyond the agent's own time limit: running the final query once more for the page

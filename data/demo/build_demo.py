@@ -30,10 +30,12 @@ from pathlib import Path
 import pyoxigraph as ox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's top-level modules
-from grisp import defaults  # noqa: E402
-from grisp import benchmarks  # noqa: E402
-from grisp.sparql_syntax import PREFIXES  # noqa: E402
+from grisp import (
+    benchmarks,  # noqa: E402
+    defaults,  # noqa: E402
+)
 from grisp.jsonl import read_jsonl  # noqa: E402
+from grisp.sparql_syntax import PREFIXES  # noqa: E402
 
 FACT_COLUMNS = ["subject", "subject_label", "property", "value", "value_label", "statement",
                 "qualifier", "qualifier_value", "qualifier_value_label", "source"]
