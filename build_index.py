@@ -104,9 +104,7 @@ QUERIES = {
     "FILTER(isIRI(?item)) } GROUP BY ?item",
     "labels": "SELECT ?item ?value WHERE { ?item rdfs:label ?value " + LANG_FILTER + " }",
     "aliases": "SELECT ?item ?value WHERE { ?item skos:altLabel ?value " + LANG_FILTER + " }",
-    "descriptions": "SELECT ?item ?value WHERE { ?item schema:description ?value "
-    + LANG_FILTER
-    + " }",
+    "descriptions": "SELECT ?item ?value WHERE { ?item schema:description ?value " + LANG_FILTER + " }",
     "sitelinks": "SELECT ?item ?value WHERE { ?item wikibase:sitelinks ?value }",
     "external_ids": "SELECT ?item ?value WHERE { ?item wikibase:propertyType ?value "
     "FILTER(?value = wikibase:ExternalId) }",
@@ -204,9 +202,7 @@ def items_from_endpoint(url: str, schema: str, lang: str, page_size: int) -> dic
         }
 
     return {
-        "entity": [
-            item(iri, popularity.get(iri, occurrences.get(iri, 0.0))) for iri in sorted(entities)
-        ],
+        "entity": [item(iri, popularity.get(iri, occurrences.get(iri, 0.0))) for iri in sorted(entities)],
         "property": [item(iri, popularity[iri]) for iri in sorted(usage)],
     }
 
@@ -254,21 +250,36 @@ def versions() -> dict:
     return {"python": platform.python_version()} | {p: metadata.version(p) for p in packages}
 
 
-def build(out: Path, items: Path | None = None, endpoint: str | None = None, schema: str = SCHEMAS[0],
-          lang: str = "en", page_size: int = PAGE_SIZE, embed: str = EMBED[0], encoder: str = ENCODERS[0],
-          force: bool = False) -> dict:
+def build(
+    out: Path,
+    items: Path | None = None,
+    endpoint: str | None = None,
+    schema: str = SCHEMAS[0],
+    lang: str = "en",
+    page_size: int = PAGE_SIZE,
+    embed: str = EMBED[0],
+    encoder: str = ENCODERS[0],
+    force: bool = False,
+) -> dict:
     """Build (or complete) the index directory `out` from an items JSONL file or a SPARQL endpoint
     (exactly one of `items`, `endpoint`); prints its settings and progress, returns the manifest.
     Raises ValueError for a malformed items line, SparqlError for an unreachable endpoint."""
     # --- setup
-    assert (items is None) != (endpoint is None), f"need exactly one source, got items={items}, endpoint={endpoint}"
+    assert (items is None) != (endpoint is None), (
+        f"need exactly one source, got items={items}, endpoint={endpoint}"
+    )
     out = Path(out).expanduser()
     if items:
         source = items_source(Path(items))
     else:  # the KG behind a URL may change: its triple count tells an edited KG from the one indexed
         source = {"endpoint": endpoint, "schema": schema, "lang": lang, "triples": count_triples(endpoint)}
-    config = {"source": source, "out": str(out), "encoder": encoder, "embed": embed,
-              **({"items": str(Path(items).resolve())} if items else {})}
+    config = {
+        "source": source,
+        "out": str(out),
+        "encoder": encoder,
+        "embed": embed,
+        **({"items": str(Path(items).resolve())} if items else {}),
+    }
     print(json.dumps(config, indent=2))
     started = time.time()
 
@@ -290,7 +301,9 @@ def build(out: Path, items: Path | None = None, endpoint: str | None = None, sch
     for kind, sub in KINDS.items():
         store = ItemStore(out / sub / "items")
         counts[kind] = len(store)
-        normalised = PrefixIndex.is_current(out / sub / "prefix")  # by another normalize (NORMALIZATION): rebuilt
+        normalised = PrefixIndex.is_current(
+            out / sub / "prefix"
+        )  # by another normalize (NORMALIZATION): rebuilt
         if not (normalised and is_built(out / sub / "prefix", source, force)):
             with new_part(out / sub / "prefix", source) as tmp:
                 PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
@@ -347,12 +360,22 @@ def open_index(index: str | None, data: str) -> Indices:
     stale = not missing and not current_parts(directory)
     if directory == defaults.WIKIDATA_INDEX_DIR:
         items = benchmarks.cached_file(benchmarks.ITEMS_FILE)
-        edited = not missing and json.loads((directory / "manifest.json").read_text())["source"] != items_source(items)
+        edited = not missing and json.loads((directory / "manifest.json").read_text())[
+            "source"
+        ] != items_source(items)
         if missing or stale or edited:
-            why = ("no index" if missing else "an index of float32 encoder vectors or another text normalisation"
-                   if stale else "an index of another items file")
-            print(f"{why} at {directory}: building the Wikidata index there from {items} "
-                  "(once, a few minutes of CPU)", file=sys.stderr)
+            why = (
+                "no index"
+                if missing
+                else "an index of float32 encoder vectors or another text normalisation"
+                if stale
+                else "an index of another items file"
+            )
+            print(
+                f"{why} at {directory}: building the Wikidata index there from {items} "
+                "(once, a few minutes of CPU)",
+                file=sys.stderr,
+            )
             build(directory, items=items)
     return load_indices(directory)  # which warns of another index's float32 encoder vectors
 
@@ -366,13 +389,20 @@ def current_parts(directory: Path) -> bool:
 # ---------------------------------------------------------------------------- command line
 def main(args: argparse.Namespace) -> None:
     if args.items is not None and not Path(args.items).is_file():
-        raise SystemExit(
-            f"error: items file {args.items} does not exist; pass an items JSONL (see --help)"
-        )
+        raise SystemExit(f"error: items file {args.items} does not exist; pass an items JSONL (see --help)")
     if args.page_size < 1:  # LIMIT 0 returns an empty first page: the fetch would end with no items
         raise SystemExit(f"error: --page-size {args.page_size}: a page needs at least 1 row")
-    build(Path(args.out), items=args.items and Path(args.items), endpoint=args.endpoint, schema=args.schema,
-          lang=args.lang, page_size=args.page_size, embed=args.embed, encoder=args.encoder, force=args.force)
+    build(
+        Path(args.out),
+        items=args.items and Path(args.items),
+        endpoint=args.endpoint,
+        schema=args.schema,
+        lang=args.lang,
+        page_size=args.page_size,
+        embed=args.embed,
+        encoder=args.encoder,
+        force=args.force,
+    )
 
 
 if __name__ == "__main__":
@@ -402,9 +432,7 @@ if __name__ == "__main__":
     )
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="rows per paged SPARQL query")
     # output
-    parser.add_argument(
-        "--out", default=str(defaults.DEMO_INDEX_DIR), help="index directory to write"
-    )
+    parser.add_argument("--out", default=str(defaults.DEMO_INDEX_DIR), help="index directory to write")
     parser.add_argument("--force", action="store_true", help="rebuild parts that already exist")
     # embedding
     parser.add_argument(

@@ -13,6 +13,7 @@ a time per store).
     python endpoint.py start --data my.ttl more.nt --store /tmp/mystore --port 7879
     python endpoint.py status                      # python endpoint.py stop
 """
+
 import argparse
 import contextlib
 import fcntl
@@ -69,8 +70,10 @@ def check_data(files: list[Path]) -> None:
         if not path.is_file():
             raise EndpointError(f"RDF file {path} does not exist; pass existing files with --data")
         if path.suffix.lower() not in RDF_SUFFIXES:
-            raise EndpointError(f"cannot tell the RDF format of {path} from its extension; "
-                                f"rename it to one of {', '.join(RDF_SUFFIXES)}")
+            raise EndpointError(
+                f"cannot tell the RDF format of {path} from its extension; "
+                f"rename it to one of {', '.join(RDF_SUFFIXES)}"
+            )
 
 
 def load_store(files: list[Path], store_dir: Path) -> bool:
@@ -176,8 +179,14 @@ def _locked(store_dir: Path):
         yield
 
 
-def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int = 30,
-          host: str = "127.0.0.1", wait_s: float = 60.0) -> str:
+def start(
+    files: list[Path],
+    store_dir: Path,
+    port: int = 7878,
+    timeout_s: int = 30,
+    host: str = "127.0.0.1",
+    wait_s: float = 60.0,
+) -> str:
     """Load (if needed) and serve `files` read-only in the background; returns the query URL.
 
     A server already running over the same store, data, port and timeout is reused; one with other
@@ -186,7 +195,9 @@ def start(files: list[Path], store_dir: Path, port: int = 7878, timeout_s: int =
     store_dir, host = Path(store_dir).expanduser().resolve(), host.removeprefix("[").removesuffix("]")
     check_port(port)
     check_data(files)
-    with _locked(store_dir):  # one start or stop per store at a time: two starts could both find the port free
+    with _locked(
+        store_dir
+    ):  # one start or stop per store at a time: two starts could both find the port free
         return _start(files, store_dir, port, timeout_s, host, wait_s)
 
 
@@ -201,14 +212,30 @@ def _start(files: list[Path], store_dir: Path, port: int, timeout_s: int, host: 
         _stop(store_dir)
     load_store(files, store_dir)
     if not _port_free(host, port):
-        raise EndpointError(f"port {port} on {host} is already in use by another program; "
-                            f"pick a free one with --port, or stop that program")
+        raise EndpointError(
+            f"port {port} on {host} is already in use by another program; "
+            f"pick a free one with --port, or stop that program"
+        )
     # --- launch in its own session, so the server outlives this process and Ctrl-C here
     log = open(store_dir / "server.log", "ab")
-    cmd = [oxigraph_binary(), "serve-read-only", "--location", str(store_dir / "db"),
-           "--bind", _host_port(host, port), "--timeout-s", str(timeout_s)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=_run_env())
+    cmd = [
+        oxigraph_binary(),
+        "serve-read-only",
+        "--location",
+        str(store_dir / "db"),
+        "--bind",
+        _host_port(host, port),
+        "--timeout-s",
+        str(timeout_s),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=_run_env(),
+    )
     log.close()
     info = {"pid": proc.pid, "url": url, "timeout_s": timeout_s, "stamp": data_stamp(files)}
     write_atomic(store_dir / "server.json", lambda tmp: tmp.write_text(json.dumps(info, indent=1)))
@@ -277,38 +304,69 @@ def status(store_dir: Path) -> dict | None:
 def main(args: argparse.Namespace) -> None:
     store = args.store.expanduser()
     if args.command == "start":
-        url = start([Path(f) for f in args.data], store, port=args.port, timeout_s=args.timeout_s, host=args.host,
-                    wait_s=args.wait_s)
+        url = start(
+            [Path(f) for f in args.data],
+            store,
+            port=args.port,
+            timeout_s=args.timeout_s,
+            host=args.host,
+            wait_s=args.wait_s,
+        )
         print(url)
     elif args.command == "stop":
-        print(f"stopped the endpoint over {store}" if stop(store) else f"no endpoint was running over {store}")
+        print(
+            f"stopped the endpoint over {store}" if stop(store) else f"no endpoint was running over {store}"
+        )
     else:
         info = status(store)
         if info is None:
             print(f"no endpoint is running over {store} (start one: python endpoint.py start)")
             sys.exit(1)
         files = ", ".join(path for path, _ in info["stamp"]["files"])
-        print(f"running: {info['url']} (pid {info['pid']}, timeout {info['timeout_s']} s, "
-              f"{info['triples']} triples from {files})")
+        print(
+            f"running: {info['url']} (pid {info['pid']}, timeout {info['timeout_s']} s, "
+            f"{info['triples']} triples from {files})"
+        )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("command", choices=["start", "stop", "status"],
-                        help="start: load and serve in the background; stop: stop it; status: report")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "command",
+        choices=["start", "stop", "status"],
+        help="start: load and serve in the background; stop: stop it; status: report",
+    )
     # data
-    parser.add_argument("--data", type=Path, nargs="+", default=[str(defaults.DEMO_DIR / "kg.ttl")],
-                        help="RDF file(s) to serve (.ttl .nt .nq .trig .rdf ...)")
-    parser.add_argument("--store", type=Path, default=defaults.DEMO_STORE_DIR,
-                        help="store directory (database, data stamp, pid file and log)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        nargs="+",
+        default=[str(defaults.DEMO_DIR / "kg.ttl")],
+        help="RDF file(s) to serve (.ttl .nt .nq .trig .rdf ...)",
+    )
+    parser.add_argument(
+        "--store",
+        type=Path,
+        default=defaults.DEMO_STORE_DIR,
+        help="store directory (database, data stamp, pid file and log)",
+    )
     # server
     parser.add_argument("--port", type=int, default=7878, help="TCP port to serve on")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (keep it local), e.g. ::1 for IPv6")
-    parser.add_argument("--timeout-s", type=int, default=30,
-                        help="per-query timeout of the server (s); oxigraph checks it only now and then, "
-                             "so clients should set their own read timeout too")
-    parser.add_argument("--wait-s", type=float, default=60.0, help="how long to wait for the server to answer")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (keep it local), e.g. ::1 for IPv6"
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=int,
+        default=30,
+        help="per-query timeout of the server (s); oxigraph checks it only now and then, "
+        "so clients should set their own read timeout too",
+    )
+    parser.add_argument(
+        "--wait-s", type=float, default=60.0, help="how long to wait for the server to answer"
+    )
     try:
         main(parser.parse_args())
     except EndpointError as e:

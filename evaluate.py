@@ -35,6 +35,7 @@ About 800 lines, over a script's ~300: the run modes above (and --system agent) 
 the summary, so the evaluation stage stays one file; the scoring rules themselves live in metrics.py
 and skeleton_score.py.
 """
+
 import argparse
 import hashlib
 import itertools
@@ -62,27 +63,77 @@ from model import DEVICES, pick_device
 
 # paper table 5: ablation name -> the options.Options fields it switches off (w/o KG guidance also
 # drops constrained search; "all disabled" leaves plain index search, "re-ranking only" adds re-ranking)
-_ALL_OFF = {"beam_search": False, "rerank": False, "constrained": False, "kg_guidance": False,
-            "backtracking": False}
+_ALL_OFF = {
+    "beam_search": False,
+    "rerank": False,
+    "constrained": False,
+    "kg_guidance": False,
+    "backtracking": False,
+}
 ABLATIONS = {
-    "none": preset(), "no-beam-search": preset(beam_search=False), "no-rerank": preset(rerank=False),
+    "none": preset(),
+    "no-beam-search": preset(beam_search=False),
+    "no-rerank": preset(rerank=False),
     "no-constrained": preset(constrained=False),
     "no-kg-guidance": preset(kg_guidance=False, constrained=False),
     "no-backtracking": preset(backtracking=False),
-    "all-disabled": preset(**_ALL_OFF), "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
+    "all-disabled": preset(**_ALL_OFF),
+    "rerank-only": preset(**{**_ALL_OFF, "rerank": True}),
 }
-KNOBS = ("num_beams", "num_skeletons", "top_k", "none_margin", "time_budget", "seed", "beam_ranking",  # passed if set
-         "skeleton_dedupe", "precision", "min_confidence")  # options.Options fields
+KNOBS = (
+    "num_beams",
+    "num_skeletons",
+    "top_k",
+    "none_margin",
+    "time_budget",
+    "seed",
+    "beam_ranking",  # passed if set
+    "skeleton_dedupe",
+    "precision",
+    "min_confidence",
+)  # options.Options fields
 # grisp.pipeline.Answer.failure values; "endpoint_error" is the endpoint's failure, not the method's
 PIPELINE_FAILURES = ("no_skeleton", "dead_end", "timeout", "error", "endpoint_error", "declined")
 FAILURES = (*PIPELINE_FAILURES, "wrong_answer")
 # a 1-minute load average above this when a run starts means another job shares the CPU (warned of)
 BUSY_LOAD = 1.0
-RUN_KEYS = ("benchmark", "ablation", "options", "oracle_skeleton", "model_dir", "adapter", "rerank_adapter",
-            "index", "endpoint", "skeletons_from", "system", "agent", "skeleton_only", "contents", "code")  # a resumed run must agree with the saved config on these
-GENERATION_OPTIONS = ("beam_search", "num_beams", "num_skeletons", "seed", "beam_ranking", "skeleton_dedupe", "precision")  # what decides stage 1's output
-SKELETON_RUN_KEYS = ("benchmark", "options", "model_dir", "adapter", "index", "skeleton_only", "system", "contents",
-                     "code")  # the same for --skeleton-only
+RUN_KEYS = (
+    "benchmark",
+    "ablation",
+    "options",
+    "oracle_skeleton",
+    "model_dir",
+    "adapter",
+    "rerank_adapter",
+    "index",
+    "endpoint",
+    "skeletons_from",
+    "system",
+    "agent",
+    "skeleton_only",
+    "contents",
+    "code",
+)  # a resumed run must agree with the saved config on these
+GENERATION_OPTIONS = (
+    "beam_search",
+    "num_beams",
+    "num_skeletons",
+    "seed",
+    "beam_ranking",
+    "skeleton_dedupe",
+    "precision",
+)  # what decides stage 1's output
+SKELETON_RUN_KEYS = (
+    "benchmark",
+    "options",
+    "model_dir",
+    "adapter",
+    "index",
+    "skeleton_only",
+    "system",
+    "contents",
+    "code",
+)  # the same for --skeleton-only
 LATER_KEYS = ("contents", "code")  # recorded since: a run from before is compared without them
 
 
@@ -90,25 +141,37 @@ def pipeline_options(args: argparse.Namespace) -> dict:
     """options.Options fields for this run: the ablation preset plus the knobs given on the CLI, with the
     precision that will run in place of "auto" (its runs on CPUs with and without native bf16 differ).
     Bad knobs (--num-beams 0, --top-k 50, --time-budget nan ...) raise a ValueError naming each."""
-    options = {**ABLATIONS[args.ablation],
-               **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob, None) is not None}}
+    options = {
+        **ABLATIONS[args.ablation],
+        **{knob: getattr(args, knob) for knob in KNOBS if getattr(args, knob, None) is not None},
+    }
     try:
         Options(**options)  # checked here, before a run directory is written
     except GrispError as error:
         raise ValueError(str(error)) from None
-    options["precision"] = pick_precision(options.get("precision", Options.precision), pick_device(args.device))[0]
+    options["precision"] = pick_precision(
+        options.get("precision", Options.precision), pick_device(args.device)
+    )[0]
     return options
 
 
 def load_pipeline(args: argparse.Namespace, options: dict, generate_only: bool = False):
     from grisp import pipeline  # the model stack is only imported when questions are really answered
+
     adapter = None if str(args.adapter).lower() == "none" else args.adapter
     try:
         if generate_only:  # --skeleton-only: the model alone, no index, no endpoint
             return pipeline.Grisp.generator(args.model_dir, adapter, Options(**options), device=args.device)
         rerank_adapter = getattr(args, "rerank_adapter", None)
-        return pipeline.Grisp(args.model_dir, adapter, args.index, args.endpoint, Options(**options),
-                              device=args.device, rerank_adapter_dir=rerank_adapter)
+        return pipeline.Grisp(
+            args.model_dir,
+            adapter,
+            args.index,
+            args.endpoint,
+            Options(**options),
+            device=args.device,
+            rerank_adapter_dir=rerank_adapter,
+        )
     except GrispError as error:  # a missing model, adapter or index: a message, no traceback
         raise ValueError(str(error)) from None
 
@@ -118,12 +181,14 @@ def load_skeletonizer(index_dir: Path) -> Callable[[str], str]:
     IRIs the index does not know stay IRIs, as they would for the resolver."""
     import search
     from grisp.skeleton_score import gold_skeleton
+
     lookup = search.load_indices(index_dir).get
     return lambda query: gold_skeleton(query, lookup).skeleton
 
 
-def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict],
-                             accept_other_code: bool = False) -> dict[str, dict]:
+def load_generated_skeletons(
+    run_dir: Path, config: dict, samples: list[dict], accept_other_code: bool = False
+) -> dict[str, dict]:
     """Stage 1's output per question id from an earlier run of the same model, adapter, generation
     settings and code (--skeletons-from; other code only with `accept_other_code`). Skeleton generation is
     deterministic for a seed and is most of a question's time on a CPU, so ablations that change only the
@@ -133,33 +198,50 @@ def load_generated_skeletons(run_dir: Path, config: dict, samples: list[dict],
     if not (run_dir / "config.json").is_file():
         raise FileNotFoundError(f"--skeletons-from {run_dir}: no evaluation run there (config.json missing)")
     saved = json.loads((run_dir / "config.json").read_text())
-    differs = [key for key in ("model_dir", "adapter", "oracle_skeleton", "system", "skeleton_only")
-               if saved.get(key) != config.get(key)]
+    differs = [
+        key
+        for key in ("model_dir", "adapter", "oracle_skeleton", "system", "skeleton_only")
+        if saved.get(key) != config.get(key)
+    ]
     if "contents" in saved and saved["contents"]["adapter"] != config["contents"]["adapter"]:
         differs.append("the adapter's files")
     differs += [key for key in GENERATION_OPTIONS if saved["options"].get(key) != config["options"].get(key)]
     if differs or saved.get("skeletons_from"):
-        raise ValueError(f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
-                         f"({', '.join(differs) or 'it reused skeletons itself'}); generate them here instead")
+        raise ValueError(
+            f"--skeletons-from {run_dir}: that run's skeletons come from other settings "
+            f"({', '.join(differs) or 'it reused skeletons itself'}); generate them here instead"
+        )
     was, now = compared(saved, "code"), compared(config, "code")
     if was is None and not accept_other_code:
-        raise ValueError(f"--skeletons-from {run_dir} was run before runs recorded their code, so its skeletons may "
-                         f"come from other code: generate them here, or pass --accept-other-code to reuse them")
+        raise ValueError(
+            f"--skeletons-from {run_dir} was run before runs recorded their code, so its skeletons may "
+            f"come from other code: generate them here, or pass --accept-other-code to reuse them"
+        )
     if was is None:
-        print(f"warning: --skeletons-from {run_dir} was run before runs recorded their code: its skeletons "
-              f"may come from other code (--accept-other-code)")
+        print(
+            f"warning: --skeletons-from {run_dir} was run before runs recorded their code: its skeletons "
+            f"may come from other code (--accept-other-code)"
+        )
     elif was != now and not accept_other_code:
-        raise ValueError(f"--skeletons-from {run_dir}: its skeletons come from other code (fingerprint {was[:12]}, "
-                         f"this code {now[:12]}): generate them here, or pass --accept-other-code to reuse them")
+        raise ValueError(
+            f"--skeletons-from {run_dir}: its skeletons come from other code (fingerprint {was[:12]}, "
+            f"this code {now[:12]}): generate them here, or pass --accept-other-code to reuse them"
+        )
     elif was != now:
-        print(f"warning: --skeletons-from {run_dir}: reusing skeletons of other code ({was[:12]}, this code "
-              f"{now[:12]}; --accept-other-code)")
-    generated = {record["id"]: record for record in read_finished(run_dir / "predictions.jsonl")}  # it may still run
+        print(
+            f"warning: --skeletons-from {run_dir}: reusing skeletons of other code ({was[:12]}, this code "
+            f"{now[:12]}; --accept-other-code)"
+        )
+    generated = {
+        record["id"]: record for record in read_finished(run_dir / "predictions.jsonl")
+    }  # it may still run
     for sample in samples:  # generation sees the question alone: another gold query is fine
         if sample["id"] in generated and "question" in changes(generated[sample["id"]], sample):
-            raise ValueError(f"--skeletons-from {run_dir}: its question {sample['id']} is "
-                             f"{generated[sample['id']]['question']!r}, here it is {sample['question']!r}; "
-                             f"that run is of another benchmark")
+            raise ValueError(
+                f"--skeletons-from {run_dir}: its question {sample['id']} is "
+                f"{generated[sample['id']]['question']!r}, here it is {sample['question']!r}; "
+                f"that run is of another benchmark"
+            )
     return generated
 
 
@@ -169,7 +251,10 @@ def answer_with_generated(pipeline, question: str, source: dict, options: Option
     generated here if needed and if there can be any."""
     recorded = [tuple(s) for s in source["skeletons"]]
     trace = [step for step in source["trace"] if step.get("event") == "skeleton"]
-    again, more = Stopwatch(), Stopwatch()  # regenerating the recorded ones (already counted), the ones past them
+    again, more = (
+        Stopwatch(),
+        Stopwatch(),
+    )  # regenerating the recorded ones (already counted), the ones past them
     # that run took skeletons only until one resolved. If its search gave every beam, its kept ones
     # are all there are; else there may be more, up to the number wanted
     ended = len(trace) >= options.beam_width
@@ -194,9 +279,14 @@ def answer_with_generated(pipeline, question: str, source: dict, options: Option
 
 def summarize_trace(trace: list[dict], max_chars: int = 200) -> list[dict]:
     """Each trace step with only its scalar fields (long candidate lists dropped, text cut)."""
-    return [{key: value[:max_chars] if isinstance(value, str) else value
-             for key, value in step.items() if value is None or isinstance(value, (str, int, float, bool))}
-            for step in trace]
+    return [
+        {
+            key: value[:max_chars] if isinstance(value, str) else value
+            for key, value in step.items()
+            if value is None or isinstance(value, (str, int, float, bool))
+        }
+        for step in trace
+    ]
 
 
 def execute(client: sparql.SparqlClient, query: str) -> tuple[sparql.Result | None, str | None]:
@@ -206,8 +296,10 @@ def execute(client: sparql.SparqlClient, query: str) -> tuple[sparql.Result | No
     try:
         return client.query(query), None
     except sparql.EndpointUnreachable as error:
-        raise EndpointGone(f"the SPARQL endpoint stopped answering ({error}); start it again and rerun "
-                           f"the same command: the run resumes at this question") from None
+        raise EndpointGone(
+            f"the SPARQL endpoint stopped answering ({error}); start it again and rerun "
+            f"the same command: the run resumes at this question"
+        ) from None
     except sparql.SparqlError as error:
         return None, f"{type(error).__name__}: {error}"
 
@@ -230,22 +322,36 @@ def failed_by_endpoint(record: dict) -> bool:
 
 def answer_record(sample: dict, answer, seconds: float) -> dict:
     """The prediction part of a record, from a grisp.pipeline.Answer (or the agent's answer)."""
-    return {"id": sample["id"], "question": sample["question"], "sparql": answer.sparql,
-            "skeletons": [list(s) for s in answer.skeletons], "trace": summarize_trace(answer.trace),
-            "timings": answer.timings, "seconds": seconds, "backtracks": answer.backtracks,
-            "error": answer.error, "pipeline_failure": answer.failure, "queries": answer.queries,
-            "endpoint_faults": answer.endpoint_faults, "verified": answer.verified,
-            # how sure it is (grisp/confidence.py) and the query found, declined or not
-            "confidence": getattr(answer, "confidence", None), "guess": getattr(answer, "guess", answer.sparql),
-            "declined": getattr(answer, "declined", False), "choices": getattr(answer, "choices", []),
-            "skeleton_number": getattr(answer, "skeleton_number", None), "retried": getattr(answer, "retried", False),
-            "index_lacks": sample["info"].get("index_lacks") or []}
+    return {
+        "id": sample["id"],
+        "question": sample["question"],
+        "sparql": answer.sparql,
+        "skeletons": [list(s) for s in answer.skeletons],
+        "trace": summarize_trace(answer.trace),
+        "timings": answer.timings,
+        "seconds": seconds,
+        "backtracks": answer.backtracks,
+        "error": answer.error,
+        "pipeline_failure": answer.failure,
+        "queries": answer.queries,
+        "endpoint_faults": answer.endpoint_faults,
+        "verified": answer.verified,
+        # how sure it is (grisp/confidence.py) and the query found, declined or not
+        "confidence": getattr(answer, "confidence", None),
+        "guess": getattr(answer, "guess", answer.sparql),
+        "declined": getattr(answer, "declined", False),
+        "choices": getattr(answer, "choices", []),
+        "skeleton_number": getattr(answer, "skeleton_number", None),
+        "retried": getattr(answer, "retried", False),
+        "index_lacks": sample["info"].get("index_lacks") or [],
+    }
 
 
 def redecide(record: dict, min_confidence: float) -> None:
     """Apply grisp/confidence.py's rule again to a recorded answer (--score-only): its confidence from its
     recorded choices, declined below `min_confidence`, else answered with its guess."""
     from grisp import confidence
+
     if record.get("guess") is None:
         return
     record["confidence"] = confidence.confidence(record.get("choices") or [])
@@ -263,7 +369,9 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
     gold, gold_error = execute(client, gold_sparql)
     record["gold_status"] = "failed" if gold is None else "empty" if gold.is_empty else "ok"
     record["gold_error"], record["gold_hash"] = gold_error, gold_hash(gold_sparql)
-    query = record["guess"] if record.get("declined") else record["sparql"]  # the answer, or the declined guess
+    query = (
+        record["guess"] if record.get("declined") else record["sparql"]
+    )  # the answer, or the declined guess
     pred, pred_error = execute(client, query) if query else (None, None)
     gold_rows = metrics.from_result(gold) if gold is not None else None
     f1 = metrics.sample_score(metrics.from_result(pred) if pred is not None else None, gold_rows)
@@ -292,8 +400,10 @@ def score_record(record: dict, gold_sparql: str, client: sparql.SparqlClient) ->
 def seconds_summary(records: list[dict]) -> dict:
     """Median and mean seconds per question over the records that were timed."""
     seconds = [r["seconds"] for r in records if r.get("seconds") is not None]
-    return {"median": statistics.median(seconds) if seconds else None,
-            "mean": statistics.fmean(seconds) if seconds else None}
+    return {
+        "median": statistics.median(seconds) if seconds else None,
+        "mean": statistics.fmean(seconds) if seconds else None,
+    }
 
 
 def summarize(records: list[dict]) -> dict:
@@ -303,9 +413,12 @@ def summarize(records: list[dict]) -> dict:
     failures = Counter(r["failure"] or "correct" for r in scored)
     timing_keys = sorted({key for r in records for key in (r.get("timings") or {})})
     return {
-        "samples": len(records), "scored": len(scored),
-        "skipped": {"gold_empty": sum(r["gold_status"] == "empty" for r in records),
-                    "gold_failed": sum(r["gold_status"] == "failed" for r in records)},
+        "samples": len(records),
+        "scored": len(scored),
+        "skipped": {
+            "gold_empty": sum(r["gold_status"] == "empty" for r in records),
+            "gold_failed": sum(r["gold_status"] == "failed" for r in records),
+        },
         "f1": statistics.fmean(r["f1"] for r in scored) if scored else None,
         "em": statistics.fmean(bool(r["em"]) for r in scored) if scored else None,
         "seconds": seconds_summary(records),
@@ -313,21 +426,32 @@ def summarize(records: list[dict]) -> dict:
         "samples_with_backtracks": sum(b > 0 for b in backtracks),
         "failures": {kind: failures[kind] for kind in (*FAILURES, "correct")},
         # F1 by question shape (skeleton_score.SHAPES; records scored before shapes were recorded have none)
-        "f1_by_shape": {shape: {"scored": len(rows), "f1": statistics.fmean(r["f1"] for r in rows)}
-                        for shape in SHAPES if (rows := [r for r in scored if r.get("shape") == shape])},
+        "f1_by_shape": {
+            shape: {"scored": len(rows), "f1": statistics.fmean(r["f1"] for r in rows)}
+            for shape in SHAPES
+            if (rows := [r for r in scored if r.get("shape") == shape])
+        },
         # what was answered, its precision, what was declined (grisp/coverage.py), overall and by shape
         "trust": coverage.summary(records),
-        "trust_by_shape": {shape: coverage.summary(rows) for shape in SHAPES
-                           if (rows := [r for r in scored if r.get("shape") == shape])},
+        "trust_by_shape": {
+            shape: coverage.summary(rows)
+            for shape in SHAPES
+            if (rows := [r for r in scored if r.get("shape") == shape])
+        },
         # over all questions (a dead endpoint also fails the gold queries, which skips them above)
-        "endpoint": {"questions_failed": sum(failed_by_endpoint(r) for r in records),
-                     "unverified_answers": sum(r.get("verified") is False for r in records),
-                     "queries": sum(r.get("queries") or 0 for r in records),
-                     "faulty_queries": dict(sum((Counter(r.get("endpoint_faults") or {}) for r in records),
-                                                Counter()))},
+        "endpoint": {
+            "questions_failed": sum(failed_by_endpoint(r) for r in records),
+            "unverified_answers": sum(r.get("verified") is False for r in records),
+            "queries": sum(r.get("queries") or 0 for r in records),
+            "faulty_queries": dict(
+                sum((Counter(r.get("endpoint_faults") or {}) for r in records), Counter())
+            ),
+        },
         # seconds per question in each pipeline stage (a stage a question never reached counts 0)
-        "timings_mean": {key: statistics.fmean(r["timings"].get(key, 0.0) for r in records
-                                               if r.get("timings") is not None) for key in timing_keys},
+        "timings_mean": {
+            key: statistics.fmean(r["timings"].get(key, 0.0) for r in records if r.get("timings") is not None)
+            for key in timing_keys
+        },
     }
 
 
@@ -337,31 +461,51 @@ def print_summary(summary: dict, name: str) -> None:
 
     def sec(x):
         return "-" if x is None else f"{x:.2f}"
+
     skipped, failures = summary["skipped"], summary["failures"]
     backtracks = summary["backtracks_per_sample"]
     print(f"\n{name}: {summary['samples']} questions")
-    print(f"  F1 / EM            {pct(summary['f1'])} / {pct(summary['em'])}   ({summary['scored']} scored; "
-          f"skipped {skipped['gold_empty']} gold empty, {skipped['gold_failed']} gold failed)")
-    print(f"  seconds/question   median {sec(summary['seconds']['median'])}, mean {sec(summary['seconds']['mean'])}")
-    print(f"  backtracks/sample  {sec(backtracks)} ({summary['samples_with_backtracks']} samples backtracked)")
-    print("  failures           " + ", ".join(f"{kind.replace('_', ' ')} {failures[kind]}" for kind in failures))
+    print(
+        f"  F1 / EM            {pct(summary['f1'])} / {pct(summary['em'])}   ({summary['scored']} scored; "
+        f"skipped {skipped['gold_empty']} gold empty, {skipped['gold_failed']} gold failed)"
+    )
+    print(
+        f"  seconds/question   median {sec(summary['seconds']['median'])}, mean {sec(summary['seconds']['mean'])}"
+    )
+    print(
+        f"  backtracks/sample  {sec(backtracks)} ({summary['samples_with_backtracks']} samples backtracked)"
+    )
+    print(
+        "  failures           " + ", ".join(f"{kind.replace('_', ' ')} {failures[kind]}" for kind in failures)
+    )
     trust = summary.get("trust")
     if trust:
         lacks = trust["index_lacks"]
-        print(f"  answered           {trust['answered']} of {summary['scored']} ({pct(trust['coverage'])}%), precision "
-              f"{pct(trust['precision'])} (mean F1 of the answered), {trust['wrong']} wrong, {trust['partial']} partial; "
-              f"declined {trust['declined']} ({trust['declined_for_confidence']} for low confidence)")
+        print(
+            f"  answered           {trust['answered']} of {summary['scored']} ({pct(trust['coverage'])}%), precision "
+            f"{pct(trust['precision'])} (mean F1 of the answered), {trust['wrong']} wrong, {trust['partial']} partial; "
+            f"declined {trust['declined']} ({trust['declined_for_confidence']} for low confidence)"
+        )
         if lacks["questions"]:
-            print(f"  index lacks entity {lacks['questions']} questions: {lacks['declined']} declined, {lacks['wrong']} "
-                  f"wrong; F1 on the others {pct(trust['f1_index_names'])} (with no threshold "
-                  f"{pct(trust['no_threshold']['f1_index_names'])})")
+            print(
+                f"  index lacks entity {lacks['questions']} questions: {lacks['declined']} declined, {lacks['wrong']} "
+                f"wrong; F1 on the others {pct(trust['f1_index_names'])} (with no threshold "
+                f"{pct(trust['no_threshold']['f1_index_names'])})"
+            )
     if summary.get("f1_by_shape"):
-        print("  F1 by shape        " + ", ".join(f"{shape} {pct(block['f1'])} ({block['scored']})"
-                                                 for shape, block in summary["f1_by_shape"].items()))
+        print(
+            "  F1 by shape        "
+            + ", ".join(
+                f"{shape} {pct(block['f1'])} ({block['scored']})"
+                for shape, block in summary["f1_by_shape"].items()
+            )
+        )
     endpoint = summary["endpoint"]
     faults = ", ".join(f"{kind} {count}" for kind, count in endpoint["faulty_queries"].items()) or "none"
-    print(f"  endpoint           {endpoint['questions_failed']} questions failed by the endpoint, "
-          f"{endpoint['unverified_answers']} unverified answers; faulty queries of {endpoint['queries']}: {faults}")
+    print(
+        f"  endpoint           {endpoint['questions_failed']} questions failed by the endpoint, "
+        f"{endpoint['unverified_answers']} unverified answers; faulty queries of {endpoint['queries']}: {faults}"
+    )
 
 
 def absolute(path: str | Path) -> str:
@@ -373,6 +517,7 @@ def absolute(path: str | Path) -> str:
 def contents(adapter, rerank_adapter, index) -> dict:
     """Digests of what the run's paths hold, so that a resumed run notices an adapter retrained or an index
     rebuilt under the same path: the adapters' files and the index parts' build stamps (None: none)."""
+
     def digest(files: list[Path]) -> str | None:
         files = [f for f in files if f.is_file()]
         return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()[:16] if files else None
@@ -381,8 +526,11 @@ def contents(adapter, rerank_adapter, index) -> dict:
         path = Path(str(path)).expanduser() if path and str(path).lower() != "none" else None
         return digest(sorted(path.glob("*.json")) + [path / "adapter_model.safetensors"]) if path else None
 
-    return {"adapter": adapter_digest(adapter), "rerank_adapter": adapter_digest(rerank_adapter),
-            "index": digest(sorted(Path(index).expanduser().glob("*/*/build.json")))}
+    return {
+        "adapter": adapter_digest(adapter),
+        "rerank_adapter": adapter_digest(rerank_adapter),
+        "index": digest(sorted(Path(index).expanduser().glob("*/*/build.json"))),
+    }
 
 
 def read_predictions(path: Path) -> list[dict]:
@@ -412,6 +560,7 @@ def select_questions(args: argparse.Namespace) -> list[dict]:
     samples = benchmarks.load_benchmark(args.benchmark)
     if args.shapes:
         from grisp.skeleton_score import shape
+
         samples = [sample for sample in samples if shape(sample["sparql"]).replace(" ", "-") in args.shapes]
     return samples[: args.limit]
 
@@ -426,9 +575,14 @@ def changes(record: dict, sample: dict) -> list[str]:
     """What differs between the question a record answered and the benchmark's question of its id:
     "question" (the text), "gold query" (gold_hash). A field the record lacks (runs from before it was
     recorded) is not compared."""
-    return [name for name, field, now in [("question", "question", sample["question"]),
-                                          ("gold query", "gold_hash", gold_hash(sample["sparql"]))]
-            if field in record and record[field] != now]
+    return [
+        name
+        for name, field, now in [
+            ("question", "question", sample["question"]),
+            ("gold query", "gold_hash", gold_hash(sample["sparql"])),
+        ]
+        if field in record and record[field] != now
+    ]
 
 
 def compared(config: dict, key: str):
@@ -443,13 +597,22 @@ def machine_load() -> float:
     another job shares the CPU: time budgets are wall-clock, so there answers can change, not only timings."""
     load = os.getloadavg()[0]
     if load > BUSY_LOAD:
-        print(f"warning: the machine is busy (load {load:.1f} over the last minute): the time budgets are "
-              "wall-clock, so answers, not only timings, can differ from a run on a quiet machine", file=sys.stderr)
+        print(
+            f"warning: the machine is busy (load {load:.1f} over the last minute): the time budgets are "
+            "wall-clock, so answers, not only timings, can differ from a run on a quiet machine",
+            file=sys.stderr,
+        )
     return round(load, 2)
 
 
-def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict],
-              accept_other_code: bool = False, redo_failed: bool = False) -> tuple[Path, list[dict]]:
+def start_run(
+    out: Path,
+    config: dict,
+    keys: tuple[str, ...],
+    samples: list[dict],
+    accept_other_code: bool = False,
+    redo_failed: bool = False,
+) -> tuple[Path, list[dict]]:
     """Create the run directory and save `config` there (a run already there must agree on `keys`; on the
     code only with `accept_other_code`, and config.json then lists in code.fingerprints every version the
     run's answers come from); return the predictions file and the samples it does not hold yet (runs
@@ -457,42 +620,66 @@ def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict
     with `redo_failed` those an endpoint fault decided: those questions are run again."""
     out.mkdir(parents=True, exist_ok=True)
     predictions_path = out / "predictions.jsonl"
-    if (out / "config.json").exists() and read_predictions(predictions_path):  # a start that failed binds nothing
+    if (out / "config.json").exists() and read_predictions(
+        predictions_path
+    ):  # a start that failed binds nothing
         saved = json.loads((out / "config.json").read_text())
         # runs from before "contents" or "code" was recorded are compared without it
-        changed = [key for key in keys if compared(saved, key) != compared(config, key)
-                   and (key in saved or key not in LATER_KEYS)]
+        changed = [
+            key
+            for key in keys
+            if compared(saved, key) != compared(config, key) and (key in saved or key not in LATER_KEYS)
+        ]
         if changed and changed != ["code"]:
-            raise ValueError(f"{out} holds a run with other settings ({', '.join(changed)}); "
-                             f"pass another --out or delete {out}")
+            raise ValueError(
+                f"{out} holds a run with other settings ({', '.join(changed)}); "
+                f"pass another --out or delete {out}"
+            )
         was, now = compared(saved, "code"), compared(config, "code")
         if changed and not accept_other_code:
-            raise ValueError(f"{out} holds answers of other code (fingerprint {was[:12]}, this code {now[:12]}): "
-                             f"use another --out for the new code, or pass --accept-other-code to continue the run")
+            raise ValueError(
+                f"{out} holds answers of other code (fingerprint {was[:12]}, this code {now[:12]}): "
+                f"use another --out for the new code, or pass --accept-other-code to continue the run"
+            )
         if "code" in keys and was is None and not accept_other_code:  # e.g. rows of an older protocol
-            raise ValueError(f"{out} was started before runs recorded their code, so its answers may come from "
-                             f"other code: use another --out, or pass --accept-other-code to continue the run")
+            raise ValueError(
+                f"{out} was started before runs recorded their code, so its answers may come from "
+                f"other code: use another --out, or pass --accept-other-code to continue the run"
+            )
         if "code" in keys and was is None:
-            print(f"warning: {out} was started before runs recorded their code: its answers so far may come "
-                  f"from other code (--accept-other-code)")
+            print(
+                f"warning: {out} was started before runs recorded their code: its answers so far may come "
+                f"from other code (--accept-other-code)"
+            )
         elif "code" in keys:
             versions = saved["code"].get("fingerprints", [was])
             if changed:  # accepted: the run spans code versions from now on
-                print(f"warning: {out} goes on with other code ({was[:12]} -> {now[:12]}); its config.json lists "
-                      f"every version its answers come from")
+                print(
+                    f"warning: {out} goes on with other code ({was[:12]} -> {now[:12]}); its config.json lists "
+                    f"every version its answers come from"
+                )
                 versions = versions + [now]
             if len(versions) > 1:
                 config["code"]["fingerprints"] = versions
     write_json(out / "config.json", config)
     records = read_predictions(predictions_path)
     by_id = {sample["id"]: sample for sample in samples}
-    stale = {record["id"] for record in records if record["id"] in by_id and changes(record, by_id[record["id"]])}
+    stale = {
+        record["id"] for record in records if record["id"] in by_id and changes(record, by_id[record["id"]])
+    }
     if stale:  # answers to other questions than this benchmark's: not reused
-        print(f"{len(stale)} questions changed since they were answered (question or gold query), run again: "
-              + ", ".join(sample["id"] for sample in samples if sample["id"] in stale))
+        print(
+            f"{len(stale)} questions changed since they were answered (question or gold query), run again: "
+            + ", ".join(sample["id"] for sample in samples if sample["id"] in stale)
+        )
     # the endpoint's faults may have passed; a gold query the endpoint rejects as malformed would fail again
-    failed = {record["id"] for record in records if redo_failed and record["id"] in by_id.keys() - stale
-              and (failed_by_endpoint(record) or is_endpoint_fault(record.get("gold_error")))}
+    failed = {
+        record["id"]
+        for record in records
+        if redo_failed
+        and record["id"] in by_id.keys() - stale
+        and (failed_by_endpoint(record) or is_endpoint_fault(record.get("gold_error")))
+    }
     if redo_failed:
         print(f"{len(failed)} questions an endpoint fault decided, run again (--redo-failed)")
     if stale or failed:
@@ -501,8 +688,10 @@ def start_run(out: Path, config: dict, keys: tuple[str, ...], samples: list[dict
     unhashed = [record for record in records if record["id"] in by_id and "gold_hash" not in record]
     if unhashed:
         untold = sum("question" not in record for record in unhashed)
-        print(f"warning: {len(unhashed)} earlier answers were recorded before their gold query was: compared by "
-              f"question only" + (f" ({untold} without one: trusted as they are)" if untold else ""))
+        print(
+            f"warning: {len(unhashed)} earlier answers were recorded before their gold query was: compared by "
+            f"question only" + (f" ({untold} without one: trusted as they are)" if untold else "")
+        )
     done = {record["id"] for record in records}
     todo = [sample for sample in samples if sample["id"] not in done]
     print(f"{len(samples)} questions, {len(samples) - len(todo)} already done, {len(todo)} to run")
@@ -515,34 +704,60 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     `skeletons(question) -> (kept, trace)`). Resumable like a full run; returns the summary."""
     import search
     from grisp import skeleton_score
-    if args.score_only or args.oracle_skeleton or args.skeletons_from or getattr(args, "rerank_adapter", None):
-        raise ValueError("--skeleton-only generates and scores skeletons itself; drop --score-only, "
-                         "--oracle-skeleton, --skeletons-from and --rerank-adapter")
+
+    if (
+        args.score_only
+        or args.oracle_skeleton
+        or args.skeletons_from
+        or getattr(args, "rerank_adapter", None)
+    ):
+        raise ValueError(
+            "--skeleton-only generates and scores skeletons itself; drop --score-only, "
+            "--oracle-skeleton, --skeletons-from and --rerank-adapter"
+        )
     options = pipeline_options(args)
     if resolution := sorted(set(options) - set(GENERATION_OPTIONS)):
-        raise ValueError(f"--skeleton-only scores skeleton generation only, and {', '.join(resolution)} change "
-                         f"resolution: drop them (--ablation none or no-beam-search)")
+        raise ValueError(
+            f"--skeleton-only scores skeleton generation only, and {', '.join(resolution)} change "
+            f"resolution: drop them (--ablation none or no-beam-search)"
+        )
     args.benchmark = args.benchmark or "demo"
     samples = select_questions(args)
     lookup = search.load_indices(args.index).get  # IRI -> the gold item's labels and aliases, or None
     name = Path(args.benchmark).stem if args.benchmark.endswith(".jsonl") else args.benchmark
     suffix = "skeletons" + ("" if args.ablation == "none" else f"-{args.ablation}")
     out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
-    config = {"skeleton_only": True, "benchmark": args.benchmark, "ablation": args.ablation, "options": options,
-              "model_dir": absolute(args.model_dir), "adapter": absolute(args.adapter),
-              "index": absolute(args.index), "device": args.device, "cpu": cpu_name(), "limit": args.limit,
-              "shapes": args.shapes, "out": str(out), "contents": contents(args.adapter, None, args.index),
-              "code": code_version(), "load": machine_load()}
+    config = {
+        "skeleton_only": True,
+        "benchmark": args.benchmark,
+        "ablation": args.ablation,
+        "options": options,
+        "model_dir": absolute(args.model_dir),
+        "adapter": absolute(args.adapter),
+        "index": absolute(args.index),
+        "device": args.device,
+        "cpu": cpu_name(),
+        "limit": args.limit,
+        "shapes": args.shapes,
+        "out": str(out),
+        "contents": contents(args.adapter, None, args.index),
+        "code": code_version(),
+        "load": machine_load(),
+    }
     print(f"config: {json.dumps(config)}")
-    predictions_path, todo = start_run(out, config, SKELETON_RUN_KEYS, samples,
-                                       getattr(args, "accept_other_code", False))
+    predictions_path, todo = start_run(
+        out, config, SKELETON_RUN_KEYS, samples, getattr(args, "accept_other_code", False)
+    )
     if todo:
         generator = generator or load_pipeline(args, options, generate_only=True)
         with open(predictions_path, "a", encoding="utf-8") as file:
             for sample in tqdm(todo, desc="skeletons", unit="q"):
                 start = time.perf_counter()
                 record = skeleton_score.score_sample(sample, lookup, lambda q: generator.skeletons(q)[0])
-                record["seconds"], record["gold_hash"] = time.perf_counter() - start, gold_hash(sample["sparql"])
+                record["seconds"], record["gold_hash"] = (
+                    time.perf_counter() - start,
+                    gold_hash(sample["sparql"]),
+                )
                 append_jsonl(file, record)
 
     records = selected_records(read_predictions(predictions_path), samples)
@@ -551,7 +766,9 @@ def evaluate_skeletons(args: argparse.Namespace, generator=None) -> dict:
     print(f"\n{name}: skeleton score of the top-1 generated skeleton\n")
     print(skeleton_score.format_table(summary))
     if summary["unskeletonisable"]:
-        print(f"(status \"unskeletonisable\" in the predictions; is {args.index} the index of this benchmark's KG?)")
+        print(
+            f'(status "unskeletonisable" in the predictions; is {args.index} the index of this benchmark\'s KG?)'
+        )
     print(f"wrote {predictions_path} and {out / 'summary.json'}")
     return summary
 
@@ -562,10 +779,13 @@ def parse_shapes(text: str | list[str] | None) -> list[str] | None:
     if text is None or isinstance(text, list):
         return text
     from grisp.skeleton_score import SHAPES
+
     known = [s.replace(" ", "-") for s in SHAPES]
     shapes = [part.strip() for part in text.split(",") if part.strip()]
     if not shapes or set(shapes) - set(known):
-        raise ValueError(f"--shapes takes question shapes from {', '.join(known)}, comma-separated; got {text!r}")
+        raise ValueError(
+            f"--shapes takes question shapes from {', '.join(known)}, comma-separated; got {text!r}"
+        )
     return shapes
 
 
@@ -574,8 +794,10 @@ def saved_run_of(predictions: str) -> tuple[Path, dict]:
     FileNotFoundError if the file is missing."""
     path = Path(predictions).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"predictions file {path} does not exist; pass the "
-                                f"predictions.jsonl of an earlier run to --score-only")
+        raise FileNotFoundError(
+            f"predictions file {path} does not exist; pass the "
+            f"predictions.jsonl of an earlier run to --score-only"
+        )
     config = path.parent / "config.json"
     return path, json.loads(config.read_text()) if config.is_file() else {}
 
@@ -587,13 +809,21 @@ def connect(endpoint: str, query_timeout: float) -> sparql.SparqlClient:
     try:
         sparql.SparqlClient(endpoint, retries=0).query("ASK {}")
     except sparql.SparqlError:
-        raise FileNotFoundError(f"the SPARQL endpoint {endpoint} does not answer; start it "
-                                f"(python endpoint.py start) or pass --endpoint") from None
+        raise FileNotFoundError(
+            f"the SPARQL endpoint {endpoint} does not answer; start it "
+            f"(python endpoint.py start) or pass --endpoint"
+        ) from None
     return client
 
 
-def score_only(args: argparse.Namespace, path: Path, saved_run: dict, samples: list[dict],
-               client: sparql.SparqlClient, name: str) -> dict:
+def score_only(
+    args: argparse.Namespace,
+    path: Path,
+    saved_run: dict,
+    samples: list[dict],
+    client: sparql.SparqlClient,
+    name: str,
+) -> dict:
     """--score-only: re-score the records of `samples` in the predictions file `path` (with
     --min-confidence, declined anew first), write every record back and the summary beside it."""
     gold_by_id = {sample["id"]: sample["sparql"] for sample in samples}
@@ -607,10 +837,20 @@ def score_only(args: argparse.Namespace, path: Path, saved_run: dict, samples: l
             redecide(record, threshold)
         score_record(record, gold_by_id[record["id"]], client)
     write_jsonl(path, records)
-    summary = {**summarize(selected), "config": {**saved_run, "score_only": str(path), "benchmark": args.benchmark,
-                                                 "endpoint": args.endpoint, "limit": args.limit, "shapes": args.shapes}}
+    summary = {
+        **summarize(selected),
+        "config": {
+            **saved_run,
+            "score_only": str(path),
+            "benchmark": args.benchmark,
+            "endpoint": args.endpoint,
+            "limit": args.limit,
+            "shapes": args.shapes,
+        },
+    }
     if saved_run.get("system") == "agent":
         from grasp import evaluation
+
         summary["agent"] = evaluation.agent_summary(selected)
     write_json(path.parent / "summary.json", summary)
     print_summary(summary, name)
@@ -627,23 +867,44 @@ def run_config(args: argparse.Namespace, name: str) -> tuple[dict, str, Callable
     if system == "grisp" and options.get("rerank", True):  # saved where it acts: a run from before it differs
         options["retry"] = not getattr(args, "no_retry", False)
     if system == "agent":  # the GRASP agent (agent.py) instead of GRISP; same scoring
-        if (args.oracle_skeleton or args.skeletons_from or args.ablation != "none"
-                or getattr(args, "rerank_adapter", None)):
-            raise ValueError("--oracle-skeleton, --skeletons-from, --ablation and --rerank-adapter are GRISP's; not "
-                             "with --system agent")
+        if (
+            args.oracle_skeleton
+            or args.skeletons_from
+            or args.ablation != "none"
+            or getattr(args, "rerank_adapter", None)
+        ):
+            raise ValueError(
+                "--oracle-skeleton, --skeletons-from, --ablation and --rerank-adapter are GRISP's; not "
+                "with --system agent"
+            )
         from agent import build_agent  # the model stack only for the agent
         from grasp import evaluation
-        agent_settings, make_agent = evaluation.eval_setup(args.agent_config, args.endpoint, args.index, build_agent)
+
+        agent_settings, make_agent = evaluation.eval_setup(
+            args.agent_config, args.endpoint, args.index, build_agent
+        )
         suffix = "agent"
     out = Path(args.out).expanduser() if args.out else defaults.GRISP_HOME / "eval" / f"{name}-{suffix}"
-    config = {"benchmark": args.benchmark, "ablation": args.ablation, "options": options,
-              "oracle_skeleton": args.oracle_skeleton, "model_dir": absolute(args.model_dir),
-              "adapter": absolute(args.adapter), "index": absolute(args.index), "endpoint": args.endpoint,
-              "rerank_adapter": absolute(args.rerank_adapter) if getattr(args, "rerank_adapter", None) else None,
-              "device": args.device, "cpu": cpu_name(), "limit": args.limit, "shapes": args.shapes,
-              "out": str(out),
-              "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None}
-    adapter = agent_settings["model"]["adapter"] if system == "agent" else args.adapter  # the agent config's own
+    config = {
+        "benchmark": args.benchmark,
+        "ablation": args.ablation,
+        "options": options,
+        "oracle_skeleton": args.oracle_skeleton,
+        "model_dir": absolute(args.model_dir),
+        "adapter": absolute(args.adapter),
+        "index": absolute(args.index),
+        "endpoint": args.endpoint,
+        "rerank_adapter": absolute(args.rerank_adapter) if getattr(args, "rerank_adapter", None) else None,
+        "device": args.device,
+        "cpu": cpu_name(),
+        "limit": args.limit,
+        "shapes": args.shapes,
+        "out": str(out),
+        "skeletons_from": str(Path(args.skeletons_from).expanduser()) if args.skeletons_from else None,
+    }
+    adapter = (
+        agent_settings["model"]["adapter"] if system == "agent" else args.adapter
+    )  # the agent config's own
     config["contents"] = contents(adapter, getattr(args, "rerank_adapter", None), args.index)
     config["code"] = code_version()  # what decides the answers besides the settings
     config["load"] = machine_load()
@@ -652,15 +913,25 @@ def run_config(args: argparse.Namespace, name: str) -> tuple[dict, str, Callable
     return config, suffix, make_agent
 
 
-def answer_questions(args: argparse.Namespace, config: dict, todo: list[dict], predictions_path: Path,
-                     client: sparql.SparqlClient, load: Callable[[], object]) -> None:
+def answer_questions(
+    args: argparse.Namespace,
+    config: dict,
+    todo: list[dict],
+    predictions_path: Path,
+    client: sparql.SparqlClient,
+    load: Callable[[], object],
+) -> None:
     """Answer each question of `todo` (generating skeletons, or reusing --skeletons-from's, or resolving
     the gold skeleton with --oracle-skeleton), score it and append its record to `predictions_path` as
     soon as it is scored. `load()` gives what answers (called once, after the reused skeletons are
     checked, so a refused run loads no model)."""
-    generated = (load_generated_skeletons(Path(config["skeletons_from"]), config, todo,
-                                          getattr(args, "accept_other_code", False))
-                 if args.skeletons_from else {})
+    generated = (
+        load_generated_skeletons(
+            Path(config["skeletons_from"]), config, todo, getattr(args, "accept_other_code", False)
+        )
+        if args.skeletons_from
+        else {}
+    )
     run_options = Options(**config["options"])
     pipeline = load()
     skeletonize = load_skeletonizer(args.index) if args.oracle_skeleton else None
@@ -670,7 +941,9 @@ def answer_questions(args: argparse.Namespace, config: dict, todo: list[dict], p
             if skeletonize is not None:
                 answer = pipeline.answer_from_skeletons(sample["question"], [skeletonize(sample["sparql"])])
             elif sample["id"] in generated:
-                answer = answer_with_generated(pipeline, sample["question"], generated[sample["id"]], run_options)
+                answer = answer_with_generated(
+                    pipeline, sample["question"], generated[sample["id"]], run_options
+                )
             else:  # (with --skeletons-from: a question that run has not reached yet)
                 answer = pipeline.answer(sample["question"])
             record = answer_record(sample, answer, answer.timings.get("total", time.perf_counter() - start))
@@ -689,6 +962,7 @@ def summarise_run(out: Path, config: dict, samples: list[dict], label: str) -> d
     agent = config.get("system") == "agent"
     if agent:
         from grasp import evaluation
+
         summary["agent"] = evaluation.agent_summary(records)
     write_json(out / "summary.json", summary)
     print_summary(summary, label)
@@ -723,11 +997,19 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
     config, suffix, make_agent = run_config(args, name)
     print(f"config: {json.dumps(config)}")
     out = Path(config["out"])
-    predictions_path, todo = start_run(out, config, RUN_KEYS, samples, getattr(args, "accept_other_code", False),
-                                       getattr(args, "redo_failed", False))
+    predictions_path, todo = start_run(
+        out,
+        config,
+        RUN_KEYS,
+        samples,
+        getattr(args, "accept_other_code", False),
+        getattr(args, "redo_failed", False),
+    )
     if todo:
+
         def load():
             return pipeline or (make_agent() if make_agent else load_pipeline(args, config["options"]))
+
         answer_questions(args, config, todo, predictions_path, client, load)
 
     # --- summarise over this benchmark selection
@@ -737,76 +1019,131 @@ def main(args: argparse.Namespace, pipeline=None) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description="Run GRISP over a benchmark, execute gold and predicted queries and score them "
-                    "with the GRASP protocol (row F1 with assignment, EM); resumable.",
-        formatter_class=defaults.HelpFormatter)
+        "with the GRASP protocol (row F1 with assignment, EM); resumable.",
+        formatter_class=defaults.HelpFormatter,
+    )
     # data
-    parser.add_argument("--benchmark", default=None,
-                        help=f"benchmark name ({', '.join(benchmarks.NAMES)}) or a JSONL file "
-                             "({id, question, sparql, paraphrases, info} per line); default: demo, or "
-                             "with --score-only the run's own")
-    parser.add_argument("--out", default=None,
-                        help="run directory; default $GRISP_HOME/eval/<benchmark>-<ablation>[-oracle] "
-                             "(GRISP_HOME: ~/.cache/grisp), <benchmark>-skeletons[-<ablation>] with --skeleton-only, "
-                             "<benchmark>-agent with --system agent")
-    parser.add_argument("--accept-other-code", action="store_true",
-                        help="continue the run in --out although its answers so far came from other code (its "
-                             "config.json's code fingerprint, a SHA-256 of the project's Python sources, differs): "
-                             "the run then spans code versions, all listed in config.json; without it such a run "
-                             "is refused. Likewise reuse the skeletons of a --skeletons-from run of other code")
-    parser.add_argument("--redo-failed", action="store_true",
-                        help="resuming, run again the questions an endpoint fault decided: the endpoint failed "
-                             "resolution or the predicted query (failure endpoint_error), or the gold query "
-                             "(a timeout, a server error; not a malformed one). Errors count so: a pipeline error "
-                             "(no skeleton, dead end, timeout, error, endpoint_error) or a predicted query that "
-                             "fails scores 0; a gold query that fails or returns nothing leaves the question out "
-                             "of the mean (docs/method.md 7.3, 8)")
+    parser.add_argument(
+        "--benchmark",
+        default=None,
+        help=f"benchmark name ({', '.join(benchmarks.NAMES)}) or a JSONL file "
+        "({id, question, sparql, paraphrases, info} per line); default: demo, or "
+        "with --score-only the run's own",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="run directory; default $GRISP_HOME/eval/<benchmark>-<ablation>[-oracle] "
+        "(GRISP_HOME: ~/.cache/grisp), <benchmark>-skeletons[-<ablation>] with --skeleton-only, "
+        "<benchmark>-agent with --system agent",
+    )
+    parser.add_argument(
+        "--accept-other-code",
+        action="store_true",
+        help="continue the run in --out although its answers so far came from other code (its "
+        "config.json's code fingerprint, a SHA-256 of the project's Python sources, differs): "
+        "the run then spans code versions, all listed in config.json; without it such a run "
+        "is refused. Likewise reuse the skeletons of a --skeletons-from run of other code",
+    )
+    parser.add_argument(
+        "--redo-failed",
+        action="store_true",
+        help="resuming, run again the questions an endpoint fault decided: the endpoint failed "
+        "resolution or the predicted query (failure endpoint_error), or the gold query "
+        "(a timeout, a server error; not a malformed one). Errors count so: a pipeline error "
+        "(no skeleton, dead end, timeout, error, endpoint_error) or a predicted query that "
+        "fails scores 0; a gold query that fails or returns nothing leaves the question out "
+        "of the mean (docs/method.md 7.3, 8)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N questions")
-    parser.add_argument("--shapes", default=None,
-                        help="evaluate only the questions whose gold query has one of these shapes, comma-separated: "
-                             "ask, aggregate, filter/order, qualifier, other, two-hop, intersection, one-triple "
-                             "(docs/method.md 7.6; e.g. two-hop,intersection)")
-    parser.add_argument("--score-only", default=None, metavar="PREDICTIONS",
-                        help="re-score this predictions.jsonl (gold and predicted queries are "
-                             "executed again) without loading the model; with --min-confidence, its answers "
-                             "are declined anew at that threshold (their recorded choices' confidence)")
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        help="evaluate only the questions whose gold query has one of these shapes, comma-separated: "
+        "ask, aggregate, filter/order, qualifier, other, two-hop, intersection, one-triple "
+        "(docs/method.md 7.6; e.g. two-hop,intersection)",
+    )
+    parser.add_argument(
+        "--score-only",
+        default=None,
+        metavar="PREDICTIONS",
+        help="re-score this predictions.jsonl (gold and predicted queries are "
+        "executed again) without loading the model; with --min-confidence, its answers "
+        "are declined anew at that threshold (their recorded choices' confidence)",
+    )
     # knowledge graph
-    parser.add_argument("--endpoint", default=None,
-                        help=f"SPARQL endpoint URL; default: {defaults.ENDPOINT_URL}, or with --score-only "
-                             f"the run's own")
-    parser.add_argument("--index", type=Path, default=defaults.DEMO_INDEX_DIR,
-                        help="search index directory (build_index.py)")
-    parser.add_argument("--query-timeout", type=float, default=60.0,
-                        help="seconds to wait for a gold or predicted query when scoring")
+    parser.add_argument(
+        "--endpoint",
+        default=None,
+        help=f"SPARQL endpoint URL; default: {defaults.ENDPOINT_URL}, or with --score-only the run's own",
+    )
+    parser.add_argument(
+        "--index", type=Path, default=defaults.DEMO_INDEX_DIR, help="search index directory (build_index.py)"
+    )
+    parser.add_argument(
+        "--query-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for a gold or predicted query when scoring",
+    )
     # model
     parser.add_argument("--model-dir", type=Path, default=defaults.MODEL_DIR, help="base model directory")
-    parser.add_argument("--adapter", default=str(defaults.ADAPTER_DIR),
-                        help="LoRA adapter directory (PEFT layout), or 'none' for the base model")
-    parser.add_argument("--rerank-adapter", default=None, metavar="DIR",
-                        help="re-rank with the base model and this adapter instead of --adapter's (a second model "
-                             "in memory; e.g. an adapter trained further on re-ranking alone); the skeletons "
-                             "stay --adapter's")
+    parser.add_argument(
+        "--adapter",
+        default=str(defaults.ADAPTER_DIR),
+        help="LoRA adapter directory (PEFT layout), or 'none' for the base model",
+    )
+    parser.add_argument(
+        "--rerank-adapter",
+        default=None,
+        metavar="DIR",
+        help="re-rank with the base model and this adapter instead of --adapter's (a second model "
+        "in memory; e.g. an adapter trained further on re-ranking alone); the skeletons "
+        "stay --adapter's",
+    )
     parser.add_argument("--device", default="auto", help=f"{DEVICES}; auto: cuda, then mps, then cpu")
     # pipeline: ablations (paper table 5) and knobs; unset knobs keep the options.Options defaults
-    parser.add_argument("--ablation", default="none", choices=list(ABLATIONS),
-                        help="switch off GRISP mechanisms as in the paper's ablation table")
-    parser.add_argument("--oracle-skeleton", action="store_true",
-                        help="resolve the gold query's skeleton instead of generating skeletons")
-    parser.add_argument("--skeletons-from", default=None, metavar="RUN_DIR",
-                        help="reuse the skeletons (and their recorded generation time) of an earlier run "
-                             "with the same model and generation settings; for ablations that change "
-                             "only resolution (no-rerank, no-constrained, no-kg-guidance, no-backtracking), "
-                             "or the same questions on another KG (wwq-dev-kg from a wwq-dev-full run)")
-    parser.add_argument("--skeleton-only", action="store_true",
-                        help="no endpoint: score the top-1 generated skeleton against the gold query's "
-                             "skeleton (structure and label match by question shape; labels from --index)")
+    parser.add_argument(
+        "--ablation",
+        default="none",
+        choices=list(ABLATIONS),
+        help="switch off GRISP mechanisms as in the paper's ablation table",
+    )
+    parser.add_argument(
+        "--oracle-skeleton",
+        action="store_true",
+        help="resolve the gold query's skeleton instead of generating skeletons",
+    )
+    parser.add_argument(
+        "--skeletons-from",
+        default=None,
+        metavar="RUN_DIR",
+        help="reuse the skeletons (and their recorded generation time) of an earlier run "
+        "with the same model and generation settings; for ablations that change "
+        "only resolution (no-rerank, no-constrained, no-kg-guidance, no-backtracking), "
+        "or the same questions on another KG (wwq-dev-kg from a wwq-dev-full run)",
+    )
+    parser.add_argument(
+        "--skeleton-only",
+        action="store_true",
+        help="no endpoint: score the top-1 generated skeleton against the gold query's "
+        "skeleton (structure and label match by question shape; labels from --index)",
+    )
     add_flags(parser, KNOBS, unset=True)
     add_flags(parser, ["retry"])
     # the GRASP agent instead of GRISP (agent.py, evaluation.py): its model and options come from a config file
-    parser.add_argument("--system", choices=["grisp", "agent"], default="grisp",
-                        help="what answers the questions: GRISP, or the GRASP agent over --endpoint and --index")
-    parser.add_argument("--agent-config", default=None,
-                        help="--system agent: TOML/JSON config (grasp.toml); its first knowledge graph is "
-                             "replaced by --endpoint and --index; default $GRASP_CONFIG or built-in defaults")
+    parser.add_argument(
+        "--system",
+        choices=["grisp", "agent"],
+        default="grisp",
+        help="what answers the questions: GRISP, or the GRASP agent over --endpoint and --index",
+    )
+    parser.add_argument(
+        "--agent-config",
+        default=None,
+        help="--system agent: TOML/JSON config (grasp.toml); its first knowledge graph is "
+        "replaced by --endpoint and --index; default $GRASP_CONFIG or built-in defaults",
+    )
     try:
         main(parser.parse_args())
     except (FileNotFoundError, ValueError, EndpointGone) as error:

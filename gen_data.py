@@ -21,6 +21,7 @@ model's tokenizer is present. A sample (see samples.py):
     python gen_data.py --data wwq --epochs 1 --out /tmp/wwq.jsonl --show 2   # and look at two samples
     python train.py --samples ~/.cache/grisp/data/wwq-samples.jsonl      # train on them
 """
+
 import argparse
 import json
 import sys
@@ -50,15 +51,18 @@ def main(args: argparse.Namespace) -> None:
         indices = open_index(args.index, args.data)
         data.prepare(indices)
         client = SparqlClient(args.endpoint) if args.endpoint else None
-        generator = SampleGenerator(data.usable, indices, Augment.from_args(args), args.seed, data.weights,
-                                    args.prompt_format, client)
+        generator = SampleGenerator(
+            data.usable, indices, Augment.from_args(args), args.seed, data.weights, args.prompt_format, client
+        )
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
     print(data.table())
     print("question shapes of the usable records (skeleton_score.shape, docs/method.md 7.6):")
     print(shape_table(data))
     if args.constrain and client is None:
-        print("no --endpoint: no re-ranking sample is constrained (--constrain needs the constraint queries' answers)")
+        print(
+            "no --endpoint: no re-ranking sample is constrained (--constrain needs the constraint queries' answers)"
+        )
 
     # --- samples of every epoch, written as they are made
     total, first_epoch = Counter(), []
@@ -82,13 +86,20 @@ def main(args: argparse.Namespace) -> None:
             pass
 
     # --- statistics
-    print(f"{len(data.usable)} usable records x {args.epochs} epochs -> {total['skeleton']} skeleton and "
-          f"{total['rerank']} re-ranking samples" + (f" in {out}" if out else ""))
+    print(
+        f"{len(data.usable)} usable records x {args.epochs} epochs -> {total['skeleton']} skeleton and "
+        f"{total['rerank']} re-ranking samples" + (f" in {out}" if out else "")
+    )
     print("counts: " + ", ".join(f"{k} {v}" for k, v in sorted(total.items())))
     by_source = Counter((s.get("source", ""), s["task"]) for s in first_epoch)
-    print("samples of epoch 0 by source: " + ", ".join(
-        f"{source.name} {by_source[source.name, 'skeleton']} + {by_source[source.name, 'rerank']}" for source in data.sources)
-        + f" (composed {sum(n for (s, _), n in by_source.items() if s == '')})")
+    print(
+        "samples of epoch 0 by source: "
+        + ", ".join(
+            f"{source.name} {by_source[source.name, 'skeleton']} + {by_source[source.name, 'rerank']}"
+            for source in data.sources
+        )
+        + f" (composed {sum(n for (s, _), n in by_source.items() if s == '')})"
+    )
     model_dir = Path(args.model_dir).expanduser()
     if (model_dir / "tokenizer.json").exists() and first_epoch:
         print(f"token lengths (epoch 0): {json.dumps(length_stats(first_epoch, model_dir))}")
@@ -104,30 +115,53 @@ def shape_table(data: mixture.Mixture) -> str:
     counts = {source.name: Counter() for source in data.sources}
     for record in data.usable:
         counts[record["source"]][shape(record["sparql"])] += 1
-    rows = [[name, *(str(c[s]) for s in SHAPES), str(c.total())]
-            for name, c in [*counts.items(), ("total", sum(counts.values(), Counter()))]]
+    rows = [
+        [name, *(str(c[s]) for s in SHAPES), str(c.total())]
+        for name, c in [*counts.items(), ("total", sum(counts.values(), Counter()))]
+    ]
     head = ["source", *SHAPES, "all"]
     return "\n".join("| " + " | ".join(row) + " |" for row in [head, ["---"] * len(head), *rows])
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Precompute GRISP training samples (skeleton + re-ranking) "
-                                     "for N epochs as JSONL.", formatter_class=defaults.HelpFormatter)
+    parser = argparse.ArgumentParser(
+        description="Precompute GRISP training samples (skeleton + re-ranking) for N epochs as JSONL.",
+        formatter_class=defaults.HelpFormatter,
+    )
     # data
-    parser.add_argument("--data", default="wwq", help="the mixture (mixture.py): comma-separated sources, each with an "
-                        f"optional weight = uses of each record per epoch, e.g. wwq,qald10,lcquad2:0.3; a source is "
-                        f"{', '.join(mixture.SOURCES)}, a benchmarks.py name or a JSONL path (never an evaluation set)")
-    parser.add_argument("--index", default=None, help=f"index directory; unset: {WIKIDATA_INDEX_DIR}, built from the "
-                        "Wikidata items file if missing")
+    parser.add_argument(
+        "--data",
+        default="wwq",
+        help="the mixture (mixture.py): comma-separated sources, each with an "
+        f"optional weight = uses of each record per epoch, e.g. wwq,qald10,lcquad2:0.3; a source is "
+        f"{', '.join(mixture.SOURCES)}, a benchmarks.py name or a JSONL path (never an evaluation set)",
+    )
+    parser.add_argument(
+        "--index",
+        default=None,
+        help=f"index directory; unset: {WIKIDATA_INDEX_DIR}, built from the Wikidata items file if missing",
+    )
     parser.add_argument("--out", default=None, help="output JSONL (default: statistics only)")
     parser.add_argument("--epochs", type=int, default=4, help="epochs to precompute (fresh samples each)")
     parser.add_argument("--seed", type=int, default=0, help="sample = f(seed, epoch, record)")
     parser.add_argument("--show", type=int, default=0, help="print the first N samples of epoch 0")
-    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="tokenizer for the length statistics (skipped if absent)")
-    parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default=LATEST_PROMPT_FORMAT,
-                        help="re-ranking prompt format (prompts.py; v1: the first adapter's)")
-    parser.add_argument("--endpoint", default=None, help="SPARQL endpoint of the KG, for the constrained re-ranking "
-                        "samples (--constrain); without it no sample is constrained")
+    parser.add_argument(
+        "--model-dir",
+        default=str(defaults.MODEL_DIR),
+        help="tokenizer for the length statistics (skipped if absent)",
+    )
+    parser.add_argument(
+        "--prompt-format",
+        choices=PROMPT_FORMATS,
+        default=LATEST_PROMPT_FORMAT,
+        help="re-ranking prompt format (prompts.py; v1: the first adapter's)",
+    )
+    parser.add_argument(
+        "--endpoint",
+        default=None,
+        help="SPARQL endpoint of the KG, for the constrained re-ranking "
+        "samples (--constrain); without it no sample is constrained",
+    )
     # augmentation
     add_generation_args(parser.add_argument_group("augmentation"))
     main(parser.parse_args())

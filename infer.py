@@ -24,6 +24,7 @@ Exit codes:
   4  answered but unverified: the final query timed out or got HTTP 5xx (accepted as the reference does,
      because the endpoint answered other queries of the question); there is no result to show
 """
+
 import argparse
 import json
 import os
@@ -67,19 +68,26 @@ def describe(event: dict) -> str:
         return f"  backtrack to {event['to']} ({event['left']} alternatives left{ranked})"
     if kind == "validate":
         outcome = "ok" if event["ok"] else "rejected"
-        detail = event.get("error") or (f"unverified, accepted despite {event['accepted_error']}"
-                                        if "accepted_error" in event
-                                        else f"boolean {event['boolean']}" if event.get("boolean") is not None
-                                        else f"{event['rows']} rows")
+        detail = event.get("error") or (
+            f"unverified, accepted despite {event['accepted_error']}"
+            if "accepted_error" in event
+            else f"boolean {event['boolean']}"
+            if event.get("boolean") is not None
+            else f"{event['rows']} rows"
+        )
         return f"  validate: {outcome} ({detail})"
     if kind == "retry":
         skeletons = ", ".join(str(n + 1) for n in event["skeletons"])
-        return f"every skeleton dead-ended: skeleton(s) {skeletons} once more, every hit in the re-ranked order"
+        return (
+            f"every skeleton dead-ended: skeleton(s) {skeletons} once more, every hit in the re-ranked order"
+        )
     if kind == "refused":
         return f"  refused: {event['reason']}"
     if kind == "declined":
-        return (f"declined: confidence {event['confidence']:.2f} is below --min-confidence {event['min_confidence']:g}; "
-                f"the best guess was: {' '.join(event['guess'].split())}")
+        return (
+            f"declined: confidence {event['confidence']:.2f} is below --min-confidence {event['min_confidence']:g}; "
+            f"the best guess was: {' '.join(event['guess'].split())}"
+        )
     if kind == "endpoint_lost":
         return f"  endpoint lost: {event['error']}"
     return f"  {kind}"
@@ -97,8 +105,10 @@ def answer_table(grisp: Grisp, answer: Answer, limit: int = 20) -> str:
     """The result rows with labels for IRIs the index knows."""
     result = answer.result
     if answer.verified is False:
-        return (f"(unverified: the final query was not checked, {answer.error}; kept because the endpoint "
-                f"answered {answer.queries_answered} other queries of this question)")
+        return (
+            f"(unverified: the final query was not checked, {answer.error}; kept because the endpoint "
+            f"answered {answer.queries_answered} other queries of this question)"
+        )
     if result is None:
         return "(no result: KG guidance is off, the query was not run)"
     if result.boolean is not None:
@@ -113,22 +123,29 @@ def answer_table(grisp: Grisp, answer: Answer, limit: int = 20) -> str:
             return compact(term["value"])
 
     lines = [" | ".join(f"?{v}" for v in result.variables)]
-    lines += [" | ".join(show(row[v]) if v in row else "" for v in result.variables) for row in result.rows[:limit]]
+    lines += [
+        " | ".join(show(row[v]) if v in row else "" for v in result.variables) for row in result.rows[:limit]
+    ]
     if len(result.rows) > limit:
         lines.append(f"... {len(result.rows) - limit} more rows")
     return "\n".join(lines)
 
 
 # what each endpoint fault (sparql.ENDPOINT_FAULTS) means, for the final message
-FAULT_TEXT = {"ServerError": "answered HTTP 5xx", "InvalidResponse": "sent invalid JSON or a broken answer",
-              "QueryTimeout": "did not answer in time",
-              "EndpointUnreachable": "could not be reached or refused the request"}
+FAULT_TEXT = {
+    "ServerError": "answered HTTP 5xx",
+    "InvalidResponse": "sent invalid JSON or a broken answer",
+    "QueryTimeout": "did not answer in time",
+    "EndpointUnreachable": "could not be reached or refused the request",
+}
 
 
 def fault_report(answer: Answer) -> str:
     """E.g. 'sent invalid JSON or a broken answer for 14 of 14 queries; first error: InvalidResponse: ...'."""
-    faults = "; ".join(f"{FAULT_TEXT.get(kind, kind)} for {count} of {answer.queries} queries"
-                       for kind, count in answer.endpoint_faults.items())
+    faults = "; ".join(
+        f"{FAULT_TEXT.get(kind, kind)} for {count} of {answer.queries} queries"
+        for kind, count in answer.endpoint_faults.items()
+    )
     return f"{faults or f'answered none of {answer.queries} queries'}; first error: {answer.error}"
 
 
@@ -150,14 +167,25 @@ def print_skeletons(args: argparse.Namespace, adapter: str | None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - start
-    if not args.quiet:  # every beam with its verdict (kept, duplicate, does not parse, refused, unfinished, merged, surplus)
+    if (
+        not args.quiet
+    ):  # every beam with its verdict (kept, duplicate, does not parse, refused, unfinished, merged, surplus)
         print(f"precision {generator.why_precision}")
         print("\n".join(describe(e) for e in trace) + f"\ntimings: generate {seconds:.2f}s\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"question": args.question, "skeletons": [list(s) for s in skeletons], "trace": trace,
-                       "timings": {"generate": seconds}, "precision": generator.precision,
-                       "options": vars(args)}, f, indent=2)
+            json.dump(
+                {
+                    "question": args.question,
+                    "skeletons": [list(s) for s in skeletons],
+                    "trace": trace,
+                    "timings": {"generate": seconds},
+                    "precision": generator.precision,
+                    "options": vars(args),
+                },
+                f,
+                indent=2,
+            )
     if not skeletons:
         print("no skeleton: the model produced no skeleton that parses", file=sys.stderr)
         return 1
@@ -202,8 +230,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except SparqlError as e:  # the start-up check `ASK { }`: no endpoint there (2) or a faulty one (3)
-        print(f"error: the endpoint {args.endpoint} failed the start-up query ASK {{ }}: {type(e).__name__}: {e}",
-              file=sys.stderr)
+        print(
+            f"error: the endpoint {args.endpoint} failed the start-up query ASK {{ }}: {type(e).__name__}: {e}",
+            file=sys.stderr,
+        )
         return 2 if isinstance(e, EndpointUnreachable) else 3
 
     # --- report
@@ -211,25 +241,35 @@ def main(args: argparse.Namespace) -> int:
         print(f"precision {grisp.why_precision}")
         print("\n".join(describe(e) for e in answer.trace))
         timings = ", ".join(f"{k} {v:.2f}s" for k, v in answer.timings.items())
-        print(f"timings: load {loaded:.2f}s, {timings}; backtracks {answer.backtracks}; SPARQL queries "
-              f"{answer.queries} ({answer.queries_answered} answered, faults {answer.endpoint_faults or 'none'})\n")
+        print(
+            f"timings: load {loaded:.2f}s, {timings}; backtracks {answer.backtracks}; SPARQL queries "
+            f"{answer.queries} ({answer.queries_answered} answered, faults {answer.endpoint_faults or 'none'})\n"
+        )
     code = exit_code(answer)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(answer_to_json(answer) | {"exit_code": code, "precision": grisp.precision, "options": vars(args)},
-                      f, indent=2)
+            json.dump(
+                answer_to_json(answer)
+                | {"exit_code": code, "precision": grisp.precision, "options": vars(args)},
+                f,
+                indent=2,
+            )
     if answer.sparql is None:
-        reason = {"no_skeleton": "the model produced no skeleton that parses",
-                  "dead_end": "no skeleton resolved to a query with a non-empty result",
-                  "timeout": f"the time budget of {options.time_budget:g} s per skeleton ran out",
-                  "endpoint_error": f"the endpoint {args.endpoint} failed: it {fault_report(answer)}",
-                  "declined": f"no confident answer (confidence {answer.confidence or 0:.2f} < --min-confidence "
-                              f"{options.min_confidence:g}; the guess is in the trace)",
-                  }.get(answer.failure, answer.failure)
+        reason = {
+            "no_skeleton": "the model produced no skeleton that parses",
+            "dead_end": "no skeleton resolved to a query with a non-empty result",
+            "timeout": f"the time budget of {options.time_budget:g} s per skeleton ran out",
+            "endpoint_error": f"the endpoint {args.endpoint} failed: it {fault_report(answer)}",
+            "declined": f"no confident answer (confidence {answer.confidence or 0:.2f} < --min-confidence "
+            f"{options.min_confidence:g}; the guess is in the trace)",
+        }.get(answer.failure, answer.failure)
         print(f"no answer: {reason}", file=sys.stderr)
         return code
     print(answer.sparql)
-    print(f"confidence {answer.confidence:.2f}" + (" (from the second pass, the retry)" if answer.retried else ""))
+    print(
+        f"confidence {answer.confidence:.2f}"
+        + (" (from the second pass, the retry)" if answer.retried else "")
+    )
     print()
     print(answer_table(grisp, answer))
     if answer.verified is False:
@@ -242,21 +282,37 @@ class HelpFormatter(defaults.HelpFormatter, argparse.RawDescriptionHelpFormatter
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__[__doc__.index("Exit codes:"):],
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__[__doc__.index("Exit codes:") :],
+        formatter_class=HelpFormatter,
+    )
     parser.add_argument("question", help="the natural-language question")
     # model, index and knowledge graph
-    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (get_model.py)")
-    parser.add_argument("--adapter", default=str(defaults.ADAPTER_DIR),
-                        help="LoRA adapter directory (PEFT layout), or 'none' for the base model")
-    parser.add_argument("--index", default=str(defaults.DEMO_INDEX_DIR), help="search index directory (build_index.py)")
+    parser.add_argument(
+        "--model-dir", default=str(defaults.MODEL_DIR), help="base model directory (get_model.py)"
+    )
+    parser.add_argument(
+        "--adapter",
+        default=str(defaults.ADAPTER_DIR),
+        help="LoRA adapter directory (PEFT layout), or 'none' for the base model",
+    )
+    parser.add_argument(
+        "--index", default=str(defaults.DEMO_INDEX_DIR), help="search index directory (build_index.py)"
+    )
     parser.add_argument("--endpoint", default=defaults.ENDPOINT_URL, help="SPARQL endpoint URL")
     # skeleton generation and placeholder resolution (the paper's ablations): one flag per options.Options field
     add_flags(parser)
     # output and runtime
-    parser.add_argument("--skeleton-only", action="store_true",
-                        help="only generate: print the ranked skeletons with their scores (no index, no endpoint)")
-    parser.add_argument("--json", help="write the answer (or with --skeleton-only the skeletons), trace and timings to this JSON file")
+    parser.add_argument(
+        "--skeleton-only",
+        action="store_true",
+        help="only generate: print the ranked skeletons with their scores (no index, no endpoint)",
+    )
+    parser.add_argument(
+        "--json",
+        help="write the answer (or with --skeleton-only the skeletons), trace and timings to this JSON file",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only the query and the answers")
     parser.add_argument("--device", default="auto", help=f"{DEVICES}; auto: cuda, then mps, then cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")

@@ -17,6 +17,7 @@ Usage (see train.py / peft_format.py):
     merge_lora(model); unload_lora(model)  # inference at base speed: plain nn.Linear layers again
 Tests: python -m pytest tests/test_lora.py
 """
+
 import math
 import re
 from collections.abc import Sequence
@@ -55,7 +56,9 @@ class LoRALinear(nn.Module):
         y = self.base_layer(x)  # [..., out]
         if self.merged:  # the update is already inside base_layer.weight
             if self.training:
-                raise RuntimeError("LoRA weights are merged into the base layer; call unmerge() before training")
+                raise RuntimeError(
+                    "LoRA weights are merged into the base layer; call unmerge() before training"
+                )
             return y
         # x [..., in] -> A -> [..., r] -> B -> [..., out]
         return y + F.linear(F.linear(self.lora_dropout(x), self.lora_A), self.lora_B) * self.scaling
@@ -87,6 +90,7 @@ class LoRALinear(nn.Module):
 
 # --- finding and wrapping target layers (PEFT's matching rules) ---
 
+
 def layer_index(name: str, layers_pattern: str | Sequence[str] | None) -> int | None:
     """The block index in a module name ('model.layers.3.mlp.up_proj' -> 3), PEFT's rule."""
     if not layers_pattern:  # PEFT's default: the first numbered path segment
@@ -98,8 +102,12 @@ def layer_index(name: str, layers_pattern: str | Sequence[str] | None) -> int | 
     return int(match["idx"]) if match else None
 
 
-def is_target(name: str, target_modules: str | Sequence[str], layers: Sequence[int] | None,
-              layers_pattern: str | Sequence[str] | None = None) -> bool:
+def is_target(
+    name: str,
+    target_modules: str | Sequence[str],
+    layers: Sequence[int] | None,
+    layers_pattern: str | Sequence[str] | None = None,
+) -> bool:
     """PEFT's rule: a string is a full-match regex (layers ignored); a list matches name suffixes."""
     if isinstance(target_modules, str):
         return re.fullmatch(target_modules, name) is not None
@@ -122,9 +130,15 @@ def last_layers(model: nn.Module, n: int) -> list[int]:
     return indices[-n:]
 
 
-def inject_lora(model: nn.Module, r: int = 32, alpha: float = 32, dropout: float = 0.0,
-                target_modules: str | Sequence[str] = DEFAULT_TARGETS, layers: Sequence[int] | None = None,
-                layers_pattern: str | Sequence[str] | None = None) -> list[str]:
+def inject_lora(
+    model: nn.Module,
+    r: int = 32,
+    alpha: float = 32,
+    dropout: float = 0.0,
+    target_modules: str | Sequence[str] = DEFAULT_TARGETS,
+    layers: Sequence[int] | None = None,
+    layers_pattern: str | Sequence[str] | None = None,
+) -> list[str]:
     """Replace every matching nn.Linear by a LoRALinear wrapping it; returns the wrapped names.
 
     target_modules: module-name suffixes, or one full-match regex (then `layers` is ignored, as in
@@ -135,12 +149,19 @@ def inject_lora(model: nn.Module, r: int = 32, alpha: float = 32, dropout: float
         raise ValueError(f"LoRA rank must be positive, got r={r}")
     names = [n for n in candidate_names(model) if is_target(n, target_modules, layers, layers_pattern)]
     if not names:
-        raise ValueError(f"target_modules={target_modules!r} with layers={layers} matched no module "
-                         f"of {type(model).__name__}; check the names in model.named_modules()")
+        raise ValueError(
+            f"target_modules={target_modules!r} with layers={layers} matched no module "
+            f"of {type(model).__name__}; check the names in model.named_modules()"
+        )
     if not isinstance(target_modules, str) and (
-            unmatched := [t for t in target_modules if not any(is_target(n, [t], layers, layers_pattern) for n in names)]):
-        raise ValueError(f"target_modules {unmatched} matched no module with layers={layers} (matched: "
-                         f"{sorted({n.rpartition('.')[2] for n in names})})")
+        unmatched := [
+            t for t in target_modules if not any(is_target(n, [t], layers, layers_pattern) for n in names)
+        ]
+    ):
+        raise ValueError(
+            f"target_modules {unmatched} matched no module with layers={layers} (matched: "
+            f"{sorted({n.rpartition('.')[2] for n in names})})"
+        )
     if layers is not None and not isinstance(target_modules, str):
         found = {layer_index(n, layers_pattern) for n in names}
         if missing := sorted(set(layers) - found):
@@ -150,8 +171,10 @@ def inject_lora(model: nn.Module, r: int = 32, alpha: float = 32, dropout: float
         if isinstance(module, LoRALinear):
             raise ValueError(f"{name} already has LoRA; inject into a model without adapters")
         if type(module) is not nn.Linear:  # a subclass may have its own forward that would skip LoRA
-            raise ValueError(f"{name} is a {type(module).__name__}, LoRA wraps plain nn.Linear only; inject "
-                             f"before converting the model for inference (cpu_speed.prepare_for_inference)")
+            raise ValueError(
+                f"{name} is a {type(module).__name__}, LoRA wraps plain nn.Linear only; inject "
+                f"before converting the model for inference (cpu_speed.prepare_for_inference)"
+            )
     for name in names:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, LoRALinear(model.get_submodule(name), r, alpha, dropout))
@@ -199,6 +222,7 @@ def unload_lora(model: nn.Module) -> None:
 
 # --- LoRA weights by our parameter names (checkpoints; peft_format.py maps them to PEFT's keys) ---
 
+
 def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Only the LoRA parameters, by our names ('model.layers.0.self_attn.q_proj.lora_A')."""
     return {n: p for n, p in model.named_parameters() if n.rpartition(".")[2] in ("lora_A", "lora_B")}
@@ -210,11 +234,15 @@ def load_lora_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> No
     params = lora_state_dict(model)
     missing, unexpected = sorted(params.keys() - state.keys()), sorted(state.keys() - params.keys())
     if missing or unexpected:
-        raise ValueError(f"LoRA weights do not fit this model: {len(missing)} missing {missing[:3]}, "
-                         f"{len(unexpected)} unexpected {unexpected[:3]}; was the adapter made for "
-                         f"another architecture or layer selection?")
+        raise ValueError(
+            f"LoRA weights do not fit this model: {len(missing)} missing {missing[:3]}, "
+            f"{len(unexpected)} unexpected {unexpected[:3]}; was the adapter made for "
+            f"another architecture or layer selection?"
+        )
     for name, p in params.items():
         if state[name].shape != p.shape:
-            raise ValueError(f"{name}: adapter has shape {tuple(state[name].shape)}, model expects "
-                             f"{tuple(p.shape)}; the adapter was trained for a different base model")
+            raise ValueError(
+                f"{name}: adapter has shape {tuple(state[name].shape)}, model expects "
+                f"{tuple(p.shape)}; the adapter was trained for a different base model"
+            )
         p.copy_(state[name])  # casts e.g. a bf16 file to the model's float32

@@ -14,6 +14,7 @@ Submodule names equal the Hugging Face Qwen2ForCausalLM checkpoint keys, so load
     python -m grisp.generate --chat "What is the capital of France?"
 Tests: python -m pytest tests/test_model.py
 """
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,15 +45,22 @@ class ModelArgs:
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default" or cfg.get("use_sliding_window") or cfg.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{path}: only plain Qwen2 is supported (rope {rope_type!r}, silu, no sliding window)")
+            raise ValueError(
+                f"{path}: only plain Qwen2 is supported (rope {rope_type!r}, silu, no sliding window)"
+            )
         heads = cfg["num_attention_heads"]
-        return cls(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-                   intermediate_size=cfg["intermediate_size"], num_hidden_layers=cfg["num_hidden_layers"],
-                   num_attention_heads=heads, num_key_value_heads=cfg.get("num_key_value_heads", heads),
-                   head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-                   rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-                   rope_theta=cfg.get("rope_theta", rope.get("rope_theta", 10000.0)),
-                   tie_word_embeddings=cfg.get("tie_word_embeddings", False))
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", rope.get("rope_theta", 10000.0)),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+        )
 
 
 class RMSNorm(nn.Module):
@@ -96,7 +104,9 @@ def attention_mask(key_mask: torch.Tensor, start: int, T: int, dtype: torch.dtyp
     q_idx = torch.arange(start, start + T, device=key_mask.device)[:, None]  # [T, 1]
     k_idx = torch.arange(S, device=key_mask.device)[None, :]  # [1, S]
     allowed = ((k_idx <= q_idx) & key_mask[:, None, :]) | (k_idx == q_idx)  # [B, T, S]
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, float("-inf")
+    )
     return bias[:, None]  # [B, 1, T, S]
 
 
@@ -109,8 +119,14 @@ class KVCache:
     uses a cache (decoding, and the re-ranker reusing a shared prompt start); training runs
     `Transformer.forward(cache=None)`."""
 
-    def __init__(self, args: ModelArgs, batch_size: int, max_len: int = 256,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        args: ModelArgs,
+        batch_size: int,
+        max_len: int = 256,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
         shape = (args.num_hidden_layers, batch_size, args.num_key_value_heads, max_len, args.head_dim)
         # uninitialised: every position is written before attention reads it, and untouched memory is free
         self.k = torch.empty(shape, dtype=dtype, device=device)  # [L, B, H_kv, S_max, D]
@@ -128,7 +144,7 @@ class KVCache:
 
     def seen(self) -> torch.Tensor:
         """[B] real (non-pad) tokens per row so far = the rotary position of each row's next token."""
-        return self.mask[:, :self.length].sum(-1)
+        return self.mask[:, : self.length].sum(-1)
 
     def append(self, mask: torch.Tensor) -> int:
         """Reserve T new positions with padding mask [B, T]; return where they start."""
@@ -191,7 +207,9 @@ class KVCache:
 
 
 # ---------------------------------------------------------------------------- one-query attention
-def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor:
+def one_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None
+) -> torch.Tensor:
     """softmax(q k^T / sqrt(D) + mask) v for one new query per row (decoding), as two plain matmuls in
     float32 (float64 for float64 inputs, and under autocast too): q [B, H, 1, D], k and v [B, H_kv, S, D],
     attn_mask [B, 1, 1, S] or None; returns [B, H, 1, D] in q's dtype. Query head h reads key/value head
@@ -201,7 +219,7 @@ def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_
     compute = torch.promote_types(dtype, torch.float32)  # float32, or float64 for a float64 model
     with torch.autocast(q.device.type, enabled=False):  # autocast would run these matmuls in bf16
         q = q.to(compute).view(B, H_kv, H // H_kv, D)  # the query heads of each key/value head
-        scores = q @ k.to(compute).transpose(-1, -2) * D ** -0.5  # [B, H_kv, H / H_kv, S]
+        scores = q @ k.to(compute).transpose(-1, -2) * D**-0.5  # [B, H_kv, H / H_kv, S]
         if attn_mask is not None:
             scores = scores + attn_mask.to(compute).view(B, 1, 1, S)  # [B, 1, 1, S] -> one row per batch row
         return (scores.softmax(-1) @ v.to(compute)).view(B, H, 1, D).to(dtype)
@@ -213,7 +231,11 @@ class Attention(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            args.num_attention_heads,
+            args.num_key_value_heads,
+            args.head_dim,
+        )
         self.q_proj = nn.Linear(args.hidden_size, self.n_heads * self.head_dim, bias=True)
         self.k_proj = nn.Linear(args.hidden_size, self.n_kv_heads * self.head_dim, bias=True)
         self.v_proj = nn.Linear(args.hidden_size, self.n_kv_heads * self.head_dim, bias=True)
@@ -231,8 +253,9 @@ class Attention(nn.Module):
         if T == 1:  # decoding
             y = one_query_attention(q, k, v, attn_mask)  # [B, H, 1, D]
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=True,
-                                               is_causal=attn_mask is None)  # [B, H, T, D]
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, enable_gqa=True, is_causal=attn_mask is None
+            )  # [B, H, T, D]
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -270,24 +293,35 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.model = nn.ModuleDict(dict(
-            embed_tokens=nn.Embedding(args.vocab_size, args.hidden_size),
-            layers=nn.ModuleList(Block(args) for _ in range(args.num_hidden_layers)),
-            norm=RMSNorm(args.hidden_size, args.rms_norm_eps)))
+        self.model = nn.ModuleDict(
+            dict(
+                embed_tokens=nn.Embedding(args.vocab_size, args.hidden_size),
+                layers=nn.ModuleList(Block(args) for _ in range(args.num_hidden_layers)),
+                norm=RMSNorm(args.hidden_size, args.rms_norm_eps),
+            )
+        )
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def vocab_logits(self, x: torch.Tensor, vocab: torch.Tensor) -> torch.Tensor:
         """The lm_head's outputs for the token ids `vocab` [K] only, in float32: x [..., C] -> [..., K]."""
-        weight = getattr(self.lm_head, "weight", None)  # nn.Linear, cpu_speed.SplitLinear: the head's own rows
+        weight = getattr(
+            self.lm_head, "weight", None
+        )  # nn.Linear, cpu_speed.SplitLinear: the head's own rows
         if not isinstance(weight, torch.Tensor):  # a LoRA or int8 lm_head: its rows are not at hand
             return self.lm_head(x)[..., vocab].float()
         with torch.autocast(x.device.type, enabled=False):  # float32 even inside an autocast region
             return x.float() @ weight[vocab].float().T
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                logits_at: int | torch.Tensor | None = None, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        logits_at: int | torch.Tensor | None = None,
+        vocab: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Logits for the new tokens `tokens` (LongTensor [B, T]).
 
         mask: [B, T] bool or 0/1, 1 = real token, 0 = padding (default: all real). Rotary positions count
@@ -311,12 +345,16 @@ class Transformer(nn.Module):
         assert mask.shape == (B, T), f"mask {tuple(mask.shape)} does not match tokens {(B, T)}"
         past = torch.zeros(B, dtype=torch.long, device=tokens.device) if cache is None else cache.seen()
         start = 0 if cache is None else cache.append(mask)
-        key_mask = mask if cache is None else cache.mask[:, :start + T]  # [B, S]
+        key_mask = mask if cache is None else cache.mask[:, : start + T]  # [B, S]
         positions = (past[:, None] + mask.cumsum(-1) - 1).clamp(min=0)  # [B, T], pads get a dummy
         x = self.model.embed_tokens(tokens)  # [B, T, C]
         device = x.device.type  # the attention runs in autocast's dtype if autocast is on
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-        attn_mask = None if bool(key_mask.all()) and (start == 0 or T == 1) else attention_mask(key_mask, start, T, dtype)
+        attn_mask = (
+            None
+            if bool(key_mask.all()) and (start == 0 or T == 1)
+            else attention_mask(key_mask, start, T, dtype)
+        )
         cos, sin = rotary_cos_sin(positions, self.args.head_dim, self.args.rope_theta, x.dtype)
         for layer, block in enumerate(self.model.layers):
             x = block(x, cos, sin, attn_mask, cache, layer, start)
@@ -341,8 +379,9 @@ class Transformer(nn.Module):
         return KVCache(self.args, batch_size, max_len, w.dtype, w.device)
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu") -> "Transformer":
+    def from_pretrained(
+        cls, model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    ) -> "Transformer":
         """Load a Hugging Face Qwen2 directory: config.json + model.safetensors (or a sharded
         model.safetensors.index.json). Strict: a missing or unexpected weight raises."""
         model_dir = Path(model_dir)
@@ -350,7 +389,11 @@ class Transformer(nn.Module):
         with torch.device("meta"):  # no memory, no random init: every tensor comes from the checkpoint
             model = cls(args)
         state = load_safetensors(model_dir, dtype, device)
-        if args.tie_word_embeddings and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+        if (
+            args.tie_word_embeddings
+            and "lm_head.weight" not in state
+            and "model.embed_tokens.weight" in state
+        ):
             state["lm_head.weight"] = state["model.embed_tokens.weight"]  # HF saves the tied matrix once
         model.load_state_dict(state, strict=True, assign=True)
         if args.tie_word_embeddings:  # assign=True made two Parameters; tie them again
@@ -383,7 +426,9 @@ def pick_device(name: str = "auto", local_rank: int = 0) -> torch.device:
     return torch.device("mps" if torch.backends.mps.is_available() else "cpu")
 
 
-def load_safetensors(model_dir: Path, dtype: torch.dtype, device: str | torch.device) -> dict[str, torch.Tensor]:
+def load_safetensors(
+    model_dir: Path, dtype: torch.dtype, device: str | torch.device
+) -> dict[str, torch.Tensor]:
     """All tensors of model.safetensors, or of the shards listed in model.safetensors.index.json."""
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
@@ -391,8 +436,10 @@ def load_safetensors(model_dir: Path, dtype: torch.dtype, device: str | torch.de
     elif (model_dir / "model.safetensors").exists():
         files = ["model.safetensors"]
     else:
-        raise FileNotFoundError(f"{model_dir}: no model.safetensors or model.safetensors.index.json "
-                                f"(run `python get_model.py` to create the base model directory)")
+        raise FileNotFoundError(
+            f"{model_dir}: no model.safetensors or model.safetensors.index.json "
+            f"(run `python get_model.py` to create the base model directory)"
+        )
     state = {}
     for name in files:
         with safe_open(model_dir / name, framework="pt", device=str(device)) as f:

@@ -72,8 +72,10 @@ _SPECIAL = re.compile("[" + "".join(_TRANSLIT) + "]")  # a regex scan is faster 
 _PUNCT = string.punctuation
 # combining marks (accents) of the Latin, Greek and Cyrillic decompositions, and the invisible format
 # characters a name may carry (soft hyphen, zero-width space and joiners, direction marks, word joiner, BOM)
-_DROPPED = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
-                      "\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]")
+_DROPPED = re.compile(
+    "[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f"
+    "\u00ad\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]"
+)
 
 
 def normalize(text: str) -> list[str]:
@@ -115,9 +117,7 @@ def _concat_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return shift + np.arange(lengths.sum(), dtype=np.int64)
 
 
-def _top_k(
-    items: np.ndarray, scores: np.ndarray, popularity: np.ndarray, k: int
-) -> list[tuple[int, float]]:
+def _top_k(items: np.ndarray, scores: np.ndarray, popularity: np.ndarray, k: int) -> list[tuple[int, float]]:
     """The k best (item, score) pairs of distinct `items`: score, then popularity, then item order."""
     if len(items) > k:  # cheap cut before the full sort; keeps every item tied with the k-th score
         keep = scores >= np.partition(scores, -k)[-k]
@@ -158,9 +158,7 @@ def load_arrays(directory: Path, names: list[str]) -> dict[str, np.ndarray]:
     """Memory-mapped arrays, as plain ndarray views (np.memmap's per-slice overhead is ~50 us)."""
     arrays = {}
     for name in names:
-        arrays[name] = np.asarray(
-            np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False)
-        )
+        arrays[name] = np.asarray(np.load(directory / f"{name}.npy", mmap_mode="r", allow_pickle=False))
     return arrays
 
 
@@ -185,9 +183,9 @@ class PrefixIndex:
         for name in self.ARRAYS:
             setattr(self, name, arrays[name])
         self.width = self.vocab.dtype.itemsize
-        assert (
-            len(self.item_ptr) == len(self.popularity) + 1
-        ), f"{len(self.item_ptr)=} {len(self.popularity)=}"
+        assert len(self.item_ptr) == len(self.popularity) + 1, (
+            f"{len(self.item_ptr)=} {len(self.popularity)=}"
+        )
 
     @classmethod
     def build(cls, names: Iterable[list[str]], popularity: np.ndarray) -> "PrefixIndex":
@@ -205,9 +203,7 @@ class PrefixIndex:
         popularity = np.asarray(popularity, dtype=np.float32)
         assert not name_item or name_item[-1] < len(popularity), f"{len(popularity)=} too short"
         # np.array picks the width of the longest word: vocab is S<width> [V], name_words int [P]
-        vocab, name_words = np.unique(
-            np.array(words) if words else np.zeros(0, "S1"), return_inverse=True
-        )
+        vocab, name_words = np.unique(np.array(words) if words else np.zeros(0, "S1"), return_inverse=True)
         name_ptr = np.concatenate([[0], np.cumsum(name_lengths, dtype=np.int64)])
         token_name = np.repeat(np.arange(len(name_lengths), dtype=np.int32), name_lengths)  # [P]
         order = np.argsort(name_words, kind="stable")  # group occurrences by word, names ascending
@@ -367,9 +363,7 @@ class EmbeddingIndex:
             "item_ptr": np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]),
             "popularity": np.asarray(popularity, dtype=np.float32),
         }
-        assert (
-            len(arrays["item_ptr"]) == len(arrays["popularity"]) + 1
-        ), f"{len(counts)=} {len(popularity)=}"
+        assert len(arrays["item_ptr"]) == len(arrays["popularity"]) + 1, f"{len(counts)=} {len(popularity)=}"
         return cls(arrays, encoder, encoder_name)
 
     def save(self, directory: Path) -> None:
@@ -377,8 +371,12 @@ class EmbeddingIndex:
         save_arrays(
             Path(directory),
             arrays,
-            {"type": "embedding", "encoder": self.encoder_name, "dim": self.vectors.shape[1],
-             "vectors_from": VECTORS_FROM},
+            {
+                "type": "embedding",
+                "encoder": self.encoder_name,
+                "dim": self.vectors.shape[1],
+                "vectors_from": VECTORS_FROM,
+            },
         )
 
     @staticmethod
@@ -481,7 +479,9 @@ class ItemStore:
         with open(directory / "items.jsonl", "wb") as f:
             for item in items:
                 # byte offsets of every line, so that `get` reads one item without parsing the file
-                offsets.append(offsets[-1] + f.write(jsonl.line({key: item[key] for key in ITEM_FIELDS}).encode()))
+                offsets.append(
+                    offsets[-1] + f.write(jsonl.line({key: item[key] for key in ITEM_FIELDS}).encode())
+                )
                 popularity.append(item["popularity"])
                 hashes.append(_iri_hash(item["id"]))
         hashes = np.array(hashes, dtype=np.uint64)
@@ -535,9 +535,7 @@ class Indices:
         directory = Path(directory).expanduser()
         manifest = directory / "manifest.json"
         if not manifest.exists():
-            raise FileNotFoundError(
-                f"no index at {directory} (no manifest.json); run build_index.py"
-            )
+            raise FileNotFoundError(f"no index at {directory} (no manifest.json); run build_index.py")
         self.directory, self.manifest = directory, json.loads(manifest.read_text())
         self.stores: dict[str, ItemStore] = {}  # kind -> item metadata
         self.methods: dict[str, dict] = {}  # kind -> {"prefix": PrefixIndex, "embedding": ...}
@@ -550,11 +548,17 @@ class Indices:
             sizes = {name: len(method.popularity) for name, method in self.methods[kind].items()}
             stamps = [directory / sub / part / "build.json" for part in ("items", "prefix", "embedding")]
             sources = [json.loads(stamp.read_text()) for stamp in stamps if stamp.exists()]
-            other = any(any(built.get(k) != v for k, v in self.manifest["source"].items()) for built in sources)
-            if other or set(sizes.values()) != {len(self.stores[kind])}:  # parts of other builds: rows mean other items
-                raise ValueError(f"the {kind} parts of the index at {directory} disagree ({len(self.stores[kind])} "
-                                 f"items, {sizes} rows, built from the manifest's source: {not other}); rebuild it "
-                                 f"with build_index.py --force")
+            other = any(
+                any(built.get(k) != v for k, v in self.manifest["source"].items()) for built in sources
+            )
+            if other or set(sizes.values()) != {
+                len(self.stores[kind])
+            }:  # parts of other builds: rows mean other items
+                raise ValueError(
+                    f"the {kind} parts of the index at {directory} disagree ({len(self.stores[kind])} "
+                    f"items, {sizes} rows, built from the manifest's source: {not other}); rebuild it "
+                    f"with build_index.py --force"
+                )
 
     def default_method(self, kind: str) -> str:
         """GRASP's defaults: prefix search for entities, embedding search for properties if built."""
@@ -616,12 +620,18 @@ def load_indices(directory: Path, encoder=None) -> Indices:
     is used with a warning."""
     indices = Indices(directory, encoder)
     if not prefixes_current(indices.directory):
-        print(f"warning: {indices.directory} was built with another text normalisation than today's, so "
-              "names with accents, symbols or invisible characters may not be found; build_index.py rebuilds "
-              "it", file=sys.stderr)
+        print(
+            f"warning: {indices.directory} was built with another text normalisation than today's, so "
+            "names with accents, symbols or invisible characters may not be found; build_index.py rebuilds "
+            "it",
+            file=sys.stderr,
+        )
     if not embeddings_current(indices.directory):
-        print(f"warning: {indices.directory} holds float32 encoder vectors, whose property rankings may differ "
-              "between CPUs; build_index.py --force rebuilds it", file=sys.stderr)
+        print(
+            f"warning: {indices.directory} holds float32 encoder vectors, whose property rankings may differ "
+            "between CPUs; build_index.py --force rebuilds it",
+            file=sys.stderr,
+        )
     return indices
 
 
@@ -654,9 +664,7 @@ if __name__ == "__main__":
         default=defaults.DEMO_INDEX_DIR,
         help="index directory (build_index.py)",
     )
-    parser.add_argument(
-        "--kind", choices=sorted(KINDS), default="entity", help="which items to search"
-    )
+    parser.add_argument("--kind", choices=sorted(KINDS), default="entity", help="which items to search")
     parser.add_argument(
         "--method",
         choices=["prefix", "embedding"],

@@ -30,6 +30,7 @@ agent's local model, so it is there with `[model] backend = "local"`.
 About 350 lines, over a script's ~300: GRISP's routes, the app that mounts the others and the settings
 shared with agent.py stay in one place; the agent's and /v1's routes are in their own modules.
 """
+
 import argparse
 import asyncio
 import json
@@ -79,8 +80,14 @@ from web.shared import (
 
 STATIC_DIR = defaults.REPO_DIR / "web" / "static"
 MODES = ("answer", "generate")  # generate: the skeletons only, no resolution
-CAPS = {"num_beams": 16, "num_skeletons": 16, "max_new_tokens": 512}  # cost knobs a client cannot raise past these
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:"}  # nothing from elsewhere
+CAPS = {
+    "num_beams": 16,
+    "num_skeletons": 16,
+    "max_new_tokens": 512,
+}  # cost knobs a client cannot raise past these
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:"
+}  # nothing from elsewhere
 
 
 @dataclass
@@ -95,19 +102,29 @@ def parse_options(values: object, base: Options) -> Options:
     """`base` with the overrides `values` (JSON), checked: known names (options.preset), JSON types of
     the fields' defaults, the fields' own rules, and this server's CAPS."""
     if not isinstance(values, dict):
-        raise BadRequest(f"options must be a JSON object of names and values, e.g. {{\"rerank\": false}}, not {values!r}")
+        raise BadRequest(
+            f'options must be a JSON object of names and values, e.g. {{"rerank": false}}, not {values!r}'
+        )
     types = {f.name: type(f.default) for f in fields(Options)}
     problems = []
     for name, value in values.items():
         kind = types.get(name)
-        if kind is bool and not isinstance(value, bool) or kind in (int, float) and (
-                isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float))):
-            problems.append(f"{name} must be a JSON {'boolean' if kind is bool else 'whole number' if kind is int else 'number'}"
-                            f", not {json.dumps(value)}")
+        if (
+            kind is bool
+            and not isinstance(value, bool)
+            or kind in (int, float)
+            and (isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)))
+        ):
+            problems.append(
+                f"{name} must be a JSON {'boolean' if kind is bool else 'whole number' if kind is int else 'number'}"
+                f", not {json.dumps(value)}"
+            )
         elif kind is float and not abs(value) <= sys.float_info.max:  # Python's json reads Infinity and NaN;
             # a whole number past a float's range compares exactly here, where math.isfinite would overflow
-            problems.append(f"{name} must be a finite number of at most {sys.float_info.max:.3g}, not {value} "
-                            f"(JSON has no infinity; a large number such as 1000 does the same here)")
+            problems.append(
+                f"{name} must be a finite number of at most {sys.float_info.max:.3g}, not {value} "
+                f"(JSON has no infinity; a large number such as 1000 does the same here)"
+            )
         elif name in CAPS and value > CAPS[name]:
             problems.append(f"{name} = {value} is over this server's limit of {CAPS[name]}")
     if problems:
@@ -121,7 +138,7 @@ def parse_options(values: object, base: Options) -> Options:
 
 def parse_question(body: bytes, base: Options) -> Question:
     """The request body -> Question, or BadRequest saying what is wrong."""
-    data = json_object(body, "{\"question\": \"Who directed Pulp Fiction?\"}")
+    data = json_object(body, '{"question": "Who directed Pulp Fiction?"}')
     unknown = sorted(set(data) - {"question", "options", "mode"})
     if unknown:
         raise BadRequest(f"unknown field {', '.join(unknown)}; the fields are question, options and mode")
@@ -150,38 +167,73 @@ def run(grisp: Grisp, job: Job) -> dict:
             start = time.perf_counter()
             skeletons, trace = grisp.skeletons(q.question, listener)
             seconds = time.perf_counter() - start
-            answer = Answer(q.question, None, None, skeletons, trace, {"generate": seconds, "total": seconds},
-                            failure=None if skeletons else "no_skeleton")
+            answer = Answer(
+                q.question,
+                None,
+                None,
+                skeletons,
+                trace,
+                {"generate": seconds, "total": seconds},
+                failure=None if skeletons else "no_skeleton",
+            )
         else:
             answer = grisp.answer(q.question, listener)
     except SparqlError as e:  # an endpoint fault the pipeline did not record in the answer
         return {"type": "error", "kind": "endpoint", "message": f"the SPARQL endpoint failed: {e}"}
-    data = plain(answer_to_json(answer) | {"labels": result_labels(grisp.indices, answer.result), "mode": q.mode,
-                                           "options": asdict(q.options)})
+    data = plain(
+        answer_to_json(answer)
+        | {
+            "labels": result_labels(grisp.indices, answer.result),
+            "mode": q.mode,
+            "options": asdict(q.options),
+        }
+    )
     if answer.failure == "endpoint_error":  # the endpoint went away or kept failing mid-question
-        return {"type": "error", "kind": "endpoint", "message": f"the SPARQL endpoint failed: {answer.error}",
-                "answer": data}
+        return {
+            "type": "error",
+            "kind": "endpoint",
+            "message": f"the SPARQL endpoint failed: {answer.error}",
+            "answer": data,
+        }
     return {"type": "answer", "answer": data}
 
 
 # --- the web app
-def page_config(grisp: Grisp, info: dict, options: Options, examples: list[str], max_waiting: int,
-                time_limit: float, agent: Agent | None) -> dict:
+def page_config(
+    grisp: Grisp,
+    info: dict,
+    options: Options,
+    examples: list[str],
+    max_waiting: int,
+    time_limit: float,
+    agent: Agent | None,
+) -> dict:
     """What /api/config tells the page: what was loaded (`info`), the default options with their help and
     choices, what a request cannot change, the limits, the examples, and the agent mode if any."""
     return info | {
-        "options": asdict(options), "option_help": {f.name: f.metadata["help"] for f in fields(Options)},
-        "option_choices": {f.name: list(f.metadata["choices"]) for f in fields(Options) if f.metadata["choices"]},
+        "options": asdict(options),
+        "option_help": {f.name: f.metadata["help"] for f in fields(Options)},
+        "option_choices": {
+            f.name: list(f.metadata["choices"]) for f in fields(Options) if f.metadata["choices"]
+        },
         "load_time_options": grisp.fixed_options(),  # shown on the page, not changeable
-        "precision": grisp.precision, "why_precision": grisp.why_precision,  # what runs, and why (auto: the CPU)
-        "caps": CAPS, "modes": list(MODES), "max_question_chars": MAX_QUESTION_CHARS,
-        "max_waiting": max_waiting, "time_limit": time_limit, "examples": examples, "prefixes": PREFIXES,
-        "agent": agent_info(agent) if agent is not None else None}
+        "precision": grisp.precision,
+        "why_precision": grisp.why_precision,  # what runs, and why (auto: the CPU)
+        "caps": CAPS,
+        "modes": list(MODES),
+        "max_question_chars": MAX_QUESTION_CHARS,
+        "max_waiting": max_waiting,
+        "time_limit": time_limit,
+        "examples": examples,
+        "prefixes": PREFIXES,
+        "agent": agent_info(agent) if agent is not None else None,
+    }
 
 
 def grisp_routes(grisp: Grisp, options: Options, worker: Worker, time_limit: float) -> list[Route]:
     """POST /api/answer (the answer as JSON, or an error with its status) and POST /api/stream (the
     answer's steps as Server-Sent Events): each question a job of `worker`, `options` its defaults."""
+
     async def submit(request: Request) -> Job | Response:
         try:
             question = parse_question(await read_body(request), options)
@@ -205,8 +257,11 @@ def grisp_routes(grisp: Grisp, options: Options, worker: Worker, time_limit: flo
         if message["type"] == "answer":
             return JSONResponse(message["answer"])
         kind = message.get("kind", message["type"])
-        return JSONResponse({"error": message["message"], "kind": kind}
-                            | ({"answer": message["answer"]} if "answer" in message else {}), STATUS[kind])
+        return JSONResponse(
+            {"error": message["message"], "kind": kind}
+            | ({"answer": message["answer"]} if "answer" in message else {}),
+            STATUS[kind],
+        )
 
     async def stream(request: Request) -> Response:
         job = await submit(request)
@@ -215,8 +270,16 @@ def grisp_routes(grisp: Grisp, options: Options, worker: Worker, time_limit: flo
     return [Route("/api/answer", answer, methods=["POST"]), Route("/api/stream", stream, methods=["POST"])]
 
 
-def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], max_waiting: int = 8,
-             time_limit: float = 120.0, agent: Agent | None = None, chat: LocalBackend | None = None) -> Starlette:
+def make_app(
+    grisp: Grisp,
+    info: dict,
+    options: Options,
+    examples: list[str],
+    max_waiting: int = 8,
+    time_limit: float = 120.0,
+    agent: Agent | None = None,
+    chat: LocalBackend | None = None,
+) -> Starlette:
     """The Starlette app over a loaded `grisp`; `info` names what it was loaded from (for /api/config).
     `agent` adds the page's agent mode, `chat` (our model in-process) the OpenAI-compatible /v1."""
     runs = {Question: lambda job: run(grisp, job)}  # the worker runs each kind of job with its own function
@@ -240,7 +303,9 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], ma
 
     @asynccontextmanager
     async def lifespan(app):
-        hooks = [m.register_forward_pre_hook(lambda module, args: worker.check()) for m in models]  # cancel points
+        hooks = [
+            m.register_forward_pre_hook(lambda module, args: worker.check()) for m in models
+        ]  # cancel points
         for w in workers:
             w.start()
         yield
@@ -249,11 +314,13 @@ def make_app(grisp: Grisp, info: dict, options: Options, examples: list[str], ma
         for hook in hooks:
             hook.remove()
 
-    routes = [Route("/", lambda request: FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)),
-              Route("/api/config", lambda request: JSONResponse(config)),
-              *grisp_routes(grisp, options, worker, time_limit),
-              *extra,
-              Mount("/static", StaticFiles(directory=STATIC_DIR))]
+    routes = [
+        Route("/", lambda request: FileResponse(STATIC_DIR / "index.html", headers=PAGE_HEADERS)),
+        Route("/api/config", lambda request: JSONResponse(config)),
+        *grisp_routes(grisp, options, worker, time_limit),
+        *extra,
+        Mount("/static", StaticFiles(directory=STATIC_DIR)),
+    ]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
@@ -273,22 +340,36 @@ def settings(args: argparse.Namespace) -> Config:
     --endpoint and --index change the knowledge graph GRISP answers over (for the agent too)."""
     flag = vars(args).get  # a flag not given is absent (argparse.SUPPRESS): the config's value stays
     config = load_config(flag("config"))
-    config.server = override(config.server, host=flag("host"), port=flag("port"), max_waiting=flag("max_waiting"),
-                             time_limit_s=flag("time_limit"), kg=flag("kg"), adapter=flag("adapter"),
-                             examples=flag("examples"), threads=flag("threads"),
-                             agent=False if flag("no_agent") else None)
+    config.server = override(
+        config.server,
+        host=flag("host"),
+        port=flag("port"),
+        max_waiting=flag("max_waiting"),
+        time_limit_s=flag("time_limit"),
+        kg=flag("kg"),
+        adapter=flag("adapter"),
+        examples=flag("examples"),
+        threads=flag("threads"),
+        agent=False if flag("no_agent") else None,
+    )
     # --precision is GRISP's; given (not its default) it holds for the agent's local model too
     precision = flag("precision") if flag("precision") != Options.precision else None
-    config.model = override(config.model, model_dir=flag("model_dir"), device=flag("device"), precision=precision)
+    config.model = override(
+        config.model, model_dir=flag("model_dir"), device=flag("device"), precision=precision
+    )
     check(config)  # server.kg names a configured knowledge graph
     name = config.server.kg or config.knowledge_graphs[0].name
-    config.knowledge_graphs = [override(kg, endpoint=flag("endpoint"), index=flag("index")) if kg.name == name else kg
-                               for kg in config.knowledge_graphs]
+    config.knowledge_graphs = [
+        override(kg, endpoint=flag("endpoint"), index=flag("index")) if kg.name == name else kg
+        for kg in config.knowledge_graphs
+    ]
     config.server = replace(config.server, kg=name)
     check(config)
     if config.kg(name).index is None:
-        raise ConfigError(f"knowledge graph {name} has no index; GRISP needs one (python build_index.py, then "
-                          f"its index in the config or --index)")
+        raise ConfigError(
+            f"knowledge graph {name} has no index; GRISP needs one (python build_index.py, then "
+            f"its index in the config or --index)"
+        )
     return config
 
 
@@ -304,37 +385,64 @@ def main(args: argparse.Namespace) -> int:
         with socket.create_server((srv.host, srv.port)):
             pass
     except OSError as e:
-        print(f"error: cannot listen on {srv.host}:{srv.port} ({e.strerror}); pick another --port", file=sys.stderr)
+        print(
+            f"error: cannot listen on {srv.host}:{srv.port} ({e.strerror}); pick another --port",
+            file=sys.stderr,
+        )
         return 2
     if srv.threads:
         torch.set_num_threads(srv.threads)
     try:
         options = from_flags(args)
-        if infinite := [f.name for f in fields(Options) if isinstance(getattr(options, f.name), float)
-                        and not math.isfinite(getattr(options, f.name))]:
-            raise GrispError(f"{', '.join(infinite)} must be finite here: the web page and the API speak JSON, "
-                             f"which has no infinity (a large number such as 1000 does the same)")
+        if infinite := [
+            f.name
+            for f in fields(Options)
+            if isinstance(getattr(options, f.name), float) and not math.isfinite(getattr(options, f.name))
+        ]:
+            raise GrispError(
+                f"{', '.join(infinite)} must be finite here: the web page and the API speak JSON, "
+                f"which has no infinity (a large number such as 1000 does the same)"
+            )
         examples = example_questions(srv.examples)
         start = time.perf_counter()
         # always load the re-ranker: a request may turn re-ranking on even if the default is off
-        grisp = Grisp(config.model.model_dir, srv.adapter, kg.index, kg.endpoint, replace(options, rerank=True),
-                      config.model.device)
+        grisp = Grisp(
+            config.model.model_dir,
+            srv.adapter,
+            kg.index,
+            kg.endpoint,
+            replace(options, rerank=True),
+            config.model.device,
+        )
         agent = build_agent(config) if srv.agent else None
     except (GrispError, SparqlError, OSError, ConfigError, BackendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     chat = agent.backend if agent is not None and isinstance(agent.backend, LocalBackend) else None
-    info = {"model": config.model.model_dir, "adapter": srv.adapter, "index": kg.index, "endpoint": kg.endpoint,
-            "kg": kg.name, "config": config.source}
-    print(f"loaded in {time.perf_counter() - start:.1f}s, precision {grisp.why_precision}: "
-          + json.dumps(info | {"options": asdict(options)}))
+    info = {
+        "model": config.model.model_dir,
+        "adapter": srv.adapter,
+        "index": kg.index,
+        "endpoint": kg.endpoint,
+        "kg": kg.name,
+        "config": config.source,
+    }
+    print(
+        f"loaded in {time.perf_counter() - start:.1f}s, precision {grisp.why_precision}: "
+        + json.dumps(info | {"options": asdict(options)})
+    )
     if agent is not None:
-        print(f"agent: {agent_info(agent)['backend']} over {', '.join(agent.kgs)}"
-              + ("; /v1/chat/completions serves it" if chat else ""))
+        print(
+            f"agent: {agent_info(agent)['backend']} over {', '.join(agent.kgs)}"
+            + ("; /v1/chat/completions serves it" if chat else "")
+        )
 
     # --- serve
     if srv.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: serving on {srv.host}: anyone who can reach this machine can use the model", file=sys.stderr)
+        print(
+            f"warning: serving on {srv.host}: anyone who can reach this machine can use the model",
+            file=sys.stderr,
+        )
     app = make_app(grisp, info, options, examples, srv.max_waiting, srv.time_limit_s, agent, chat)
     print(f"open http://{srv.host}:{srv.port}")
     uvicorn.run(app, host=srv.host, port=srv.port, log_level=args.log_level, timeout_graceful_shutdown=5)
@@ -344,50 +452,92 @@ def main(args: argparse.Namespace) -> int:
 def add_network_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of the server itself: where it listens, how many jobs wait, how long one may run."""
     S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset
-    parser.add_argument("--host", default=S,
-                        help=f"address to listen on; 0.0.0.0 exposes it {unset_flag('server', 'host')}")
-    parser.add_argument("--port", type=int, default=S, help=f"port to listen on {unset_flag('server', 'port')}")
-    parser.add_argument("--max-waiting", type=int, default=S,
-                        help=f"jobs that may wait behind the running one, more get 503; 0: a job only when none runs "
-                             f"{unset_flag('server', 'max_waiting')}")
-    parser.add_argument("--time-limit", type=float, default=S,
-                        help="seconds per GRISP question or chat completion from the start of its work, then 504; an "
-                             f"agent run has [agent] time_limit_s {unset_flag('server', 'time_limit_s')}")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                        help="uvicorn's log level")
+    parser.add_argument(
+        "--host", default=S, help=f"address to listen on; 0.0.0.0 exposes it {unset_flag('server', 'host')}"
+    )
+    parser.add_argument(
+        "--port", type=int, default=S, help=f"port to listen on {unset_flag('server', 'port')}"
+    )
+    parser.add_argument(
+        "--max-waiting",
+        type=int,
+        default=S,
+        help=f"jobs that may wait behind the running one, more get 503; 0: a job only when none runs "
+        f"{unset_flag('server', 'max_waiting')}",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=S,
+        help="seconds per GRISP question or chat completion from the start of its work, then 504; an "
+        f"agent run has [agent] time_limit_s {unset_flag('server', 'time_limit_s')}",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="uvicorn's log level",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """serve.py's command line: the config file, the server, the model and knowledge graph, the options."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=defaults.HelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=defaults.HelpFormatter
+    )
     S = argparse.SUPPRESS  # the default lives in the config (one definition); a flag not given stays unset
-    parser.add_argument("--config", default=None,
-                        help="TOML or JSON config shared with agent.py (grasp.toml); default $GRASP_CONFIG or built-in")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="TOML or JSON config shared with agent.py (grasp.toml); default $GRASP_CONFIG or built-in",
+    )
     add_network_flags(parser)
     # model, index and knowledge graph
-    parser.add_argument("--kg", default=S,
-                        help="the configured knowledge graph GRISP answers over (config [server] kg, default: the "
-                             "first)")
-    parser.add_argument("--model-dir", default=S,
-                        help=f"base model directory of GRISP and the agent {unset_flag('model', 'model_dir')}")
-    parser.add_argument("--adapter", default=S,
-                        help=f"GRISP's LoRA adapter directory (PEFT layout), or 'none' "
-                             f"{unset_flag('server', 'adapter')}")
-    parser.add_argument("--index", default=S, help="search index directory of that knowledge graph (its index)")
-    parser.add_argument("--endpoint", default=S, help="SPARQL endpoint URL of that knowledge graph (its endpoint)")
-    parser.add_argument("--examples", default=S,
-                        help=f"JSONL with example questions for the page, or 'none' "
-                             f"{unset_flag('server', 'examples')}")
-    parser.add_argument("--no-agent", action="store_true",
-                        help="GRISP only: no agent mode and no /v1 (the agent's model is not loaded)")
+    parser.add_argument(
+        "--kg",
+        default=S,
+        help="the configured knowledge graph GRISP answers over (config [server] kg, default: the first)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        default=S,
+        help=f"base model directory of GRISP and the agent {unset_flag('model', 'model_dir')}",
+    )
+    parser.add_argument(
+        "--adapter",
+        default=S,
+        help=f"GRISP's LoRA adapter directory (PEFT layout), or 'none' {unset_flag('server', 'adapter')}",
+    )
+    parser.add_argument(
+        "--index", default=S, help="search index directory of that knowledge graph (its index)"
+    )
+    parser.add_argument(
+        "--endpoint", default=S, help="SPARQL endpoint URL of that knowledge graph (its endpoint)"
+    )
+    parser.add_argument(
+        "--examples",
+        default=S,
+        help=f"JSONL with example questions for the page, or 'none' {unset_flag('server', 'examples')}",
+    )
+    parser.add_argument(
+        "--no-agent",
+        action="store_true",
+        help="GRISP only: no agent mode and no /v1 (the agent's model is not loaded)",
+    )
     # the default options of every request (a request may override each): one flag per options.Options field
     add_flags(parser)
     # runtime
-    parser.add_argument("--device", default=S,
-                        help=f"{DEVICES}; auto: cuda, then mps, then cpu {unset_flag('model', 'device')}")
-    parser.add_argument("--threads", type=int, default=S,
-                        help=f"torch CPU threads, 0: torch's {unset_flag('server', 'threads')}")
+    parser.add_argument(
+        "--device",
+        default=S,
+        help=f"{DEVICES}; auto: cuda, then mps, then cpu {unset_flag('model', 'device')}",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=S,
+        help=f"torch CPU threads, 0: torch's {unset_flag('server', 'threads')}",
+    )
     return parser
 
 

@@ -11,6 +11,7 @@ speed-up and each result's largest difference from a float64 reference.
     python bench/bench_attention.py
     python bench/bench_attention.py --dtypes bfloat16 --batches 8 --lengths 300 1000 --rounds 21
 """
+
 import argparse
 import functools
 import statistics
@@ -33,8 +34,10 @@ HEADS, KV_HEADS, HEAD_DIM, LAYERS = 14, 2, 64, 24  # Qwen2.5-0.5B
 @torch.inference_mode()
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    print(f"{cpu_name()}, {args.threads} threads, median of {args.rounds} rounds, per call "
-          f"(a decoding step makes {LAYERS}: one per block)\n")
+    print(
+        f"{cpu_name()}, {args.threads} threads, median of {args.rounds} rounds, per call "
+        f"(a decoding step makes {LAYERS}: one per block)\n"
+    )
     print("| dtype | batch | cache | SDPA us | one_query_attention us | speed-up | SDPA error | ours error |")
     print("|---|---|---|---|---|---|---|---|")
     for dtype in [getattr(torch, name) for name in args.dtypes]:
@@ -52,17 +55,28 @@ def main(args: argparse.Namespace) -> None:
                     for fn in rotated((sdpa, ours), r):
                         times[fn].append(seconds(fn, args.repeats))
                 a, b = statistics.median(times[sdpa]), statistics.median(times[ours])
-                print(f"| {str(dtype).removeprefix('torch.')} | {batch} | {length} | {1e6 * a:.0f} | {1e6 * b:.0f} "
-                      f"| {a / b:.2f}x | {errors[0]:.1e} | {errors[1]:.1e} |")
+                print(
+                    f"| {str(dtype).removeprefix('torch.')} | {batch} | {length} | {1e6 * a:.0f} | {1e6 * b:.0f} "
+                    f"| {a / b:.2f}x | {errors[0]:.1e} | {errors[1]:.1e} |"
+                )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Decoding attention: torch SDPA vs model.one_query_attention.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
-                        help="tensor dtypes to time")
+    parser = argparse.ArgumentParser(
+        description="Decoding attention: torch SDPA vs model.one_query_attention.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        choices=["float32", "bfloat16"],
+        help="tensor dtypes to time",
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="rows (beams)")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[300, 700], help="cached positions attended to")
+    parser.add_argument(
+        "--lengths", type=int, nargs="+", default=[300, 700], help="cached positions attended to"
+    )
     parser.add_argument("--rounds", type=positive_int, default=11, help="timed rounds per form (median)")
     parser.add_argument("--repeats", type=positive_int, default=20, help="calls per timing")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")

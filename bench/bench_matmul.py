@@ -10,6 +10,7 @@ count up to which SplitLinear splits) is read off this table.
     python bench/bench_matmul.py
     python bench/bench_matmul.py --rows 1 8 64 128 256 --rounds 9
 """
+
 import argparse
 import statistics
 import sys
@@ -25,9 +26,14 @@ from bench.rotation import rotated  # noqa: E402
 from llm.cpu_speed import SplitLinear, cpu_name  # noqa: E402
 
 # (name, out features, in features, parts as prepare_for_inference splits them, bias as in Qwen2)
-SHAPES = [("q_proj", 896, 896, 2, True), ("o_proj", 896, 896, 2, False), ("k_proj / v_proj", 128, 896, 2, True),
-          ("gate_proj / up_proj", 4864, 896, 2, False), ("down_proj", 896, 4864, 2, False),
-          ("lm_head", 151936, 896, 8, False)]
+SHAPES = [
+    ("q_proj", 896, 896, 2, True),
+    ("o_proj", 896, 896, 2, False),
+    ("k_proj / v_proj", 128, 896, 2, True),
+    ("gate_proj / up_proj", 4864, 896, 2, False),
+    ("down_proj", 896, 4864, 2, False),
+    ("lm_head", 151936, 896, 8, False),
+]
 
 
 def seconds(fn, repeats: int) -> float:
@@ -56,7 +62,9 @@ def main(args: argparse.Namespace) -> None:
             if name == "lm_head" and rows > 8:
                 continue  # logits are computed for few rows only (model.py logits_at)
             x = torch.randn(rows, inp)
-            split = SplitLinear(linear, parts, max_rows=rows)  # splits these rows, whatever SPLIT_MAX_ROWS says
+            split = SplitLinear(
+                linear, parts, max_rows=rows
+            )  # splits these rows, whatever SPLIT_MAX_ROWS says
             repeats = max(1, int(2e8 / (2 * rows * out * inp)))  # ~0.1 s of work per timing
             forms = {"linear": lambda: linear(x), "split": lambda: split(x)}  # noqa: B023 (used in this iteration)
             torch.testing.assert_close(forms["split"](), forms["linear"](), atol=1e-3, rtol=1e-4)
@@ -65,14 +73,20 @@ def main(args: argparse.Namespace) -> None:
                 for form in rotated(forms, r):
                     times[form].append(seconds(forms[form], repeats))
             a, b = statistics.median(times["linear"]), statistics.median(times["split"])
-            print(f"| {name} {out}x{inp}{' + bias' if bias else ''} | {rows} | {1e6 * a:.0f} | {1e6 * b:.0f} "
-                  f"| {a / b:.2f}x |")
+            print(
+                f"| {name} {out}x{inp}{' + bias' if bias else ''} | {rows} | {1e6 * a:.0f} | {1e6 * b:.0f} "
+                f"| {a / b:.2f}x |"
+            )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="nn.Linear vs cpu_speed.SplitLinear per weight shape and row count.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--rows", type=positive_int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512], help="input row counts")
+    parser = argparse.ArgumentParser(
+        description="nn.Linear vs cpu_speed.SplitLinear per weight shape and row count.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--rows", type=positive_int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512], help="input row counts"
+    )
     parser.add_argument("--rounds", type=positive_int, default=5, help="timed rounds per form (median)")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     main(parser.parse_args())

@@ -13,6 +13,7 @@ the header names the CPU and whether it has native bf16.
     python bench/bench_model.py --impls ours ours-plain ours-int8 transformers --repeats 5
     python bench/bench_model.py --precision bfloat16 --impls ours ours-autocast transformers   # native-bf16 CPU
 """
+
 import argparse
 import json
 import resource
@@ -29,19 +30,23 @@ from bench.rotation import rotated  # noqa: E402
 from grisp import defaults  # noqa: E402
 from llm import cpu_speed  # noqa: E402
 
-IMPLS = {"ours": "model.py, cpu_speed.prepare_for_inference() (float32: split matmuls for few rows; bf16: plain)",
-         "ours-plain": "model.py, cpu_speed.prepare_for_inference(split_matmuls=False) (plain nn.Linear)",
-         "ours-int8": "model.py, cpu_speed.prepare_for_inference(int8=True) (dynamic int8 but down_proj; lossy; "
-                      "float32 weights)",
-         "ours-autocast": "model.py, float32 weights under torch.autocast(bfloat16) (the other way to bf16 compute)",
-         "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)"}
+IMPLS = {
+    "ours": "model.py, cpu_speed.prepare_for_inference() (float32: split matmuls for few rows; bf16: plain)",
+    "ours-plain": "model.py, cpu_speed.prepare_for_inference(split_matmuls=False) (plain nn.Linear)",
+    "ours-int8": "model.py, cpu_speed.prepare_for_inference(int8=True) (dynamic int8 but down_proj; lossy; "
+    "float32 weights)",
+    "ours-autocast": "model.py, float32 weights under torch.autocast(bfloat16) (the other way to bf16 compute)",
+    "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)",
+}
 
 
 def runs_in(impl: str, precision: str) -> str:
     """What `impl` computes in under `--precision precision`: ours-int8 and ours-autocast keep float32
     weights whatever it says (see load)."""
-    return {"ours-int8": "float32 weights, dynamic int8 matmuls",
-            "ours-autocast": "float32 weights under bfloat16 autocast"}.get(impl, precision)
+    return {
+        "ours-int8": "float32 weights, dynamic int8 matmuls",
+        "ours-autocast": "float32 weights under bfloat16 autocast",
+    }.get(impl, precision)
 
 
 def load(impl: str, model_dir: Path, room: int, dtype: torch.dtype):
@@ -49,6 +54,7 @@ def load(impl: str, model_dir: Path, room: int, dtype: torch.dtype):
     greedy decoding; our cache is allocated for the prompt plus `room` new tokens, as generation does."""
     if impl == "transformers":
         from transformers import DynamicCache, Qwen2ForCausalLM
+
         model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
 
         def step(ids, cache):
@@ -58,15 +64,20 @@ def load(impl: str, model_dir: Path, room: int, dtype: torch.dtype):
     else:
         import model as M
         from llm.cpu_speed import prepare_for_inference
+
         weights = torch.float32 if impl in ("ours-int8", "ours-autocast") else dtype
-        model = prepare_for_inference(M.Transformer.from_pretrained(model_dir, weights),
-                                      split_matmuls=impl != "ours-plain", int8=impl == "ours-int8")
+        model = prepare_for_inference(
+            M.Transformer.from_pretrained(model_dir, weights),
+            split_matmuls=impl != "ours-plain",
+            int8=impl == "ours-int8",
+        )
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl == "ours-autocast")
 
         def step(ids, cache):
             with autocast:
                 cache = model.new_cache(ids.shape[0], ids.shape[1] + room) if cache is None else cache
                 return model(ids, cache=cache, logits_at=-1).argmax(-1, keepdim=True), cache
+
     return model, step
 
 
@@ -88,11 +99,14 @@ def greedy_tokens(step, model_dir: Path, questions: int, new_tokens: int) -> lis
     demo questions, one at a time: what the precisions are compared on (agreement with float32)."""
     from grisp.prompts import skeleton_messages
     from llm.tokenizer import Tokenizer, chat_prompt
+
     tokenizer = Tokenizer(model_dir)
     lines = (defaults.DEMO_DIR / "questions.jsonl").read_text().splitlines()[:questions]
     rows = []
     for question in (json.loads(line)["question"] for line in lines):
-        next_ids, cache = step(torch.tensor([tokenizer.encode(chat_prompt(skeleton_messages(question)))]), None)
+        next_ids, cache = step(
+            torch.tensor([tokenizer.encode(chat_prompt(skeleton_messages(question)))]), None
+        )
         row = [int(next_ids)]
         while len(row) < new_tokens:
             next_ids, cache = step(next_ids, cache)
@@ -103,8 +117,10 @@ def greedy_tokens(step, model_dir: Path, questions: int, new_tokens: int) -> lis
 
 def agreement(rows: list[list[int]], reference: list[list[int]]) -> float:
     """% of the reference's greedy tokens reproduced before the first difference, averaged over prompts."""
+
     def common(a, b):
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
     return 100 * statistics.fmean(common(a, b) / len(b) for a, b in zip(rows, reference))
 
 
@@ -120,11 +136,13 @@ def worker(args: argparse.Namespace) -> None:
     prompt = torch.randint(0, vocab, (1, args.prefill_len), generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
     step(prompt, None)
-    result = {"prefill tok/s": args.prefill_len / (time.perf_counter() - start),
-              "decode tok/s, batch 1": decode_tokens_per_s(step, 1, 64, args.decode_steps, vocab),
-              "decode tok/s, batch 8": decode_tokens_per_s(step, 8, 64, args.decode_steps, vocab),
-              "load s": load_s,
-              "peak RSS MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    result = {
+        "prefill tok/s": args.prefill_len / (time.perf_counter() - start),
+        "decode tok/s, batch 1": decode_tokens_per_s(step, 1, 64, args.decode_steps, vocab),
+        "decode tok/s, batch 8": decode_tokens_per_s(step, 8, 64, args.decode_steps, vocab),
+        "load s": load_s,
+        "peak RSS MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
     if args.agreement:
         result["tokens"] = greedy_tokens(step, Path(args.model_dir), args.agreement, args.decode_steps)
     print(json.dumps(result))
@@ -133,11 +151,30 @@ def worker(args: argparse.Namespace) -> None:
 def measure(args: argparse.Namespace, impl: str, precision: str, agreement: int) -> dict:
     """One measurement of `impl` in a worker process of its own (--worker): its metrics, and with
     `agreement` its greedy tokens."""
-    cmd = [sys.executable, __file__, "--worker", impl, "--model-dir", args.model_dir,
-           "--threads", str(args.threads), "--prefill-len", str(args.prefill_len),
-           "--decode-steps", str(args.decode_steps), "--precision", precision, "--agreement", str(agreement)]
-    done = subprocess.run(cmd, capture_output=True, text=True,
-                          env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"})
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        impl,
+        "--model-dir",
+        args.model_dir,
+        "--threads",
+        str(args.threads),
+        "--prefill-len",
+        str(args.prefill_len),
+        "--decode-steps",
+        str(args.decode_steps),
+        "--precision",
+        precision,
+        "--agreement",
+        str(agreement),
+    ]
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"},
+    )
     if done.returncode != 0:
         sys.exit(f"error: the {impl} worker failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -148,9 +185,17 @@ def print_table(args: argparse.Namespace, results: dict[str, list[dict]], tokens
     (transformers if measured), and with --agreement the share of greedy tokens as ours in float32."""
     reference = "transformers" if "transformers" in args.impls else args.impls[-1]
     metrics = list(results[reference][0])
-    median = {impl: {m: statistics.median(x[m] for x in rows) for m in metrics} for impl, rows in results.items()}
+    median = {
+        impl: {m: statistics.median(x[m] for x in rows) for m in metrics} for impl, rows in results.items()
+    }
     others = [impl for impl in args.impls if impl != reference]
-    print("| metric | " + " | ".join([reference, *others]) + " | " + " | ".join(f"{o} / {reference}" for o in others) + " |")
+    print(
+        "| metric | "
+        + " | ".join([reference, *others])
+        + " | "
+        + " | ".join(f"{o} / {reference}" for o in others)
+        + " |"
+    )
     print("|---" * (2 + 2 * len(others)) + "|")
     for m in metrics:
         cells = [f"{median[impl][m]:.1f}" for impl in [reference, *others]]
@@ -158,8 +203,12 @@ def print_table(args: argparse.Namespace, results: dict[str, list[dict]], tokens
         print(f"| {m} | " + " | ".join(cells + ratios) + " |")
     if args.agreement:
         cells = [f"{agreement(tokens[impl], tokens['float32']):.0f}%" for impl in [reference, *others]]
-        print(f"| greedy tokens as ours in float32 ({args.agreement} skeleton prompts) | " + " | ".join(cells)
-              + " |" + " |" * len(others))
+        print(
+            f"| greedy tokens as ours in float32 ({args.agreement} skeleton prompts) | "
+            + " | ".join(cells)
+            + " |"
+            + " |" * len(others)
+        )
     print("\n" + "; ".join(f"{impl} = {IMPLS[impl]}" for impl in args.impls))
 
 
@@ -170,41 +219,74 @@ def main(args: argparse.Namespace) -> None:
         sys.exit(f"error: no model at {args.model_dir}; run `python get_model.py` or pass --model-dir")
     # auto: what infer.py would run on this CPU
     args.precision, why = cpu_speed.pick_precision(args.precision, torch.device("cpu"))
-    print(f"model {args.model_dir}, CPU {cpu_speed.cpu_name()} (native bf16: {cpu_speed.native_bf16()}), "
-          f"{args.threads} threads, {args.precision} ({why}), {args.repeats} rounds, "
-          f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens")
-    print("precision per implementation: "
-          + "; ".join(f"{impl} {runs_in(impl, args.precision)}" for impl in args.impls))
+    print(
+        f"model {args.model_dir}, CPU {cpu_speed.cpu_name()} (native bf16: {cpu_speed.native_bf16()}), "
+        f"{args.threads} threads, {args.precision} ({why}), {args.repeats} rounds, "
+        f"prefill {args.prefill_len} tokens, decode {args.decode_steps} steps after 64 tokens"
+    )
+    print(
+        "precision per implementation: "
+        + "; ".join(f"{impl} {runs_in(impl, args.precision)}" for impl in args.impls)
+    )
     results: dict[str, list[dict]] = {impl: [] for impl in args.impls}
     for r in range(args.repeats):  # alternate implementations, rotating the order, so that background
         for impl in rotated(args.impls, r):  # load hits all alike
             results[impl].append(measure(args, impl, args.precision, args.agreement if r == 0 else 0))
-            print(f"round {r + 1} {impl}: { {k: v for k, v in results[impl][-1].items() if k != 'tokens'} }",
-                  file=sys.stderr)
+            print(
+                f"round {r + 1} {impl}: { {k: v for k, v in results[impl][-1].items() if k != 'tokens'} }",
+                file=sys.stderr,
+            )
     tokens = {impl: rows[0].pop("tokens") for impl, rows in results.items() if args.agreement}
     if args.agreement:  # the reference of agreement: ours in float32 (measured once more unless it ran)
-        tokens["float32"] = (tokens["ours"] if args.precision == "float32" and "ours" in tokens
-                             else measure(args, "ours", "float32", args.agreement)["tokens"])
+        tokens["float32"] = (
+            tokens["ours"]
+            if args.precision == "float32" and "ours" in tokens
+            else measure(args, "ours", "float32", args.agreement)["tokens"]
+        )
     print_table(args, results, tokens)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Benchmark model.py against transformers (speed, memory).",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="Hugging Face Qwen2 model directory")
+    parser = argparse.ArgumentParser(
+        description="Benchmark model.py against transformers (speed, memory).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--model-dir", default=str(defaults.MODEL_DIR), help="Hugging Face Qwen2 model directory"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads in every implementation")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds (one subprocess per implementation each)")
-    parser.add_argument("--impls", nargs="+", default=["ours", "transformers"], choices=list(IMPLS),
-                        help="implementations to compare; the ratios are against transformers")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds (one subprocess per implementation each)"
+    )
+    parser.add_argument(
+        "--impls",
+        nargs="+",
+        default=["ours", "transformers"],
+        choices=list(IMPLS),
+        help="implementations to compare; the ratios are against transformers",
+    )
     # workload
-    parser.add_argument("--prefill-len", type=int, default=512, help="prompt length of the prefill measurement")
+    parser.add_argument(
+        "--prefill-len", type=int, default=512, help="prompt length of the prefill measurement"
+    )
     parser.add_argument("--decode-steps", type=int, default=32, help="timed decoding steps per batch size")
-    parser.add_argument("--precision", default="auto", choices=["auto", "float32", "bfloat16"],
-                        help="weights of every implementation (ours-int8 and ours-autocast: float32 weights); "
-                             "auto = what infer.py runs on this CPU (bfloat16 with native bf16, else float32)")
-    parser.add_argument("--agreement", type=int, default=4, metavar="N",
-                        help="greedy-decode the skeleton prompts of the first N demo questions (decode-steps tokens "
-                             "each) in round 1 and report the share of ours-in-float32's tokens each "
-                             "implementation reproduces before its first difference; 0: skip")
-    parser.add_argument("--worker", choices=list(IMPLS), help=argparse.SUPPRESS)  # internal: one measurement run
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="weights of every implementation (ours-int8 and ours-autocast: float32 weights); "
+        "auto = what infer.py runs on this CPU (bfloat16 with native bf16, else float32)",
+    )
+    parser.add_argument(
+        "--agreement",
+        type=int,
+        default=4,
+        metavar="N",
+        help="greedy-decode the skeleton prompts of the first N demo questions (decode-steps tokens "
+        "each) in round 1 and report the share of ours-in-float32's tokens each "
+        "implementation reproduces before its first difference; 0: skip",
+    )
+    parser.add_argument(
+        "--worker", choices=list(IMPLS), help=argparse.SUPPRESS
+    )  # internal: one measurement run
     main(parser.parse_args())

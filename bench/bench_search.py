@@ -36,9 +36,7 @@ def make_tsv(path: Path, n_names: int, seed: int) -> int:
     first, so Rust's tie order (row) equals ours (popularity, then row)). Returns the vocabulary size.
     """
     rng = np.random.default_rng(seed)
-    syllables = [
-        c + v for c in "bcdfghjklmnprstvwz" for v in ["a", "e", "i", "o", "u", "ai", "ou", "é"]
-    ]
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in ["a", "e", "i", "o", "u", "ai", "ou", "é"]]
     n_words = max(1000, n_names // 8)
     words = {"".join(rng.choice(syllables, rng.integers(2, 5))) for _ in range(n_words)}
     words = sorted(words) + ["of", "de", "la", "van", "st.", "the"]  # short connector words
@@ -52,10 +50,7 @@ def make_tsv(path: Path, n_names: int, seed: int) -> int:
     lengths = rng.integers(1, 5, n_all)
     picked = rng.choice(len(words), lengths.sum(), p=weights)
     bounds = np.concatenate([[0], np.cumsum(lengths)])
-    names = [
-        " ".join(words[j] for j in picked[bounds[i] : bounds[i + 1]]).capitalize()
-        for i in range(n_all)
-    ]
+    names = [" ".join(words[j] for j in picked[bounds[i] : bounds[i + 1]]).capitalize() for i in range(n_all)]
     popularity = np.sort(rng.zipf(1.5, n_items).clip(max=10**6))[::-1]
     with open(path, "w", encoding="utf-8") as f:
         f.write("name\tscore\tsynonyms\tinfo\n")
@@ -163,7 +158,9 @@ def timed(function, *args) -> tuple[float, list]:
     return (time.perf_counter() - start) * 1000, result
 
 
-def latency(work: Path, tsv: Path, names: list, queries: list[str], args: argparse.Namespace) -> tuple[dict, dict]:
+def latency(
+    work: Path, tsv: Path, names: list, queries: list[str], args: argparse.Namespace
+) -> tuple[dict, dict]:
     """Per round, the p50 and p95 query milliseconds of both indices, unconstrained and within
     --allowed items ({"ours": [(p50, p95), ...], "rust": ..., "ours_sub": ..., "rust_sub": ...}),
     and each index's results per query ({(impl, query): [(row, score), ...]})."""
@@ -205,8 +202,14 @@ def agreement(queries: list[str], results: dict) -> tuple[float, float, float]:
     return top1, top10_equal, overlap
 
 
-def report(stats: dict, rounds: dict, agreed: tuple[float, float, float], n: int, args: argparse.Namespace,
-           load_start: float) -> None:
+def report(
+    stats: dict,
+    rounds: dict,
+    agreed: tuple[float, float, float],
+    n: int,
+    args: argparse.Namespace,
+    load_start: float,
+) -> None:
     """The table of both indices side by side (ratio ours / Rust), the agreement over the n queries and the
     noise."""
     top1, top10_equal, overlap = agreed
@@ -237,9 +240,7 @@ def report(stats: dict, rounds: dict, agreed: tuple[float, float, float], n: int
             median("rust_sub", 1),
         ),
     ]
-    print(
-        f"\n| {'':42s} | {'ours (NumPy)':>12s} | {'Rust search-index':>17s} | {'ours / Rust':>11s} |"
-    )
+    print(f"\n| {'':42s} | {'ours (NumPy)':>12s} | {'Rust search-index':>17s} | {'ours / Rust':>11s} |")
     print(f"|{'-' * 44}|{'-' * 14}|{'-' * 19}|{'-' * 13}|")
     for label, a, b in rows:
         print(f"| {label:42s} | {a:12.2f} | {b:17.2f} | {a / b if b else float('nan'):10.2f}x |")
@@ -247,16 +248,12 @@ def report(stats: dict, rounds: dict, agreed: tuple[float, float, float], n: int
         f"\ntop-1 agreement {100 * top1 / n:.1f}%, identical top-10 lists {100 * top10_equal / n:.1f}%, "
         f"top-10 overlap {100 * overlap / n:.1f}% ({n} queries)"
     )
-    spread = {
-        k: f"{min(x[0] for x in v):.2f}-{max(x[0] for x in v):.2f}" for k, v in rounds.items()
-    }
+    spread = {k: f"{min(x[0] for x in v):.2f}-{max(x[0] for x in v):.2f}" for k, v in rounds.items()}
     print(
         f"noise: p50 range over {args.rounds} rounds: ours {spread['ours']} ms, rust {spread['rust']} ms; "
         f"load average {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end (2 shared cores)"
     )
-    print(
-        "note: Rust find_matches returns every match (we keep the first 10); ours returns the top k"
-    )
+    print("note: Rust find_matches returns every match (we keep the first 10); ours returns the top k")
 
 
 def main(args: argparse.Namespace) -> None:
@@ -293,14 +290,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument(
-        "--names", type=int, default=1_000_000, help="number of names (labels + aliases)"
-    )
+    parser.add_argument("--names", type=int, default=1_000_000, help="number of names (labels + aliases)")
     parser.add_argument("--queries", type=int, default=1000, help="number of queries")
     parser.add_argument("--rounds", type=int, default=3, help="timing rounds over all queries")
-    parser.add_argument(
-        "--allowed", type=int, default=1000, help="item count of the KG-constrained searches"
-    )
+    parser.add_argument("--allowed", type=int, default=1000, help="item count of the KG-constrained searches")
     parser.add_argument("--seed", type=int, default=0, help="random seed of data and queries")
     parser.add_argument(
         "--work-dir", default=None, help="where to write data and indices (default: system temp)"

@@ -12,6 +12,7 @@ faster). The gradients of the two are checked to agree first.
     python tools/gen_agent_data.py --data wwq --limit 16 --out /tmp/agent-16.jsonl
     python bench/bench_shared_start.py --data /tmp/agent-16.jsonl               # LoRA on the last 8 blocks
 """
+
 import argparse
 import statistics
 import sys
@@ -36,13 +37,15 @@ from model import Transformer  # noqa: E402
 
 def main(args):
     if not Path(args.data).is_file():
-        sys.exit(f"error: no conversations file {args.data}; make one with tools/gen_agent_data.py (see the docstring)")
+        sys.exit(
+            f"error: no conversations file {args.data}; make one with tools/gen_agent_data.py (see the docstring)"
+        )
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tokenizer = Tokenizer(args.model_dir)
     encoded = [loss.encode(s, tokenizer) for s in read_jsonl(args.data)]
     encoded.sort(key=lambda s: len(s["ids"]))
-    batch = encoded[len(encoded) // 2:][:args.batch]  # middle lengths
+    batch = encoded[len(encoded) // 2 :][: args.batch]  # middle lengths
     model = Transformer.from_pretrained(args.model_dir)
     lora.inject_lora(model, args.r, args.r, 0.0, layers=lora.last_layers(model, args.lora_layers))
     lora.mark_only_lora_trainable(model)
@@ -51,18 +54,28 @@ def main(args):
     model.train()
     start = loss.shared_start(batch)
     total = sum(loss.units(s, "reference") for s in batch)
-    print(f"{len(batch)} conversations of {[len(s['ids']) for s in batch]} tokens; shared start {start} tokens; "
-          f"CPU {cpu_name()}, {args.threads} threads, float32")
+    print(
+        f"{len(batch)} conversations of {[len(s['ids']) for s in batch]} tokens; shared start {start} tokens; "
+        f"CPU {cpu_name()}, {args.threads} threads, float32"
+    )
     if not start:
         sys.exit("error: these conversations share no start long enough to run once")
     min_shared = loss.MIN_SHARED_PREFIX
 
     def run(shared: bool) -> tuple[float, list[torch.Tensor]]:
-        loss.MIN_SHARED_PREFIX = min_shared if shared else 10 ** 9
+        loss.MIN_SHARED_PREFIX = min_shared if shared else 10**9
         model.zero_grad()
         begin = time.perf_counter()
-        loss.backward_batch(model, batch, total, args.micro_batch, "reference", tokenizer.pad_id, "cpu",
-                            torch.autocast("cpu", enabled=False))
+        loss.backward_batch(
+            model,
+            batch,
+            total,
+            args.micro_batch,
+            "reference",
+            tokenizer.pad_id,
+            "cpu",
+            torch.autocast("cpu", enabled=False),
+        )
         seconds = time.perf_counter() - begin
         return seconds, [p.grad.clone() for p in model.parameters() if p.requires_grad]
 
@@ -83,8 +96,9 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--data", required=True, help="agent conversations from tools/gen_agent_data.py")
     parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory")
     parser.add_argument("--batch", type=int, default=4, help="conversations per batch")

@@ -15,6 +15,7 @@ tokens/s and the ratio to the last row (> 1: faster than it).
     python bench/bench_train.py --lora-layers 8       # LoRA on the last 8 blocks
     python bench/bench_train.py --rows ours:float32 transformers+peft:float32
 """
+
 import argparse
 import json
 import statistics
@@ -51,6 +52,7 @@ def ours(args, layers: list[int] | None, dtype: torch.dtype):
         at_prev[:, :-1] = at[:, 1:]
         logits = model(tokens, logits_at=at_prev)  # [N, V]
         return torch.nn.functional.cross_entropy(logits, tokens[at])
+
     return model, step
 
 
@@ -59,19 +61,29 @@ def reference(args, layers: list[int] | None, dtype: torch.dtype):
     keeps the LoRA weights in float32 over bf16 base weights by default)."""
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2ForCausalLM
+
     model = Qwen2ForCausalLM.from_pretrained(args.model_dir, dtype=dtype)
-    config = LoraConfig(r=args.r, lora_alpha=args.alpha, lora_dropout=args.dropout, target_modules=list(lora.DEFAULT_TARGETS),
-                        layers_to_transform=layers, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=args.r,
+        lora_alpha=args.alpha,
+        lora_dropout=args.dropout,
+        target_modules=list(lora.DEFAULT_TARGETS),
+        layers_to_transform=layers,
+        task_type="CAUSAL_LM",
+    )
     model = get_peft_model(model, config)
     model.train()
 
     def step(tokens, at):
         labels = tokens.masked_fill(~at, -100)  # transformers shifts the labels itself
         return model(input_ids=tokens, labels=labels).loss
+
     return model, step
 
 
-def time_step(model, step, batch: list[tuple[torch.Tensor, torch.Tensor]], optimizer, dtype: torch.dtype) -> float:
+def time_step(
+    model, step, batch: list[tuple[torch.Tensor, torch.Tensor]], optimizer, dtype: torch.dtype
+) -> float:
     """Seconds for one optimiser step over the micro-batches (gradient accumulation), under autocast
     to `dtype` unless it is float32."""
     started = time.perf_counter()
@@ -91,7 +103,7 @@ def main(args: argparse.Namespace) -> None:
         sys.exit(f"error: no model at {args.model_dir}; run `python get_model.py` or pass --model-dir")
     config = json.loads((Path(args.model_dir) / "config.json").read_text())
     n_layers, vocab = config["num_hidden_layers"], config["vocab_size"]
-    layers = list(range(n_layers))[-args.lora_layers:] if args.lora_layers else None
+    layers = list(range(n_layers))[-args.lora_layers :] if args.lora_layers else None
     impls = {}
     for row in args.rows:
         name, _, precision = row.partition(":")
@@ -107,12 +119,14 @@ def main(args: argparse.Namespace) -> None:
     for _ in range(args.batch // args.micro_batch):
         tokens = torch.randint(min(100, vocab // 2), min(20000, vocab), (args.micro_batch, T))
         at = torch.zeros(args.micro_batch, T, dtype=torch.bool)
-        at[:, args.prompt_len:] = True  # the answer tokens are the labels
+        at[:, args.prompt_len :] = True  # the answer tokens are the labels
         batch.append((tokens, at))
-    print(f"batch {args.batch} x {T} tokens ({args.answer_len} answer tokens each) in micro-batches of "
-          f"{args.micro_batch}; LoRA r={args.r} alpha={args.alpha} on {args.lora_layers or 'all'} blocks "
-          f"({next(iter(sizes.values())):,} parameters); "
-          f"{args.threads} threads; CPU {cpu_name()} (native bf16: {native_bf16()})")
+    print(
+        f"batch {args.batch} x {T} tokens ({args.answer_len} answer tokens each) in micro-batches of "
+        f"{args.micro_batch}; LoRA r={args.r} alpha={args.alpha} on {args.lora_layers or 'all'} blocks "
+        f"({next(iter(sizes.values())):,} parameters); "
+        f"{args.threads} threads; CPU {cpu_name()} (native bf16: {native_bf16()})"
+    )
     times = {name: [] for name in impls}
     for model, step, optimizer, _, dtype in impls.values():  # warm-up step, not timed
         time_step(model, step, batch, optimizer, dtype)
@@ -125,15 +139,21 @@ def main(args: argparse.Namespace) -> None:
     tokens = args.batch * T
     speed = {name: tokens / statistics.median(t) for name, t in times.items()}
     last = args.rows[-1]
-    print(f"\n| implementation:precision | s/step (median of {args.repeats}) | training tokens/s | ratio to {last} |")
+    print(
+        f"\n| implementation:precision | s/step (median of {args.repeats}) | training tokens/s | ratio to {last} |"
+    )
     print("|---|---|---|---|")
     for name, t in times.items():
-        print(f"| {name} | {statistics.median(t):.2f} | {speed[name]:.1f} | {speed[name] / speed[last]:.2f}x |")
+        print(
+            f"| {name} | {statistics.median(t):.2f} | {speed[name]:.1f} | {speed[name] / speed[last]:.2f}x |"
+        )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Training tokens/s: train.py's LoRA step vs transformers + peft.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description="Training tokens/s: train.py's LoRA step vs transformers + peft.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory")
     parser.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
     parser.add_argument("--micro-batch", type=int, default=4, help="sequences per forward pass")
@@ -145,6 +165,11 @@ if __name__ == "__main__":
     parser.add_argument("--lora-layers", type=int, default=0, help="LoRA on the last N blocks only (0 = all)")
     parser.add_argument("--repeats", type=positive_int, default=3, help="timed steps per implementation")
     parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
-    parser.add_argument("--rows", nargs="+", default=list(ROWS), help="implementation:precision rows to time "
-                        "(implementation: ours or transformers+peft; precision: float32 or bfloat16); ratios are to the last")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        default=list(ROWS),
+        help="implementation:precision rows to time "
+        "(implementation: ours or transformers+peft; precision: float32 or bfloat16); ratios are to the last",
+    )
     main(parser.parse_args())

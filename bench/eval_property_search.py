@@ -72,9 +72,7 @@ class QwenLastToken:
             batch = order[start : start + self.batch_size]
             T = max(len(ids[i]) for i in batch)
             # left padding, so position -1 is every row's last real token
-            tokens = torch.tensor(
-                [[self.tokenizer.pad_id] * (T - len(ids[i])) + ids[i] for i in batch]
-            )
+            tokens = torch.tensor([[self.tokenizer.pad_id] * (T - len(ids[i])) + ids[i] for i in batch])
             mask = torch.tensor([[0] * (T - len(ids[i])) + [1] * len(ids[i]) for i in batch])
             self.model(tokens, mask, logits_at=-1)
             out[batch] = self.last.float().numpy()
@@ -113,7 +111,9 @@ def evaluate(search, queries: list[tuple[str, int]], k: int = 10) -> dict:
 
 def main(args: argparse.Namespace) -> None:
     if not Path(args.items).is_file():
-        sys.exit(f"error: items file {args.items} does not exist; pass an items JSONL with Wikidata P ids (--items)")
+        sys.exit(
+            f"error: items file {args.items} does not exist; pass an items JSONL with Wikidata P ids (--items)"
+        )
     torch.set_num_threads(args.threads)
     names, queries = held_out_split(Path(args.items), args.seed)
     if args.subset:  # a random subset of the properties: only their names and aliases take part
@@ -159,16 +159,10 @@ def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     formatter = argparse.ArgumentDefaultsHelpFormatter
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=formatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=formatter)
     default_items = defaults.SHARED_DATA_DIR / "wikidata" / "items.jsonl"
-    parser.add_argument(
-        "--items", default=str(default_items), help="items JSONL with Wikidata P ids"
-    )
-    parser.add_argument(
-        "--subset", type=int, default=0, help="a random subset of N properties (0: all)"
-    )
+    parser.add_argument("--items", default=str(default_items), help="items JSONL with Wikidata P ids")
+    parser.add_argument("--subset", type=int, default=0, help="a random subset of N properties (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="which alias is held out; the subset")
     parser.add_argument("--threads", type=positive_int, default=1, help="torch threads of the encoders")
     parser.add_argument("--qwen", action="store_true", help="also our Qwen model as an encoder")

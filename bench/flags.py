@@ -1,5 +1,6 @@
 """argparse types the bench scripts share: a count that must be 1 or more (threads, rounds, repeats), so
 that `--threads 0` is a usage error naming the flag, not torch's traceback or the median of no rounds."""
+
 import argparse
 
 

@@ -7,6 +7,7 @@ wdt:P57 (its training lists were one alternative short, 9 of 10, whenever the go
 
     python bench/rerank_by_length.py adapters/grisp-wwq-0.5b ~/.cache/grisp/runs/<run>/best
 """
+
 import argparse
 import sys
 from pathlib import Path
@@ -30,9 +31,11 @@ from search import load_indices  # noqa: E402
 PROPERTIES = ["P57", "P58", "P161", "P136", "P495", "P31", "P364", "P2047", "P577", "P19", "P20"]
 CASES = [
     ("who directed pulp fiction?", "SELECT DISTINCT ?x WHERE { wd:Q104123 <rep>director (wdt)</rep> ?x . }"),
-    ("Where was the Pulp Fiction director born?",
-     "SELECT DISTINCT ?x WHERE { wd:Q104123 <rep>director (wdt)</rep> ?y . "
-     "?y <iri>place of birth (wdt)</iri> ?x . }"),
+    (
+        "Where was the Pulp Fiction director born?",
+        "SELECT DISTINCT ?x WHERE { wd:Q104123 <rep>director (wdt)</rep> ?y . "
+        "?y <iri>place of birth (wdt)</iri> ?x . }",
+    ),
 ]
 
 
@@ -43,28 +46,42 @@ def scores_by_length(adapter: str, model_dir: Path, index_dir: Path) -> list[lis
     peft_format.load_merged(model, adapter)
     indices = load_indices(index_dir)
     alternatives = [to_alternative(indices.item(PREFIXES["wd"] + p), "wdt") for p in PROPERTIES]
-    rerank = ModelReranker(model, tokenizer, prompt_format=peft_format.read_prompt_format(adapter))  # as trained
-    return [[(s[0], s[-1]) for n in range(2, len(PROPERTIES) + 1) for s in [rerank(q, query, alternatives[:n])]]
-            for q, query in CASES]
+    rerank = ModelReranker(
+        model, tokenizer, prompt_format=peft_format.read_prompt_format(adapter)
+    )  # as trained
+    return [
+        [(s[0], s[-1]) for n in range(2, len(PROPERTIES) + 1) for s in [rerank(q, query, alternatives[:n])]]
+        for q, query in CASES
+    ]
 
 
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     print(f"CPU {cpu_name()}, {args.threads} threads, float32")
-    results = {adapter: scores_by_length(adapter, Path(args.model_dir), Path(args.index)) for adapter in args.adapters}
+    results = {
+        adapter: scores_by_length(adapter, Path(args.model_dir), Path(args.index))
+        for adapter in args.adapters
+    }
     for number, (question, _) in enumerate(CASES):
         print(f"\n{question}\nright answer (wdt:P57) minus None, by list length; > 0: the re-ranker keeps it")
         print("length | " + " | ".join(args.adapters))
         for i, length in enumerate(range(2, len(PROPERTIES) + 1)):
-            print(f"{length:6d} | " + " | ".join(f"{results[a][number][i][0] - results[a][number][i][1]:+.2f}"
-                                              for a in args.adapters))
+            print(
+                f"{length:6d} | "
+                + " | ".join(
+                    f"{results[a][number][i][0] - results[a][number][i][1]:+.2f}" for a in args.adapters
+                )
+            )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("adapters", nargs="+", help="adapter directories (PEFT layout) to compare")
     parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="base model directory")
-    parser.add_argument("--index", default=str(defaults.DEMO_INDEX_DIR), help="demo search index (build_index.py)")
+    parser.add_argument(
+        "--index", default=str(defaults.DEMO_INDEX_DIR), help="demo search index (build_index.py)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     main(parser.parse_args())

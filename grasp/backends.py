@@ -17,6 +17,7 @@ model's text and its function calls, each checked against the function's JSON sc
     reply = backend.chat([{"role": "user", "content": "..."}], tools, deadline=time.monotonic() + 60)
     reply.content, [(c.name, c.arguments, c.error) for c in reply.tool_calls]
 """
+
 import json
 import re
 import time
@@ -82,8 +83,13 @@ def check_call(call_id: str, name: str, raw: str | dict, tools: list[dict]) -> T
     raw = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False)
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
     if not isinstance(name, str) or name not in schemas:
-        return ToolCall(call_id, str(name), {}, raw, f"there is no function {name!r}; the functions are "
-                                                     f"{', '.join(schemas)}")
+        return ToolCall(
+            call_id,
+            str(name),
+            {},
+            raw,
+            f"there is no function {name!r}; the functions are {', '.join(schemas)}",
+        )
     try:
         args = json.loads(raw) if raw.strip() else {}
     except ValueError as e:
@@ -105,8 +111,15 @@ def parse_qwen_calls(text: str, tools: list[dict], first_id: int = 0) -> tuple[s
             body = json.loads(match.group(1))
             name, args = body["name"], body.get("arguments", {})
         except (ValueError, KeyError, TypeError) as e:
-            calls.append(ToolCall(f"call_{first_id + n}", "?", {}, match.group(1),
-                                  f"a <tool_call> block is not {{\"name\": ..., \"arguments\": ...}} JSON ({e})"))
+            calls.append(
+                ToolCall(
+                    f"call_{first_id + n}",
+                    "?",
+                    {},
+                    match.group(1),
+                    f'a <tool_call> block is not {{"name": ..., "arguments": ...}} JSON ({e})',
+                )
+            )
             continue
         calls.append(check_call(f"call_{first_id + n}", name, args, tools))
     return text.split("<tool_call>")[0].strip(), calls
@@ -114,11 +127,20 @@ def parse_qwen_calls(text: str, tools: list[dict], first_id: int = 0) -> tuple[s
 
 # ---------------------------------------------------------------------------- any OpenAI-compatible API
 
+
 class OpenAIBackend:
     """Chat completions with tools over plain HTTP; see the module docstring."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout_s: float = 120.0,
-                 temperature: float | None = None, tool_choice: str = "auto", retries: int = 2):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        temperature: float | None = None,
+        tool_choice: str = "auto",
+        retries: int = 2,
+    ):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the model server URL must start with http:// or https://, got {base_url!r}")
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -129,8 +151,13 @@ class OpenAIBackend:
             self.session.headers["Authorization"] = f"Bearer {api_key}"
         self.name = f"openai:{model}@{base_url}"
 
-    def chat(self, messages: list[dict], tools: list[dict], deadline: float | None = None,
-             tool_choice: str | None = None) -> Reply:
+    def chat(
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        deadline: float | None = None,
+        tool_choice: str | None = None,
+    ) -> Reply:
         body = {"model": self.model, "messages": messages}
         if tools:
             body |= {"tools": tools, "tool_choice": tool_choice or self.tool_choice}
@@ -144,20 +171,31 @@ class OpenAIBackend:
             try:
                 response = self.session.post(self.url, json=body, timeout=(min(10.0, timeout), timeout))
             except requests.ReadTimeout:
-                raise BackendTimeout(f"the model server {self.url} did not answer within {timeout:.0f} s") from None
-            except (requests.ConnectionError, requests.ConnectTimeout) as e:  # ConnectTimeout: unreachable, retried
+                raise BackendTimeout(
+                    f"the model server {self.url} did not answer within {timeout:.0f} s"
+                ) from None
+            except (
+                requests.ConnectionError,
+                requests.ConnectTimeout,
+            ) as e:  # ConnectTimeout: unreachable, retried
                 if attempt < self.retries:
-                    time.sleep(0.5 * 2 ** attempt)
+                    time.sleep(0.5 * 2**attempt)
                     continue
-                raise BackendError(f"cannot reach the model server {self.url} ({type(e).__name__}); is it "
-                                   f"running, and is base_url right?") from None
+                raise BackendError(
+                    f"cannot reach the model server {self.url} ({type(e).__name__}); is it "
+                    f"running, and is base_url right?"
+                ) from None
             except requests.RequestException as e:  # e.g. the answer cut off mid-body
-                raise BackendError(f"a broken answer from the model server {self.url} ({type(e).__name__}: {e})") from None
+                raise BackendError(
+                    f"a broken answer from the model server {self.url} ({type(e).__name__}: {e})"
+                ) from None
             if (response.status_code >= 500 or response.status_code == 429) and attempt < self.retries:
-                time.sleep(0.5 * 2 ** attempt)
+                time.sleep(0.5 * 2**attempt)
                 continue
             if response.status_code >= 400:
-                raise BackendError(f"HTTP {response.status_code} from {self.url}: {response.text[:300].strip()}")
+                raise BackendError(
+                    f"HTTP {response.status_code} from {self.url}: {response.text[:300].strip()}"
+                )
             return self._reply(response, tools, time.monotonic() - start)
         raise AssertionError(f"unreachable: {self.retries + 1} attempts without an answer")
 
@@ -168,8 +206,10 @@ class OpenAIBackend:
             message = choice["message"]
             assert isinstance(message, dict), f"message is {type(message).__name__}"
         except (ValueError, KeyError, IndexError, TypeError, AssertionError) as e:
-            raise BackendError(f"{self.url} answered, but not with a chat completion "
-                               f"({type(e).__name__}: {e}): {response.text[:300]!r}") from None
+            raise BackendError(
+                f"{self.url} answered, but not with a chat completion "
+                f"({type(e).__name__}: {e}): {response.text[:300]!r}"
+            ) from None
         content, calls = message.get("content") or "", []
         if isinstance(content, list):  # OpenAI's list of content parts
             content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
@@ -178,11 +218,20 @@ class OpenAIBackend:
         for n, call in enumerate(tool_calls if isinstance(tool_calls, list) else [tool_calls]):
             fn = call.get("function") if isinstance(call, dict) else None
             if not isinstance(fn, dict):
-                calls.append(ToolCall(f"call_{n}", "?", {}, str(call)[:200], "a tool call without a function"))
+                calls.append(
+                    ToolCall(f"call_{n}", "?", {}, str(call)[:200], "a tool call without a function")
+                )
                 continue
-            calls.append(check_call(call.get("id") or f"call_{n}", fn.get("name"), fn.get("arguments") or "", tools))
+            calls.append(
+                check_call(call.get("id") or f"call_{n}", fn.get("name"), fn.get("arguments") or "", tools)
+            )
         if not calls and "<tool_call>" in content:  # a server without a tool parser: Qwen's format in text
             content, calls = parse_qwen_calls(content, tools)
         usage = body.get("usage")
-        return Reply(content.strip(), calls, seconds, finish_reason=str(choice.get("finish_reason") or ""),
-                     usage=usage if isinstance(usage, dict) else {})
+        return Reply(
+            content.strip(),
+            calls,
+            seconds,
+            finish_reason=str(choice.get("finish_reason") or ""),
+            usage=usage if isinstance(usage, dict) else {},
+        )

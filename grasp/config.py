@@ -15,6 +15,7 @@ GRASP_MODEL_BACKEND=openai, GRASP_AGENT_MAX_STEPS=10, GRASP_KG_WIKIDATA_ENDPOINT
 command-line flags of the scripts (`override`).
 The API key is never in the file: `api_key_env` names the environment variable that holds it.
 """
+
 import json
 import os
 import tomllib
@@ -41,7 +42,9 @@ class KgConfig:
     description: str = ""  # one line for the system instruction
     prefixes: dict = field(default_factory=dict)  # extra prefixes beyond sparql_syntax.PREFIXES
     examples: str | None = None  # question-SPARQL pairs for FSE/FEX: a benchmark name or a JSONL file
-    example_index: str | None = None  # where their embedding index lives (default GRISP_HOME/examples/<examples>)
+    example_index: str | None = (
+        None  # where their embedding index lives (default GRISP_HOME/examples/<examples>)
+    )
 
 
 @dataclass
@@ -50,9 +53,13 @@ class ModelConfig:
     temperature: float | None = None  # None: greedy (local), the server's default (openai)
     # local backend
     model_dir: str = str(defaults.MODEL_DIR)
-    adapter: str | None = str(defaults.AGENT_ADAPTER_DIR)  # a LoRA adapter (PEFT layout) on model_dir; None: base model
+    adapter: str | None = str(
+        defaults.AGENT_ADAPTER_DIR
+    )  # a LoRA adapter (PEFT layout) on model_dir; None: base model
     device: str = "auto"
-    precision: str = "auto"  # bfloat16 where the CPU has native bf16, else float32; or float32, bfloat16, int8
+    precision: str = (
+        "auto"  # bfloat16 where the CPU has native bf16, else float32; or float32, bfloat16, int8
+    )
     max_reasoning_tokens: int = 128  # free text before a call, per turn
     max_call_tokens: int = 768  # tokens of one constrained call
     # OpenAI-compatible backend
@@ -70,7 +77,9 @@ class AgentConfig:
     feedback: bool = False  # GRASP-F: a second pass judges the answer and may send the agent back
     max_feedbacks: int = 2
     max_steps: int = 30  # model turns per question
-    max_loops: int = 1  # turns that only repeat earlier calls the model may make (it is told); then the run stops
+    max_loops: int = (
+        1  # turns that only repeat earlier calls the model may make (it is told); then the run stops
+    )
     time_limit_s: float = 300.0  # per question, model and functions together
     search_top_k: int = 10  # results of SEN, SPR, SPE, SOP
     list_k: int = 10  # triples shown by LST
@@ -86,12 +95,17 @@ class AgentConfig:
 @dataclass
 class ServerConfig:
     """serve.py: where it listens, its queue and limits, and GRISP's side of the page."""
+
     host: str = "127.0.0.1"  # 0.0.0.0 exposes the server to the network
     port: int = 8000
     max_waiting: int = 8  # jobs (questions, agent runs, chat completions) that may wait; more get 503
-    time_limit_s: float = 120.0  # per GRISP question and per chat completion; an agent run has agent.time_limit_s
+    time_limit_s: float = (
+        120.0  # per GRISP question and per chat completion; an agent run has agent.time_limit_s
+    )
     kg: str | None = None  # the knowledge graph GRISP answers over (its endpoint and index); None: the first
-    adapter: str | None = str(defaults.ADAPTER_DIR)  # GRISP's LoRA adapter on model.model_dir; None: the base model
+    adapter: str | None = str(
+        defaults.ADAPTER_DIR
+    )  # GRISP's LoRA adapter on model.model_dir; None: the base model
     examples: str | None = str(defaults.DEMO_DIR / "questions.jsonl")  # the page's example questions (JSONL)
     agent: bool = True  # the page's agent mode and /v1/chat/completions (the local backend loads its model)
     threads: int = 0  # torch CPU threads (0: torch's default)
@@ -99,9 +113,15 @@ class ServerConfig:
 
 @dataclass
 class Config:
-    knowledge_graphs: list[KgConfig] = field(default_factory=lambda: [KgConfig(
-        "wikidata", description="a small subset of Wikidata (films, their directors, cast, writers and "
-                                "composers, people, places, awards); Wikidata IRIs and prefixes")])
+    knowledge_graphs: list[KgConfig] = field(
+        default_factory=lambda: [
+            KgConfig(
+                "wikidata",
+                description="a small subset of Wikidata (films, their directors, cast, writers and "
+                "composers, people, places, awards); Wikidata IRIs and prefixes",
+            )
+        ]
+    )
     model: ModelConfig = field(default_factory=ModelConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -119,12 +139,23 @@ def convert(value, typ, where: str):
     """`value` (from a file or an environment string) as the field type `typ`; ConfigError if it is not."""
     optional = str(typ).endswith("| None")
     base = {"str | None": str, "float | None": float}.get(str(typ), typ)
-    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+    if value is None or (
+        optional and isinstance(value, str) and value.strip().lower() in ("", "none", "null")
+    ):
         if optional:
             return None
         raise ConfigError(f"{where} must be set")
     if base is bool:
-        if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        if isinstance(value, str) and value.strip().lower() in (
+            "1",
+            "true",
+            "yes",
+            "on",
+            "0",
+            "false",
+            "no",
+            "off",
+        ):
             return value.strip().lower() in ("1", "true", "yes", "on")
         if isinstance(value, bool):
             return value
@@ -183,22 +214,30 @@ def load_config(path: str | Path | None = None, env: dict | None = None) -> Conf
         try:
             data = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
         except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"{path} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {e}") from None
+            raise ConfigError(
+                f"{path} is not valid {'TOML' if path.suffix == '.toml' else 'JSON'}: {e}"
+            ) from None
         base_dir = path.parent
         unknown = sorted(set(data) - {"knowledge_graphs", "model", "agent", "server"})
         if unknown:
-            raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)}; "
-                              f"known: knowledge_graphs, model, agent, server")
+            raise ConfigError(
+                f"{path}: unknown section(s) {', '.join(unknown)}; "
+                f"known: knowledge_graphs, model, agent, server"
+            )
     config = Config(source=str(path) if path else None)
     if "knowledge_graphs" in data:
         kgs = data["knowledge_graphs"]
         if not isinstance(kgs, list) or not kgs:
-            raise ConfigError(f"{path}: knowledge_graphs must be a non-empty list of tables ([[knowledge_graphs]])")
+            raise ConfigError(
+                f"{path}: knowledge_graphs must be a non-empty list of tables ([[knowledge_graphs]])"
+            )
         config.knowledge_graphs = []
         for i, kg in enumerate(kgs):
             if not isinstance(kg, dict) or not kg.get("name"):
                 raise ConfigError(f"{path}: knowledge_graphs[{i}] needs a name")
-            config.knowledge_graphs.append(KgConfig(**_section(KgConfig, kg, f"knowledge_graphs[{i}]", base_dir)))
+            config.knowledge_graphs.append(
+                KgConfig(**_section(KgConfig, kg, f"knowledge_graphs[{i}]", base_dir))
+            )
     config.model = ModelConfig(**_section(ModelConfig, data.get("model", {}), "model", base_dir))
     config.agent = AgentConfig(**_section(AgentConfig, data.get("agent", {}), "agent", base_dir))
     config.server = ServerConfig(**_section(ServerConfig, data.get("server", {}), "server", base_dir))
@@ -206,13 +245,14 @@ def load_config(path: str | Path | None = None, env: dict | None = None) -> Conf
     sections = {"GRASP_MODEL_": "model", "GRASP_AGENT_": "agent", "GRASP_SERVER_": "server"}
     for prefix, name in sections.items():
         setattr(config, name, _from_env(getattr(config, name), prefix, env))
-    config.knowledge_graphs = [_from_env(kg, f"GRASP_KG_{kg.name.upper().replace('-', '_')}_", env)
-                               for kg in config.knowledge_graphs]
+    config.knowledge_graphs = [
+        _from_env(kg, f"GRASP_KG_{kg.name.upper().replace('-', '_')}_", env) for kg in config.knowledge_graphs
+    ]
     for key in env:
         prefix = next((p for p in sections if key.startswith(p)), None)
         if prefix is not None:
             known = [f.name for f in fields(getattr(config, sections[prefix]))]
-            if key[len(prefix):].lower() not in known:
+            if key[len(prefix) :].lower() not in known:
                 raise ConfigError(f"${key} names no setting; known: {', '.join(known)}")
     check(config)
     return config
@@ -222,8 +262,14 @@ def override(section, **values):
     """`section` (config.model, .agent, .server or a KgConfig) with the command-line flags that were
     given (not None), converted to the fields' types ("none" clears an optional field)."""
     hints = get_type_hints(type(section))
-    return replace(section, **{key: convert(value, hints[key], "--" + key.replace("_", "-"))
-                               for key, value in values.items() if value is not None})
+    return replace(
+        section,
+        **{
+            key: convert(value, hints[key], "--" + key.replace("_", "-"))
+            for key, value in values.items()
+            if value is not None
+        },
+    )
 
 
 def unset_flag(section: str, name: str) -> str:
@@ -236,29 +282,50 @@ def check(config: Config) -> None:
     """Raise ConfigError naming every bad value (closed sets, positive limits, unique KG names)."""
     a, m, srv = config.agent, config.model, config.server
     names = [kg.name for kg in config.knowledge_graphs]
-    problems = [msg for ok, msg in [
-        (m.backend in BACKENDS, f"model.backend = {m.backend!r} must be one of {', '.join(BACKENDS)}"),
-        (m.backend != "openai" or bool(m.model), "model.model (the name the server expects) must be set for "
-                                                 "the openai backend"),
-        (m.tool_choice in ("auto", "required"), f"model.tool_choice = {m.tool_choice!r} must be auto or required"),
-        (a.task in TASKS, f"agent.task = {a.task!r} must be one of {', '.join(TASKS)}"),
-        (a.max_steps >= 1, f"agent.max_steps = {a.max_steps} must be >= 1"),
-        (a.time_limit_s > 0, f"agent.time_limit_s = {a.time_limit_s} must be > 0"),
-        (a.max_feedbacks >= 0 and a.max_loops >= 0, "agent.max_feedbacks and agent.max_loops must be >= 0"),
-        (min(a.search_top_k, a.list_k, a.result_max_rows, a.result_max_columns, a.num_examples) >= 1,
-         "agent.search_top_k, list_k, result_max_rows, result_max_columns and num_examples must be >= 1"),
-        (len(set(names)) == len(names), f"knowledge graph names must be unique: {names}"),
-        (a.force_examples is None or a.force_examples in names,
-         f"agent.force_examples = {a.force_examples!r} must name a knowledge graph ({', '.join(names)})"),
-        (srv.kg is None or srv.kg in names, f"server.kg = {srv.kg!r} must name a knowledge graph ({', '.join(names)})"),
-        (0 <= srv.port <= 65535, f"server.port = {srv.port} must be in [0, 65535]"),
-        (srv.max_waiting >= 0, f"server.max_waiting = {srv.max_waiting} must be >= 0"),
-        (srv.time_limit_s > 0, f"server.time_limit_s = {srv.time_limit_s} must be > 0"),
-        (srv.threads >= 0, f"server.threads = {srv.threads} must be >= 0 (0: torch's own choice)"),
-    ] if not ok]
+    problems = [
+        msg
+        for ok, msg in [
+            (m.backend in BACKENDS, f"model.backend = {m.backend!r} must be one of {', '.join(BACKENDS)}"),
+            (
+                m.backend != "openai" or bool(m.model),
+                "model.model (the name the server expects) must be set for the openai backend",
+            ),
+            (
+                m.tool_choice in ("auto", "required"),
+                f"model.tool_choice = {m.tool_choice!r} must be auto or required",
+            ),
+            (a.task in TASKS, f"agent.task = {a.task!r} must be one of {', '.join(TASKS)}"),
+            (a.max_steps >= 1, f"agent.max_steps = {a.max_steps} must be >= 1"),
+            (a.time_limit_s > 0, f"agent.time_limit_s = {a.time_limit_s} must be > 0"),
+            (
+                a.max_feedbacks >= 0 and a.max_loops >= 0,
+                "agent.max_feedbacks and agent.max_loops must be >= 0",
+            ),
+            (
+                min(a.search_top_k, a.list_k, a.result_max_rows, a.result_max_columns, a.num_examples) >= 1,
+                "agent.search_top_k, list_k, result_max_rows, result_max_columns and num_examples must be >= 1",
+            ),
+            (len(set(names)) == len(names), f"knowledge graph names must be unique: {names}"),
+            (
+                a.force_examples is None or a.force_examples in names,
+                f"agent.force_examples = {a.force_examples!r} must name a knowledge graph ({', '.join(names)})",
+            ),
+            (
+                srv.kg is None or srv.kg in names,
+                f"server.kg = {srv.kg!r} must name a knowledge graph ({', '.join(names)})",
+            ),
+            (0 <= srv.port <= 65535, f"server.port = {srv.port} must be in [0, 65535]"),
+            (srv.max_waiting >= 0, f"server.max_waiting = {srv.max_waiting} must be >= 0"),
+            (srv.time_limit_s > 0, f"server.time_limit_s = {srv.time_limit_s} must be > 0"),
+            (srv.threads >= 0, f"server.threads = {srv.threads} must be >= 0 (0: torch's own choice)"),
+        ]
+        if not ok
+    ]
     for kg in config.knowledge_graphs:
         if not kg.endpoint.startswith(("http://", "https://")):
-            problems.append(f"knowledge graph {kg.name}: endpoint {kg.endpoint!r} must start with http:// or https://")
+            problems.append(
+                f"knowledge graph {kg.name}: endpoint {kg.endpoint!r} must start with http:// or https://"
+            )
     if problems:
         where = f" in {config.source}" if config.source else ""
         raise ConfigError(f"bad configuration{where}: " + "; ".join(problems))
@@ -268,10 +335,24 @@ def make_backend(model_config):
     """The chat backend a ModelConfig describes (grasp/backends.py; the API key comes from the environment)."""
     m = model_config
     if m.backend == "openai":
-        return OpenAIBackend(m.base_url, m.model, os.environ.get(m.api_key_env) if m.api_key_env else None,
-                             m.timeout_s, m.temperature, m.tool_choice)
+        return OpenAIBackend(
+            m.base_url,
+            m.model,
+            os.environ.get(m.api_key_env) if m.api_key_env else None,
+            m.timeout_s,
+            m.temperature,
+            m.tool_choice,
+        )
     if m.backend == "local":
         from grasp.local_backend import LocalBackend  # torch and the model stack only for this backend
-        return LocalBackend(m.model_dir, m.adapter, m.device, m.precision, m.max_reasoning_tokens,
-                            m.max_call_tokens, temperature=m.temperature)
+
+        return LocalBackend(
+            m.model_dir,
+            m.adapter,
+            m.device,
+            m.precision,
+            m.max_reasoning_tokens,
+            m.max_call_tokens,
+            temperature=m.temperature,
+        )
     raise ValueError(f"unknown backend {m.backend!r}; use 'local' or 'openai'")

@@ -8,6 +8,7 @@ agent's status, steps (model turns), calls per function and feedback rounds; the
     settings, make = eval_setup("grasp.toml", "http://127.0.0.1:7878/query", index_dir, agent.build_agent)
     answer = make().answer("Who directed Pulp Fiction?")   # grisp.Answer's fields + `extra`
 """
+
 from collections import Counter
 from dataclasses import asdict, replace
 from types import SimpleNamespace
@@ -28,16 +29,31 @@ class EvalPipeline:
     def answer(self, question: str):
         r = self.agent.run(question)
         prefixes = self.agent.kgs[r.kg].prefixes if r.kg in self.agent.kgs else PREFIXES
-        extra = {"agent_status": r.status, "steps": r.steps, "calls": dict(r.calls), "feedbacks": r.feedbacks,
-                 "answer_text": r.answer}
-        return SimpleNamespace(sparql=with_prefixes(r.sparql, prefixes) if r.sparql else None, skeletons=[],
-                               trace=r.trace, timings=r.timings, backtracks=0, error=r.error, failure=r.failure,
-                               queries=None, endpoint_faults={}, verified=None,  # no per-question tally for the agent
-                               extra=extra)
+        extra = {
+            "agent_status": r.status,
+            "steps": r.steps,
+            "calls": dict(r.calls),
+            "feedbacks": r.feedbacks,
+            "answer_text": r.answer,
+        }
+        return SimpleNamespace(
+            sparql=with_prefixes(r.sparql, prefixes) if r.sparql else None,
+            skeletons=[],
+            trace=r.trace,
+            timings=r.timings,
+            backtracks=0,
+            error=r.error,
+            failure=r.failure,
+            queries=None,
+            endpoint_faults={},
+            verified=None,  # no per-question tally for the agent
+            extra=extra,
+        )
 
 
-def eval_setup(config_path: str | None, endpoint: str, index,
-               build_agent: Callable) -> tuple[dict, Callable[[], EvalPipeline]]:
+def eval_setup(
+    config_path: str | None, endpoint: str, index, build_agent: Callable
+) -> tuple[dict, Callable[[], EvalPipeline]]:
     """evaluate.py --system agent: the settings to save, and a maker of the pipeline (the config file's
     model and options over the one knowledge graph evaluated: evaluate's --endpoint and --index);
     `build_agent(config)` is agent.py's (the loop lives in the root's agent.py, above this package)."""
@@ -45,14 +61,19 @@ def eval_setup(config_path: str | None, endpoint: str, index,
     evaluated = replace(config.knowledge_graphs[0], endpoint=endpoint, index=str(index) if index else None)
     config.knowledge_graphs = [evaluated]
     check(config)
-    settings = {"config_file": config.source, "kg": config.knowledge_graphs[0].name,
-                "model": asdict(config.model), "options": asdict(config.agent)}
+    settings = {
+        "config_file": config.source,
+        "kg": config.knowledge_graphs[0].name,
+        "model": asdict(config.model),
+        "options": asdict(config.agent),
+    }
 
     def make() -> EvalPipeline:
         try:
             return EvalPipeline(build_agent(config))
         except BackendError as e:  # e.g. no model directory: a message, not a traceback
             raise ValueError(str(e)) from None
+
     return settings, make
 
 
@@ -63,6 +84,9 @@ def agent_summary(records: list[dict]) -> dict:
     calls = Counter()
     for r in runs:
         calls.update(r["calls"])
-    return {"steps_mean": sum(r["steps"] for r in runs) / n, "calls_mean": sum(calls.values()) / n,
-            "calls_per_question": {k: v / n for k, v in sorted(calls.items())},
-            "statuses": dict(Counter(r["agent_status"] for r in runs))}
+    return {
+        "steps_mean": sum(r["steps"] for r in runs) / n,
+        "calls_mean": sum(calls.values()) / n,
+        "calls_per_question": {k: v / n for k, v in sorted(calls.items())},
+        "statuses": dict(Counter(r["agent_status"] for r in runs)),
+    }

@@ -11,6 +11,7 @@ encoder of encoder.py), one item per pair, its question and paraphrases as the i
 
 The functions FSE and FEX themselves (definitions, the text of their results) are in grasp/functions.py.
 """
+
 import hashlib
 import json
 import random
@@ -39,6 +40,7 @@ class ExampleIndex:
         """Embed the questions (and paraphrases) of `samples` ({question, sparql, paraphrases?})."""
         if encoder is None:
             from llm.encoder import load_encoder
+
             encoder = load_encoder(ENCODER)
         directory = Path(directory).expanduser()
         names = [[s["question"], *s.get("paraphrases", [])] for s in samples]
@@ -46,14 +48,21 @@ class ExampleIndex:
         tmp = directory.with_name(directory.name + ".tmp")  # becomes `directory` only when complete
         shutil.rmtree(tmp, ignore_errors=True)
         index.save(tmp / "embedding")
-        lines = [json.dumps({"question": s["question"], "sparql": s["sparql"]}, ensure_ascii=False) for s in samples]
+        lines = [
+            json.dumps({"question": s["question"], "sparql": s["sparql"]}, ensure_ascii=False)
+            for s in samples
+        ]
         (tmp / "examples.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         (tmp / "source.json").write_text(json.dumps({"sha256": examples_digest(samples)}))
         if directory.exists():
-            if others := sorted({p.name for p in directory.iterdir()} - {"embedding", "examples.jsonl", "source.json"}):
+            if others := sorted(
+                {p.name for p in directory.iterdir()} - {"embedding", "examples.jsonl", "source.json"}
+            ):
                 shutil.rmtree(tmp)
-                raise FileExistsError(f"{directory} holds more than an example index ({', '.join(others)}); "
-                                      "give the example index a directory of its own")
+                raise FileExistsError(
+                    f"{directory} holds more than an example index ({', '.join(others)}); "
+                    "give the example index a directory of its own"
+                )
             shutil.rmtree(directory)
         tmp.rename(directory)
 
@@ -64,7 +73,9 @@ class ExampleIndex:
         encoder vectors."""
         directory = Path(directory).expanduser()
         try:
-            samples = benchmarks.load_training(source)  # never an evaluation set: FSE would hand out the gold queries
+            samples = benchmarks.load_training(
+                source
+            )  # never an evaluation set: FSE would hand out the gold queries
         except FileNotFoundError:
             if not (directory / "examples.jsonl").exists():
                 raise

@@ -12,6 +12,7 @@ format, and constrained decoding of the calls (docs/agent.md section 6).
     reply = backend.chat([{"role": "user", "content": "Who directed Pulp Fiction?"}], tools)
     reply.content, reply.tool_calls[0].name, reply.tool_calls[0].arguments
 """
+
 import json
 import re
 import time
@@ -29,14 +30,16 @@ from llm.tokenizer import Tokenizer, qwen_tool_prompt
 from model import pick_device
 
 _CALL_OPENING = re.compile(r'<tool_call>|\{\s*"name"')  # where the free text of a local turn ends
-_CALL_NAME = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')  # a call's start, up to its arguments
+_CALL_NAME = re.compile(
+    r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*'
+)  # a call's start, up to its arguments
 
 
 def turn_content(text: str, call_follows: bool) -> str:
     """A turn's content from its free text: stripped, and without the code fence a call opened in (```json)."""
     content = text.strip()
     if call_follows and content.count("```") % 2:
-        content = content[:content.rfind("```")].strip()
+        content = content[: content.rfind("```")].strip()
     return content
 
 
@@ -47,8 +50,9 @@ def settled_content(text: str) -> str:
     text = text.lstrip().partition("\ufffd")[0]  # from a multi-byte character still incomplete on, unknown
     cut = len(text.rstrip().rstrip("`").rstrip())
     for i, char in enumerate(text[:cut]):
-        if (char == "<" and "<tool_call>".startswith(text[i:])) or \
-                (char == "{" and '"name"'.startswith(text[i + 1:].lstrip())):
+        if (char == "<" and "<tool_call>".startswith(text[i:])) or (
+            char == "{" and '"name"'.startswith(text[i + 1 :].lstrip())
+        ):
             cut = i
             break
     if text[:cut].count("```") % 2:
@@ -74,8 +78,8 @@ def call_arguments(call: str) -> str | None:
         elif char in "}]":
             depth -= 1
             if depth == 0:
-                return call[match.end():i + 1]
-    return call[match.end():]
+                return call[match.end() : i + 1]
+    return call[match.end() :]
 
 
 class LocalBackend:
@@ -90,21 +94,36 @@ class LocalBackend:
     (serve.py runs every chat on its one worker thread). `should_stop`, if set, is asked before every
     forward pass; True ends the turn with BackendCancelled (serve.py: the running job was cancelled)."""
 
-    def __init__(self, model_dir: str | Path, adapter: str | Path | None = None, device: str = "auto",
-                 precision: str = "auto",
-                 max_reasoning_tokens: int = 128, max_call_tokens: int = 768, max_string: int = 1500,
-                 tool_choice: str = "required", temperature: float | None = None, seed: int = 0,
-                 model=None, tokenizer=None, should_stop: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        adapter: str | Path | None = None,
+        device: str = "auto",
+        precision: str = "auto",
+        max_reasoning_tokens: int = 128,
+        max_call_tokens: int = 768,
+        max_string: int = 1500,
+        tool_choice: str = "required",
+        temperature: float | None = None,
+        seed: int = 0,
+        model=None,
+        tokenizer=None,
+        should_stop: Callable[[], bool] | None = None,
+    ):
         model_dir = Path(model_dir).expanduser()
         if model is None:
             if not (model_dir / "config.json").exists():
-                raise BackendError(f"no model at {model_dir} (config.json missing); run `python get_model.py`")
+                raise BackendError(
+                    f"no model at {model_dir} (config.json missing); run `python get_model.py`"
+                )
             try:
                 dev = pick_device(device)
             except ValueError as e:
                 raise BackendError(f"model.device: {e}") from None
             try:
-                self.precision, self.why_precision = pick_precision(precision, dev)  # "auto": bf16 if the CPU has it
+                self.precision, self.why_precision = pick_precision(
+                    precision, dev
+                )  # "auto": bf16 if the CPU has it
             except ValueError as e:
                 raise BackendError(f"model.precision: {e}") from None
             try:
@@ -112,8 +131,10 @@ class LocalBackend:
             except (OSError, ValueError, KeyError) as e:
                 if not adapter:
                     raise BackendError(f"cannot load the model {model_dir}: {e}") from e
-                raise BackendError(f"cannot load the model {model_dir} with the adapter {adapter}: {e} "
-                                   f"(adapter = \"none\" in [model], or --adapter none, runs the base model)") from e
+                raise BackendError(
+                    f"cannot load the model {model_dir} with the adapter {adapter}: {e} "
+                    f'(adapter = "none" in [model], or --adapter none, runs the base model)'
+                ) from e
         else:
             self.precision, self.why_precision = "as given", "a model object passed in"
         self.model, self.tokenizer = model, tokenizer or Tokenizer(model_dir)
@@ -122,15 +143,24 @@ class LocalBackend:
         self.should_stop = should_stop
         self._generator = torch.Generator().manual_seed(seed)  # sampling (temperature > 0) only
         self.name = f"local:{model_dir.name}" + (f"+{Path(adapter).name}" if adapter else "")
-        self._prompts, self._calls = PromptCache(self.model, room=4096), 0  # the conversation's KV cache, calls made
+        self._prompts, self._calls = (
+            PromptCache(self.model, room=4096),
+            0,
+        )  # the conversation's KV cache, calls made
         self._texts: dict[int, str] = {}  # token id -> its text (complete characters only, else "")
         # control tokens (end of turn included): never inside a call, and they end a turn's free text
         self._special = set(self.tokenizer.tokenizer.get_added_tokens_decoder()) | set(self.tokenizer.eos_ids)
         self._char_ids = {c: self.tokenizer.encode(c) for c in map(chr, range(32, 127))}
         self._char_ids["\n"] = self.tokenizer.encode("\n")
 
-    def chat(self, messages: list[dict], tools: list[dict], deadline: float | None = None,
-             tool_choice: str | None = None, on_delta: Callable[[str, str], None] | None = None) -> Reply:
+    def chat(
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        deadline: float | None = None,
+        tool_choice: str | None = None,
+        on_delta: Callable[[str, str], None] | None = None,
+    ) -> Reply:
         """One turn. `on_delta(kind, text)`, if given, receives the turn as it is decoded: "content" pieces,
         then for a call "call" with the function's name and "arguments" pieces."""
         with torch.inference_mode():
@@ -142,7 +172,9 @@ class LocalBackend:
         logits = self._prefill(prompt, deadline)
         # --- free text until the model opens a call or ends its turn
         text, boundaries, stop = "", [len(self._ids)], "budget"  # cache length after each generated token
-        for _ in range(self.max_reasoning_tokens if tools else self.max_reasoning_tokens + self.max_call_tokens):
+        for _ in range(
+            self.max_reasoning_tokens if tools else self.max_reasoning_tokens + self.max_call_tokens
+        ):
             token = self._sample(logits, None)
             piece = self.tokenizer.decode([token], skip_special_tokens=False)
             opening = _CALL_OPENING.search(text + piece)  # `<tool_call>`, or a call written without it
@@ -150,7 +182,9 @@ class LocalBackend:
                 stop, cut = "call", opening.start()
                 while len(boundaries) > 1 and len(text) > cut:  # drop a call opening split over tokens
                     boundaries.pop()
-                    text = self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False)
+                    text = self.tokenizer.decode(
+                        self._ids[boundaries[0] : boundaries[-1]], skip_special_tokens=False
+                    )
                 self._truncate(boundaries[-1])
                 break
             if token in self._special:  # `<|im_end|>`, or another control token (`<|im_start|>` ...)
@@ -160,20 +194,33 @@ class LocalBackend:
             logits = self._feed([token], deadline)
             boundaries.append(len(self._ids))
             if stream:
-                stream.content(settled_content(self.tokenizer.decode(self._ids[boundaries[0]:], skip_special_tokens=False)))
-        content = turn_content(self.tokenizer.decode(self._ids[boundaries[0]:boundaries[-1]], skip_special_tokens=False),
-                               call_follows=stop == "call")
+                stream.content(
+                    settled_content(
+                        self.tokenizer.decode(self._ids[boundaries[0] :], skip_special_tokens=False)
+                    )
+                )
+        content = turn_content(
+            self.tokenizer.decode(self._ids[boundaries[0] : boundaries[-1]], skip_special_tokens=False),
+            call_follows=stop == "call",
+        )
         stream.content(content)
         if not tools or (tool_choice == "auto" and stop == "end"):
-            return Reply(content, [], time.monotonic() - start, finish_reason="length" if stop == "budget" else "stop",
-                         usage=self._usage(len(prompt)))
+            return Reply(
+                content,
+                [],
+                time.monotonic() - start,
+                finish_reason="length" if stop == "budget" else "stop",
+                usage=self._usage(len(prompt)),
+            )
         # --- one call, decoded under the grammar of the functions
         # the call ends with the newline before `</tool_call>`, as in the chat template: the model's own
         # last token of a call is often `"}}\n` (one token), which a grammar ending at `}}` would refuse
         notes, state = [], call_grammar(tools, self.max_string, end="\n")
         call = self._feedable("", state.forced())  # the call's text so far, all of it fed to the model
         state = state.consume(call)
-        logits = self._feed(self.tokenizer.encode(("\n" if content else "") + "<tool_call>\n" + call), deadline)
+        logits = self._feed(
+            self.tokenizer.encode(("\n" if content else "") + "<tool_call>\n" + call), deadline
+        )
         for _ in range(self.max_call_tokens):
             if state.exact:
                 break
@@ -192,7 +239,9 @@ class LocalBackend:
         # the arguments as the model wrote them (OpenAI's `arguments` is the model's text): what was streamed
         tool_call = check_call(self.next_call_id, body["name"], call_arguments(call), tools)
         self._calls += 1
-        return Reply(content, [tool_call], time.monotonic() - start, notes, "tool_calls", self._usage(len(prompt)))
+        return Reply(
+            content, [tool_call], time.monotonic() - start, notes, "tool_calls", self._usage(len(prompt))
+        )
 
     @property
     def next_call_id(self) -> str:
@@ -204,13 +253,16 @@ class LocalBackend:
         model writes that word itself, cut as its tokenizer cuts it: after `search` the grammar forces
         `_` (search_entity or search_property), and fed alone `_` is a token the model never saw there;
         left to the model, its next token is `_property` or `_entity`, which the grammar still checks."""
-        return forced[:max(0, self.tokenizer.last_word_start(call + forced) - len(call))]
+        return forced[: max(0, self.tokenizer.last_word_start(call + forced) - len(call))]
 
     def _usage(self, prompt_tokens: int) -> dict:
         """OpenAI's usage of the turn just decoded: its prompt, and the tokens generated after it."""
         completion = len(self._ids) - prompt_tokens
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                "total_tokens": prompt_tokens + completion}
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion,
+        }
 
     def _choose(self, logits, state) -> tuple[int, str]:
         """The most likely token whose text keeps the call inside the grammar (the top 64 are tried,
@@ -225,8 +277,11 @@ class LocalBackend:
         if fits:
             token = self._sample(logits, list(fits))
             return token, fits[token]
-        allowed = [(float(logits[ids[0]]), c, ids[0]) for c, ids in self._char_ids.items()
-                   if len(ids) == 1 and state.step(c) is not None]
+        allowed = [
+            (float(logits[ids[0]]), c, ids[0])
+            for c, ids in self._char_ids.items()
+            if len(ids) == 1 and state.step(c) is not None
+        ]
         assert allowed, f"the grammar allows no ASCII character after {state.shortest()!r}"
         _, char, token = max(allowed)
         return token, char
@@ -241,7 +296,9 @@ class LocalBackend:
 
     def _text(self, token: int) -> str:
         if token not in self._texts:
-            piece = "" if token in self._special else self.tokenizer.decode([token], skip_special_tokens=False)
+            piece = (
+                "" if token in self._special else self.tokenizer.decode([token], skip_special_tokens=False)
+            )
             self._texts[token] = "" if "\ufffd" in piece else piece  # part of a multi-byte character
         return self._texts[token]
 
@@ -280,7 +337,7 @@ class Stream:
     def content(self, settled: str) -> None:
         if self.on_delta and len(settled) > len(self.sent_content):
             assert settled.startswith(self.sent_content), (settled, self.sent_content)
-            self.on_delta("content", settled[len(self.sent_content):])
+            self.on_delta("content", settled[len(self.sent_content) :])
             self.sent_content = settled
 
     def call(self, call: str) -> None:
@@ -291,5 +348,5 @@ class Stream:
             self.on_delta("call", json.loads('"' + _CALL_NAME.match(call).group(1) + '"'))
             self.sent_name = True
         if len(arguments) > len(self.sent_arguments):
-            self.on_delta("arguments", arguments[len(self.sent_arguments):])
+            self.on_delta("arguments", arguments[len(self.sent_arguments) :])
             self.sent_arguments = arguments

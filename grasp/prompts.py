@@ -6,6 +6,7 @@ Written in our own words after the authors' public instructions; only text, no l
     task_definitions("sparql-qa", ["wikidata"])           # answer(kg, sparql, answer), cancel(explanation, ...)
     feedback_messages(questions, output_text(result, table))   # the judge's conversation: it calls give_feedback
 """
+
 from grasp.functions import string_arg, tool_def
 
 SPARQL_QA = """You are a question answering assistant. Your job is to find a SPARQL query that answers \
@@ -48,40 +49,68 @@ def system_instruction(task: str, kgs: list, prefixes: dict[str, str]) -> str:
     graphs = "\n".join(f"- {kg.name}: {kg.description or 'no description'}" for kg in kgs)
     declared = "\n".join(f"{name}: <{iri}>" for name, iri in prefixes.items())
     rules = "\n".join(f"{i}. {rule}" for i, rule in enumerate(RULES[task], start=1))
-    return (f"{SPARQL_QA if task == 'sparql-qa' else GENERAL_QA}\n\nKnowledge graphs:\n{graphs}\n\n"
-            f"These prefixes can be used in queries and function calls without declaring them:\n{declared}\n\n"
-            f"Rules:\n{rules}")
+    return (
+        f"{SPARQL_QA if task == 'sparql-qa' else GENERAL_QA}\n\nKnowledge graphs:\n{graphs}\n\n"
+        f"These prefixes can be used in queries and function calls without declaring them:\n{declared}\n\n"
+        f"Rules:\n{rules}"
+    )
 
 
 def task_definitions(task: str, kgs: list[str]) -> list[dict]:
     """ANS and CAN of the task (OpenAI tools format)."""
     if task == "general-qa":
         return [
-            tool_def("answer", "Give your final answer to the question. This ends the conversation.",
-                     {"answer": string_arg("the answer")}),
-            tool_def("cancel", "Give up if you cannot answer the question. This ends the conversation.",
-                     {"explanation": string_arg("why you could not answer")},
-                     {"best_attempt": string_arg("your best answer so far, if any")}),
+            tool_def(
+                "answer",
+                "Give your final answer to the question. This ends the conversation.",
+                {"answer": string_arg("the answer")},
+            ),
+            tool_def(
+                "cancel",
+                "Give up if you cannot answer the question. This ends the conversation.",
+                {"explanation": string_arg("why you could not answer")},
+                {"best_attempt": string_arg("your best answer so far, if any")},
+            ),
         ]
     kg = {"kg": string_arg("the knowledge graph the query is for", kgs)}
     return [
-        tool_def("answer", "Give the final SPARQL query and a short answer to the question based on its result. "
-                 "This ends the conversation.",
-                 kg | {"sparql": string_arg("the final SPARQL query"),
-                       "answer": string_arg("the answer, in a few words")}),
-        tool_def("cancel", "Give up if you cannot find a SPARQL query that answers the question. This ends the "
-                 "conversation.", {"explanation": string_arg("why you could not find a query")},
-                 {"best_attempt": {"type": "object", "description": "your best query so far, if any",
-                                   "properties": kg | {"sparql": string_arg("the query")},
-                                   "required": ["kg", "sparql"], "additionalProperties": False}}),
+        tool_def(
+            "answer",
+            "Give the final SPARQL query and a short answer to the question based on its result. "
+            "This ends the conversation.",
+            kg
+            | {
+                "sparql": string_arg("the final SPARQL query"),
+                "answer": string_arg("the answer, in a few words"),
+            },
+        ),
+        tool_def(
+            "cancel",
+            "Give up if you cannot find a SPARQL query that answers the question. This ends the "
+            "conversation.",
+            {"explanation": string_arg("why you could not find a query")},
+            {
+                "best_attempt": {
+                    "type": "object",
+                    "description": "your best query so far, if any",
+                    "properties": kg | {"sparql": string_arg("the query")},
+                    "required": ["kg", "sparql"],
+                    "additionalProperties": False,
+                }
+            },
+        ),
     ]
 
 
 FEEDBACK_TOOL = tool_def(
-    "give_feedback", "Judge the output of the question answering system. Status done: the output is correct "
+    "give_feedback",
+    "Judge the output of the question answering system. Status done: the output is correct "
     "and complete; refine: it is sensible but needs refinement; retry: it is wrong and must be reworked.",
-    {"status": string_arg("your verdict", ["done", "refine", "retry"]),
-     "feedback": string_arg("your reasons and, unless done, how to improve the output")})
+    {
+        "status": string_arg("your verdict", ["done", "refine", "retry"]),
+        "feedback": string_arg("your reasons and, unless done, how to improve the output"),
+    },
+)
 
 FEEDBACK_SYSTEM = """You check the output of a question answering system that answers questions over \
 knowledge graphs with SPARQL queries. You are given the user's question and either the system's answer \
@@ -104,5 +133,7 @@ def feedback_messages(questions: list[str], output: str, kgs: list) -> list[dict
     """The judge's conversation about `output` (text describing the answer or the cancel)."""
     graphs = "\n".join(f"- {kg.name}: {kg.description or 'no description'}" for kg in kgs)
     earlier = "".join(f"Earlier question: {q}\n" for q in questions[:-1])
-    return [{"role": "system", "content": f"{FEEDBACK_SYSTEM}\n\nKnowledge graphs:\n{graphs}"},
-            {"role": "user", "content": f"{earlier}Question: {questions[-1]}\n\n{output}"}]
+    return [
+        {"role": "system", "content": f"{FEEDBACK_SYSTEM}\n\nKnowledge graphs:\n{graphs}"},
+        {"role": "user", "content": f"{earlier}Question: {questions[-1]}\n\n{output}"},
+    ]

@@ -25,6 +25,7 @@ The grammar is a regular language, consumed one character at a time by Brzozowsk
 
 `schema_errors(schema, args)` checks a call received from a remote model against the same subset.
 """
+
 import json
 from functools import lru_cache
 
@@ -122,7 +123,13 @@ class JsonString(Node):
 
     def step(self, ch):
         if self.esc == 1:
-            return JsonString(self.left, 2) if ch == "u" else JsonString(self.left) if ch in '"\\/bfnrt' else None
+            return (
+                JsonString(self.left, 2)
+                if ch == "u"
+                else JsonString(self.left)
+                if ch in '"\\/bfnrt'
+                else None
+            )
         if self.esc >= 2:
             ok = ch in "0123456789abcdefABCDEF"
             return None if not ok else JsonString(self.left, self.esc + 1 if self.esc < 5 else 0)
@@ -177,6 +184,7 @@ def alt(*options: Node | None) -> Node | None:
 
 # ---------------------------------------------------------------------------- JSON schema -> grammar
 
+
 def value_grammar(schema: dict, max_string: int) -> Node:
     """The JSON texts of values fitting `schema` (the subset described in the module docstring)."""
     if "enum" in schema:
@@ -194,8 +202,10 @@ def value_grammar(schema: dict, max_string: int) -> Node:
         return Lit("null")
     if types == "object":
         return object_grammar(schema, max_string)
-    raise ValueError(f"cannot constrain decoding to the JSON schema {schema!r}: types string, integer, "
-                     f"boolean, null, object and enums are supported")
+    raise ValueError(
+        f"cannot constrain decoding to the JSON schema {schema!r}: types string, integer, "
+        f"boolean, null, object and enums are supported"
+    )
 
 
 def object_grammar(schema: dict, max_string: int) -> Node:
@@ -238,8 +248,15 @@ def call_grammar(tools: list[dict], max_string: int = 1500, end: str = "") -> No
 
 # ---------------------------------------------------------------------------- checks of received calls
 
-_TYPES = {"string": str, "integer": int, "boolean": bool, "object": dict, "null": type(None),
-          "number": (int, float), "array": list}
+_TYPES = {
+    "string": str,
+    "integer": int,
+    "boolean": bool,
+    "object": dict,
+    "null": type(None),
+    "number": (int, float),
+    "array": list,
+}
 
 
 def schema_errors(schema: dict, value, path: str = "arguments") -> list[str]:
@@ -247,8 +264,11 @@ def schema_errors(schema: dict, value, path: str = "arguments") -> list[str]:
     types = schema.get("type")
     if types is not None:
         names = types if isinstance(types, list) else [types]
-        ok = any(isinstance(value, _TYPES[t]) and not (t in ("integer", "number") and isinstance(value, bool))
-                 for t in names if t in _TYPES)
+        ok = any(
+            isinstance(value, _TYPES[t]) and not (t in ("integer", "number") and isinstance(value, bool))
+            for t in names
+            if t in _TYPES
+        )
         if not ok:
             return [f"{path} must be {' or '.join(names)}, not {json.dumps(value)[:80]}"]
     if "enum" in schema and value not in schema["enum"]:
@@ -256,9 +276,15 @@ def schema_errors(schema: dict, value, path: str = "arguments") -> list[str]:
     errors = []
     if isinstance(value, dict) and "properties" in schema:
         props = schema["properties"]
-        errors += [f"{path} lacks the required key {k!r}" for k in schema.get("required", []) if k not in value]
+        errors += [
+            f"{path} lacks the required key {k!r}" for k in schema.get("required", []) if k not in value
+        ]
         if schema.get("additionalProperties", True) is False:
-            errors += [f"{path} has the unknown key {k!r} (known: {', '.join(props)})" for k in value if k not in props]
+            errors += [
+                f"{path} has the unknown key {k!r} (known: {', '.join(props)})"
+                for k in value
+                if k not in props
+            ]
         for key, sub in value.items():
             if key in props:
                 errors += schema_errors(props[key], sub, f"{path}.{key}")

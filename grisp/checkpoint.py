@@ -14,6 +14,7 @@ training state, the config and the run's logs, but not AdamW's moments (twice th
 A run continued from it (`restore`, train.py's --resume) is at the same step, schedule position and data order with the
 same RNG states; its weights are the bf16-rounded ones and its moments start again from zero.
 """
+
 import json
 import shutil
 import signal
@@ -39,16 +40,26 @@ def save(run_dir: Path, model, optimizer, state: dict, config: dict, rank: int, 
         tmp.mkdir(parents=True)
     if world > 1:
         dist.barrier()
-    rng = {"cpu": torch.get_rng_state()} | ({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})
+    rng = {"cpu": torch.get_rng_state()} | (
+        {"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {}
+    )
     save_file(rng, tmp / f"rng-rank{rank}.safetensors")  # every rank draws its own dropout masks
     if world > 1:
         dist.barrier()
     if rank == 0:
-        save_file({n: p.detach().cpu().contiguous() for n, p in lora.lora_state_dict(unwrap(model)).items()},
-                  tmp / LORA_FILE)
+        save_file(
+            {n: p.detach().cpu().contiguous() for n, p in lora.lora_state_dict(unwrap(model)).items()},
+            tmp / LORA_FILE,
+        )
         opt = optimizer.state_dict()  # tensors to safetensors, the rest to JSON: no pickle
-        save_file({f"{i}.{k}": v.detach().cpu().contiguous() for i, s in opt["state"].items() for k, v in s.items()},
-                  tmp / "optimizer.safetensors")
+        save_file(
+            {
+                f"{i}.{k}": v.detach().cpu().contiguous()
+                for i, s in opt["state"].items()
+                for k, v in s.items()
+            },
+            tmp / "optimizer.safetensors",
+        )
         (tmp / "optimizer.json").write_text(json.dumps(opt["param_groups"]))
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
@@ -109,8 +120,12 @@ def save_portable(checkpoint_dir: Path, run_dir: Path, out_dir: Path) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     copy_in_bf16(checkpoint_dir / LORA_FILE, tmp / LORA_FILE)
-    copied = [*checkpoint_dir.glob("rng-rank*.safetensors"), checkpoint_dir / "state.json",
-              checkpoint_dir / "config.json", *(run_dir / name for name in RUN_LOGS)]
+    copied = [
+        *checkpoint_dir.glob("rng-rank*.safetensors"),
+        checkpoint_dir / "state.json",
+        checkpoint_dir / "config.json",
+        *(run_dir / name for name in RUN_LOGS),
+    ]
     for path in copied:
         if path.is_file():
             shutil.copyfile(path, tmp / path.name)
@@ -138,7 +153,9 @@ def recover_portable(out_dir: Path) -> Path:
 def copy_in_bf16(src: Path, dst: Path) -> None:
     """Copy a safetensors file with its float tensors cast to bfloat16."""
     tensors = load_file(src)
-    save_file({name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in tensors.items()}, dst)
+    save_file(
+        {name: t.to(torch.bfloat16) if t.is_floating_point() else t for name, t in tensors.items()}, dst
+    )
 
 
 def restore(path: Path, model, rank: int) -> dict:

@@ -10,6 +10,7 @@ changes only documentation keeps the fingerprint).
     from grisp.code_version import code_version
     code_version()   # {"fingerprint": "<64 hex digits>", "commit": "<40 hex digits>" or None}
 """
+
 import hashlib
 import subprocess
 from pathlib import Path
@@ -21,7 +22,9 @@ NOT_ANSWERING = ("tests", "bench", "runs", "tools")  # they decide no answer
 def git(root: Path, *args: str) -> str | None:
     """The output of a git command in `root`, or None without git or outside a checkout."""
     try:
-        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -30,12 +33,20 @@ def python_sources(root: Path = REPO_DIR) -> list[str]:
     """The relative paths of the project's Python files outside NOT_ANSWERING and hidden directories
     (a virtualenv, say), sorted: git's tracked ones in a checkout, else those on disk."""
     listed = git(root, "ls-files", "-z", "*.py")
-    paths = listed.split("\0") if listed is not None else [p.relative_to(root).as_posix() for p in root.rglob("*.py")]
+    paths = (
+        listed.split("\0")
+        if listed is not None
+        else [p.relative_to(root).as_posix() for p in root.rglob("*.py")]
+    )
 
     def answering(path: str) -> bool:
         parts = path.split("/")
-        return (parts[0] not in NOT_ANSWERING and not any(part.startswith(".") for part in parts)
-                and (root / path).is_file())  # tracked but deleted: no code
+        return (
+            parts[0] not in NOT_ANSWERING
+            and not any(part.startswith(".") for part in parts)
+            and (root / path).is_file()
+        )  # tracked but deleted: no code
+
     return sorted(path for path in paths if path and answering(path))
 
 
@@ -44,7 +55,9 @@ def code_version(root: Path = REPO_DIR) -> dict:
     digest = hashlib.sha256()
     for path in python_sources(root):
         data = (root / path).read_bytes()
-        digest.update(f"{path}\0{len(data)}\0".encode())  # the length keeps one file's end from another's start
+        digest.update(
+            f"{path}\0{len(data)}\0".encode()
+        )  # the length keeps one file's end from another's start
         digest.update(data)
     commit = git(root, "rev-parse", "HEAD")
     return {"fingerprint": digest.hexdigest(), "commit": commit.strip() if commit else None}

@@ -18,6 +18,7 @@ two constraints on one variable (intersection: "which films directed by x and st
 or latest of them by date (superlative), how many (count) and those before or after a year (filter);
 their answers are typed by the class of the question's noun ("films" -> film: CLASSES), as WWQ's are.
 """
+
 import math
 import random
 import re
@@ -28,12 +29,25 @@ from search import Indices
 WD, WDT = PREFIXES["wd"], PREFIXES["wdt"]
 ONE_HOP = re.compile(r"SELECT DISTINCT \?x WHERE \{ wd:(Q\d+) wdt:(P\d+) \?x \. \}$")
 TYPES = {  # property -> (subject type, object type): which entities and properties composed records fit together
-    "P57": ("work", "person"), "P58": ("work", "person"), "P86": ("work", "person"), "P50": ("work", "person"),
-    "P170": ("work", "person"), "P161": ("work", "person"), "P495": ("work", "place"),
-    "P19": ("person", "place"), "P20": ("person", "place"), "P27": ("person", "place"),
-    "P22": ("person", "person"), "P25": ("person", "person"), "P26": ("person", "person"),
-    "P36": ("place", "place"), "P17": ("place", "place"), "P47": ("place", "place"), "P35": ("place", "person"),
-    "P112": ("organization", "person"), "P159": ("organization", "place"),
+    "P57": ("work", "person"),
+    "P58": ("work", "person"),
+    "P86": ("work", "person"),
+    "P50": ("work", "person"),
+    "P170": ("work", "person"),
+    "P161": ("work", "person"),
+    "P495": ("work", "place"),
+    "P19": ("person", "place"),
+    "P20": ("person", "place"),
+    "P27": ("person", "place"),
+    "P22": ("person", "person"),
+    "P25": ("person", "person"),
+    "P26": ("person", "person"),
+    "P36": ("place", "place"),
+    "P17": ("place", "place"),
+    "P47": ("place", "place"),
+    "P35": ("place", "person"),
+    "P112": ("organization", "person"),
+    "P159": ("organization", "place"),
 }
 NOUN_PHRASES = {  # property -> noun phrases "the <property> of <subject>", for chains
     "P57": ["the director of {}", "the {} director", "{}'s director"],
@@ -66,44 +80,97 @@ FILMS, PEOPLE = ["movies", "films"], ["people", "persons"]
 RELATIONS = {
     "P57": (["did {o} direct {s}?", "was {s} directed by {o}?"], ["directed by {o}"], FILMS),
     "P58": (["did {o} write the screenplay of {s}?", "was {s} written by {o}?"], ["written by {o}"], FILMS),
-    "P86": (["did {o} compose the music for {s}?", "is {o} the composer of {s}?"],
-            ["with music by {o}", "scored by {o}"], FILMS),
-    "P161": (["was {o} in {s}?", "did {o} star in {s}?", "did {o} act in {s}?"],
-             ["starring {o}", "with {o} in the cast"], FILMS + ["shows"]),
-    "P50": (["did {o} write {s}?", "is {o} the author of {s}?"], ["written by {o}", "by {o}"],
-            ["books", "novels", "works"]),
+    "P86": (
+        ["did {o} compose the music for {s}?", "is {o} the composer of {s}?"],
+        ["with music by {o}", "scored by {o}"],
+        FILMS,
+    ),
+    "P161": (
+        ["was {o} in {s}?", "did {o} star in {s}?", "did {o} act in {s}?"],
+        ["starring {o}", "with {o} in the cast"],
+        FILMS + ["shows"],
+    ),
+    "P50": (
+        ["did {o} write {s}?", "is {o} the author of {s}?"],
+        ["written by {o}", "by {o}"],
+        ["books", "novels", "works"],
+    ),
     "P170": (["did {o} create {s}?"], ["created by {o}"], ["works"]),
     "P495": (["is {s} from {o}?"], ["from {o}", "made in {o}"], FILMS + ["works"]),
     "P19": (["was {s} born in {o}?", "is {o} the birthplace of {s}?"], ["born in {o}"], PEOPLE),
     "P20": (["did {s} die in {o}?"], ["who died in {o}"], PEOPLE),
-    "P27": (["is {s} a citizen of {o}?", "does {s} have citizenship of {o}?"],
-            ["with citizenship of {o}", "who are citizens of {o}"], PEOPLE),
+    "P27": (
+        ["is {s} a citizen of {o}?", "does {s} have citizenship of {o}?"],
+        ["with citizenship of {o}", "who are citizens of {o}"],
+        PEOPLE,
+    ),
     "P26": (["was {s} married to {o}?", "is {o} the spouse of {s}?"], ["married to {o}"], PEOPLE),
     "P22": (["is {o} the father of {s}?", "is {o} {s}'s father?"], ["whose father is {o}"], PEOPLE),
     "P25": (["is {o} the mother of {s}?"], ["whose mother is {o}"], PEOPLE),
     "P36": (["is {o} the capital of {s}?"], ["whose capital is {o}"], ["countries", "states"]),
     "P17": (["is {s} in {o}?", "is {s} located in the country {o}?"], ["in {o}"], ["places", "cities"]),
-    "P47": (["does {s} border {o}?"], ["bordering {o}", "that share a border with {o}"], ["countries", "places"]),
-    "P112": (["did {o} found {s}?", "was {s} founded by {o}?"], ["founded by {o}"], ["organizations", "companies"]),
-    "P159": (["is {s} headquartered in {o}?"], ["headquartered in {o}", "based in {o}"],
-             ["organizations", "companies"]),
+    "P47": (
+        ["does {s} border {o}?"],
+        ["bordering {o}", "that share a border with {o}"],
+        ["countries", "places"],
+    ),
+    "P112": (
+        ["did {o} found {s}?", "was {s} founded by {o}?"],
+        ["founded by {o}"],
+        ["organizations", "companies"],
+    ),
+    "P159": (
+        ["is {s} headquartered in {o}?"],
+        ["headquartered in {o}", "based in {o}"],
+        ["organizations", "companies"],
+    ),
 }
 # subject type -> its date property, words for the earliest / latest, for superlatives and filters
-DATES = {"work": ("P577", ["first", "earliest", "oldest"], ["latest", "last", "newest", "most recent"],
-                  ["came out", "were released", "were published"]),
-         "person": ("P569", ["oldest"], ["youngest"], ["were born"])}
-INTERSECTION = ["which {noun} {a} and {b}?", "what {noun} {a} and {b}?", "name the {noun} {a} and {b}.",
-                "list {noun} {a} and {b}."]
-SUPERLATIVE = ["what was the {which} {noun_one} {a}?", "which is the {which} {noun_one} {a}?",
-               "what is the {which} of the {noun} {a}?"]
+DATES = {
+    "work": (
+        "P577",
+        ["first", "earliest", "oldest"],
+        ["latest", "last", "newest", "most recent"],
+        ["came out", "were released", "were published"],
+    ),
+    "person": ("P569", ["oldest"], ["youngest"], ["were born"]),
+}
+INTERSECTION = [
+    "which {noun} {a} and {b}?",
+    "what {noun} {a} and {b}?",
+    "name the {noun} {a} and {b}.",
+    "list {noun} {a} and {b}.",
+]
+SUPERLATIVE = [
+    "what was the {which} {noun_one} {a}?",
+    "which is the {which} {noun_one} {a}?",
+    "what is the {which} of the {noun} {a}?",
+]
 COUNT = ["how many {noun} {a}?", "how many {noun} {a} are there?", "what is the number of {noun} {a}?"]
 FILTER = ["which {noun} {a} {verb} {side} {year}?", "what {noun} {a} {verb} {side} {year}?"]
 # plural noun -> the class the data's queries type such answers with (?x wdt:P31 / wdt:P279 * wd:Q, WWQ's
 # form); nouns without one (people, works, places, states) stay untyped, as WWQ mostly leaves people
-CLASSES = {"movies": "Q11424", "films": "Q11424", "shows": "Q5398426", "books": "Q47461344", "novels": "Q8261",
-           "countries": "Q6256", "cities": "Q515", "organizations": "Q43229", "companies": "Q783794"}
-SINGULAR = {"movies": "movie", "films": "film", "shows": "show", "works": "work", "books": "book", "novels": "novel",
-            "people": "person", "persons": "person"}
+CLASSES = {
+    "movies": "Q11424",
+    "films": "Q11424",
+    "shows": "Q5398426",
+    "books": "Q47461344",
+    "novels": "Q8261",
+    "countries": "Q6256",
+    "cities": "Q515",
+    "organizations": "Q43229",
+    "companies": "Q783794",
+}
+SINGULAR = {
+    "movies": "movie",
+    "films": "film",
+    "shows": "show",
+    "works": "work",
+    "books": "book",
+    "novels": "novel",
+    "people": "person",
+    "persons": "person",
+}
 PROLOGUE = f"PREFIX wd: <{WD}> PREFIX wdt: <{WDT}> "
 XSD_PROLOGUE = f"PREFIX xsd: <{PREFIXES['xsd']}> " + PROLOGUE
 SHAPES = ("chain", "ask", "intersection", "superlative", "count", "filter")
@@ -121,7 +188,9 @@ def parse_shapes(text: str) -> dict[str, float]:
         except ValueError:
             raise ValueError(f"--compose-shapes: {part!r} needs a number after ':'") from None
         if not 0 < shapes[shape] < math.inf:  # nan and inf too
-            raise ValueError(f"--compose-shapes: the weight of {shape} must be a finite number > 0, got {weight}")
+            raise ValueError(
+                f"--compose-shapes: the weight of {shape} must be a finite number > 0, got {weight}"
+            )
     return shapes
 
 
@@ -152,8 +221,9 @@ def named_subjects(records: list[dict], indices: Indices) -> dict[str, list[tupl
     return named
 
 
-def compose_records(records: list[dict], indices: Indices, rate: float, rng: random.Random,
-                    shape: str = "chain") -> list[dict]:
+def compose_records(
+    records: list[dict], indices: Indices, rate: float, rng: random.Random, shape: str = "chain"
+) -> list[dict]:
     """About rate * len(records) records of `shape` (one of SHAPES), with entities from `records`."""
     if shape not in SHAPES:
         raise ValueError(f"unknown composed shape {shape!r}; one of {', '.join(SHAPES)}")
@@ -161,7 +231,9 @@ def compose_records(records: list[dict], indices: Indices, rate: float, rng: ran
     count = round(rate * len(records))
     if shape == "chain":
         return compose_chains(named, count, rng)
-    return compose_shape(shape, named, count, rng, {noun: q for noun, q in CLASSES.items() if WD + q in indices})
+    return compose_shape(
+        shape, named, count, rng, {noun: q for noun, q in CLASSES.items() if WD + q in indices}
+    )
 
 
 def compose_chains(named: dict[str, list[tuple]], count: int, rng: random.Random) -> list[dict]:
@@ -179,22 +251,37 @@ def compose_chains(named: dict[str, list[tuple]], count: int, rng: random.Random
         before, after = tail["question"].split(tail_name, 1)
         phrase = rng.choice(phrases).format(name)
         if before.endswith("the ") and phrase.startswith("the "):  # "where was the [the director of x] born"
-            phrase = phrase[len("the "):]
+            phrase = phrase[len("the ") :]
         elif before.endswith("the ") and phrase.startswith(name + "'s"):  # "the [x's birthplace]"
-            before = before[:-len("the ")]
-        sparql = PROLOGUE + f"SELECT DISTINCT ?x WHERE {{ wd:{subject} wdt:{prop} ?y . ?y wdt:{tail_prop} ?x . }}"
-        composed.append({"id": f"composed:{prop}:{head['id']}+{tail['id']}", "question": before + phrase + after,
-                         "sparql": sparql, "paraphrases": [], "info": {"composed_from": [head["id"], tail["id"]]}})
+            before = before[: -len("the ")]
+        sparql = (
+            PROLOGUE + f"SELECT DISTINCT ?x WHERE {{ wd:{subject} wdt:{prop} ?y . ?y wdt:{tail_prop} ?x . }}"
+        )
+        composed.append(
+            {
+                "id": f"composed:{prop}:{head['id']}+{tail['id']}",
+                "question": before + phrase + after,
+                "sparql": sparql,
+                "paraphrases": [],
+                "info": {"composed_from": [head["id"], tail["id"]]},
+            }
+        )
     return composed
 
 
-def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: random.Random,
-                  classes: dict[str, str]) -> list[dict]:
+def compose_shape(
+    shape: str, named: dict[str, list[tuple]], count: int, rng: random.Random, classes: dict[str, str]
+) -> list[dict]:
     """`count` records of an ask, intersection, superlative, count or filter shape. Each picks relations
     of RELATIONS whose types have named entities, the entities from `named`, a wording at random; the
     answers are typed by the class of their noun where `classes` has one ("which films ..." -> film)."""
-    fits = [p for p in RELATIONS if named.get(TYPES[p][1]) and (shape != "ask" or named.get(TYPES[p][0]))
-            and (shape not in ("superlative", "filter") or TYPES[p][0] in DATES)]
+    fits = [
+        p
+        for p in RELATIONS
+        if named.get(TYPES[p][1])
+        and (shape != "ask" or named.get(TYPES[p][0]))
+        and (shape not in ("superlative", "filter") or TYPES[p][0] in DATES)
+    ]
     composed = []
     for _ in range(count if fits else 0):
         prop = rng.choice(fits)
@@ -203,8 +290,11 @@ def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: ra
         used = [source["id"]]
         a = rng.choice(phrases).format(o=o_name)
         noun = rng.choice(nouns)
-        answers = (f"?x wdt:P31 / wdt:P279 * wd:{classes[noun]} ; wdt:{prop} wd:{o}" if noun in classes
-                   else f"?x wdt:{prop} wd:{o}")
+        answers = (
+            f"?x wdt:P31 / wdt:P279 * wd:{classes[noun]} ; wdt:{prop} wd:{o}"
+            if noun in classes
+            else f"?x wdt:{prop} wd:{o}"
+        )
         if shape == "ask":
             head, s, _, s_name = rng.choice(named[subject_type])
             if s == o:  # "was paris born in paris?"
@@ -227,8 +317,9 @@ def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: ra
             which = rng.choice(earliest if first else latest)
             question = rng.choice(SUPERLATIVE).format(which=which, noun=noun, noun_one=SINGULAR[noun], a=a)
             order = "?y" if first else "DESC ( ?y )"
-            sparql = PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ {answers} ; wdt:{date} ?y . }} "
-                                 f"ORDER BY {order} LIMIT 1")
+            sparql = PROLOGUE + (
+                f"SELECT DISTINCT ?x WHERE {{ {answers} ; wdt:{date} ?y . }} ORDER BY {order} LIMIT 1"
+            )
         elif shape == "count":
             question = rng.choice(COUNT).format(noun=noun, a=a)
             sparql = PROLOGUE + f"SELECT ( COUNT ( DISTINCT ?x ) AS ?count ) WHERE {{ {answers} . }}"
@@ -240,10 +331,18 @@ def compose_shape(shape: str, named: dict[str, list[tuple]], count: int, rng: ra
             after = f"?y >= {year_start(year + 1 if side == 'after' else year)}"
             # one bound alone; a whole year as WWQ writes it, two parenthesised bounds with the upper one first
             condition = {"before": before, "after": after, "in": f"( {before} ) && ( {after} )"}[side]
-            sparql = XSD_PROLOGUE + (f"SELECT DISTINCT ?x WHERE {{ {answers} ; wdt:{date} ?y . "
-                                     f"FILTER ( {condition} ) }}")
-        composed.append({"id": f"composed:{shape}:{prop}:{'+'.join(used)}", "question": question, "sparql": sparql,
-                         "paraphrases": [], "info": {"composed_from": used}})
+            sparql = XSD_PROLOGUE + (
+                f"SELECT DISTINCT ?x WHERE {{ {answers} ; wdt:{date} ?y . FILTER ( {condition} ) }}"
+            )
+        composed.append(
+            {
+                "id": f"composed:{shape}:{prop}:{'+'.join(used)}",
+                "question": question,
+                "sparql": sparql,
+                "paraphrases": [],
+                "info": {"composed_from": used},
+            }
+        )
     return composed
 
 

@@ -9,6 +9,7 @@ section 6.3). The resolver runs it on the endpoint and searches the index only a
 
 Pure functions over the text (the triple patterns come from sparql_syntax.top_level_triples).
 """
+
 from grisp.skeleton import Placeholder, parses, split_variant
 from grisp.sparql_syntax import (
     Span,
@@ -42,7 +43,9 @@ def constraint_query(text: str, ph: Placeholder, limit: int = CONSTRAINT_LIMIT) 
     tokens = tokenize(text)
     at = next((i for i, t in enumerate(tokens) if t.kind == "ph" and t.start == ph.start), None)
     if at is None or tokens[at].text != ph.text:
-        raise ValueError(f"{ph.text!r} is not at {ph.start}:{ph.end} of the text; use find_placeholders on it")
+        raise ValueError(
+            f"{ph.text!r} is not at {ph.start}:{ph.end} of the text; use find_placeholders on it"
+        )
     try:
         q, lo = where_start(tokens)
         if not is_keyword(tokens[q], "SELECT"):
@@ -63,27 +66,41 @@ def constraint_query(text: str, ph: Placeholder, limit: int = CONSTRAINT_LIMIT) 
             return candidate
         if any(tokens[k].kind == "ph" for k in range(a, b)):  # a later placeholder: any value
             return _fresh(used, "free") if b - a == 1 else None  # (no variable inside a path)
-        return text[tokens[a].start:tokens[b - 1].end]
+        return text[tokens[a].start : tokens[b - 1].end]
 
     def variables(triple: tuple[Span, Span, Span]) -> set[str]:
-        return {tokens[k].text.lstrip("?$") for a, b in triple for k in range(a, b) if tokens[k].kind in ("var", "bnode")}
+        return {
+            tokens[k].text.lstrip("?$")
+            for a, b in triple
+            for k in range(a, b)
+            if tokens[k].kind in ("var", "bnode")
+        }
 
     # --- grow the set of prefix triples connected to the current one through shared variables
-    before = [t for t in triples if t[2][1] <= at and not any(tokens[k].kind == "ph" for a, b in t for k in range(a, b))]
+    before = [
+        t
+        for t in triples
+        if t[2][1] <= at and not any(tokens[k].kind == "ph" for a, b in t for k in range(a, b))
+    ]
     chosen, reached = [], variables(current)
     while grown := [t for t in before if t not in chosen and variables(t) & reached]:
         chosen += grown
         reached |= set().union(*map(variables, grown))
     chosen = sorted(chosen) + [current]
-    if not any(tokens[k].kind not in ("var", "bnode", "ph", "punct") for t in chosen for a, b in t for k in range(a, b)):
+    if not any(
+        tokens[k].kind not in ("var", "bnode", "ph", "punct")
+        for t in chosen
+        for a, b in t
+        for k in range(a, b)
+    ):
         return None
     terms = [render(span) for t in chosen for span in t]
     if None in terms:
         return None
     if not parses(text):  # checked last: parsing costs more than all of the above
         return None
-    patterns = [" ".join(terms[k:k + 3]) + " ." for k in range(0, len(terms), 3)]
-    prologue = text[:tokens[q].start]
+    patterns = [" ".join(terms[k : k + 3]) + " ." for k in range(0, len(terms), 3)]
+    prologue = text[: tokens[q].start]
     return f"{prologue}SELECT DISTINCT {candidate} WHERE {{ {' '.join(patterns)} }} LIMIT {limit}"
 
 

@@ -18,6 +18,7 @@ questions are answered in order of confidence, each with the query found ("guess
     summary(records)["precision"]
     for point in risk_coverage(records): point["coverage"], point["precision"], point["threshold"]
 """
+
 import statistics
 
 
@@ -33,17 +34,25 @@ def summary(records: list[dict]) -> dict:
     lacking = [r for r in scored if r.get("index_lacks")]
     named = [r for r in scored if not r.get("index_lacks")]
     return {
-        "answered": len(given), "coverage": len(given) / len(scored) if scored else None,
+        "answered": len(given),
+        "coverage": len(given) / len(scored) if scored else None,
         "precision": statistics.fmean(r["f1"] for r in given) if given else None,
-        "wrong": sum(r["f1"] == 0 for r in given), "partial": sum(0 < r["f1"] < 1 for r in given),
-        "declined": len(scored) - len(given), "declined_for_confidence": sum(bool(r.get("declined")) for r in scored),
-        "index_lacks": {"questions": len(lacking), "declined": sum(not answered(r) for r in lacking),
-                        "wrong": sum(answered(r) and r["f1"] == 0 for r in lacking)},
+        "wrong": sum(r["f1"] == 0 for r in given),
+        "partial": sum(0 < r["f1"] < 1 for r in given),
+        "declined": len(scored) - len(given),
+        "declined_for_confidence": sum(bool(r.get("declined")) for r in scored),
+        "index_lacks": {
+            "questions": len(lacking),
+            "declined": sum(not answered(r) for r in lacking),
+            "wrong": sum(answered(r) and r["f1"] == 0 for r in lacking),
+        },
         # F1 over the questions whose entities the index can name (all, if no record says otherwise)
         "f1_index_names": statistics.fmean(r["f1"] for r in named) if named else None,
         # the same with nothing declined for confidence (every guess answered): the system with no threshold
-        "no_threshold": {"f1": statistics.fmean(undeclined_f1(r) for r in scored) if scored else None,
-                         "f1_index_names": statistics.fmean(undeclined_f1(r) for r in named) if named else None},
+        "no_threshold": {
+            "f1": statistics.fmean(undeclined_f1(r) for r in scored) if scored else None,
+            "f1_index_names": statistics.fmean(undeclined_f1(r) for r in named) if named else None,
+        },
     }
 
 
@@ -64,21 +73,41 @@ def risk_coverage(records: list[dict]) -> list[dict]:
     highest down, {"threshold", "answered", "coverage", "precision"} when every guess of at least that
     confidence is answered (coverage over the scored records; a record without a guess never is)."""
     scored = [r for r in records if r.get("f1") is not None]
-    guesses = sorted(((r["confidence"], guess_f1(r)) for r in scored if guess_f1(r) is not None), key=lambda g: -g[0])
+    guesses = sorted(
+        ((r["confidence"], guess_f1(r)) for r in scored if guess_f1(r) is not None), key=lambda g: -g[0]
+    )
     points, total = [], 0.0
     for i, (threshold, f1) in enumerate(guesses):
         total += f1
         if i + 1 == len(guesses) or guesses[i + 1][0] < threshold:  # all ties of this confidence are in
-            points.append({"threshold": threshold, "answered": i + 1, "coverage": (i + 1) / len(scored),
-                           "precision": total / (i + 1)})
+            points.append(
+                {
+                    "threshold": threshold,
+                    "answered": i + 1,
+                    "coverage": (i + 1) / len(scored),
+                    "precision": total / (i + 1),
+                }
+            )
     return points
 
 
 def without_retry(records: list[dict]) -> list[dict]:
     """The records as the paper's search (options.retry off) would have left them: the retry runs only
     after every skeleton failed, so its answers become questions without a query (F1 0, no guess)."""
-    return [r | {"sparql": None, "guess": None, "confidence": None, "declined": False, "retried": False,
-                 "f1": 0.0 if r.get("f1") is not None else None} if r.get("retried") else r for r in records]
+    return [
+        r
+        | {
+            "sparql": None,
+            "guess": None,
+            "confidence": None,
+            "declined": False,
+            "retried": False,
+            "f1": 0.0 if r.get("f1") is not None else None,
+        }
+        if r.get("retried")
+        else r
+        for r in records
+    ]
 
 
 def at_coverage(points: list[dict], coverage: float) -> dict | None:

@@ -4,12 +4,15 @@ shows defaults.
 Everything large (base model, indices, the triple store, training runs) lives outside the
 repository under GRISP_HOME (default ~/.cache/grisp); set the environment variable to move it.
 """
+
 import argparse
 import os
 from pathlib import Path
 
 REPO_DIR = Path(__file__).resolve().parent.parent  # grisp/ is one level down
-GRISP_HOME = Path(os.environ.get("GRISP_HOME") or "~/.cache/grisp").expanduser()  # set but empty: the default, as in bash's ${GRISP_HOME:-...}
+GRISP_HOME = Path(
+    os.environ.get("GRISP_HOME") or "~/.cache/grisp"
+).expanduser()  # set but empty: the default, as in bash's ${GRISP_HOME:-...}
 
 MODEL_DIR = GRISP_HOME / "models" / "qwen2.5-coder-0.5b-instruct"  # written by get_model.py
 DATA_DIR = GRISP_HOME / "data"  # benchmark and item caches (filled from ../shared/data or downloads)
@@ -22,7 +25,9 @@ WIKIDATA_INDEX_DIR = GRISP_HOME / "indices" / "wikidata-items"  # built from the
 DEMO_STORE_DIR = GRISP_HOME / "stores" / "demo"
 ENDPOINT_URL = "http://127.0.0.1:7878/query"  # the local oxigraph server started by endpoint.py
 ADAPTER_DIR = REPO_DIR / "adapters" / "grisp-shapes-0.5b"  # the shipped LoRA adapter (PEFT layout)
-AGENT_ADAPTER_DIR = REPO_DIR / "adapters" / "grasp-agent-0.5b"  # the GRASP agent's adapter for the local model
+AGENT_ADAPTER_DIR = (
+    REPO_DIR / "adapters" / "grasp-agent-0.5b"
+)  # the GRASP agent's adapter for the local model
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

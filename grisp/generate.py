@@ -31,6 +31,7 @@ At the end, `greedy` and a tiny chat command line check the base model itself:
     python -m grisp.generate --chat "Write a SPARQL query for the capital of France" --max-new-tokens 200
 Tests: python -m pytest tests/test_generate.py
 """
+
 import argparse
 import sys
 from dataclasses import dataclass
@@ -56,7 +57,9 @@ class Hypothesis:
     finished: bool  # ended with an end-of-turn id (False: cut at max_new_tokens)
 
 
-def top_p_tokens(logprobs: torch.Tensor, top_p: float, min_keep: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def top_p_tokens(
+    logprobs: torch.Tensor, top_p: float, min_keep: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row of logprobs [B, V], the smallest set of tokens whose probability reaches top_p (but at
     least the `min_keep` most probable), as LongTensors rows [M] and tokens [M].
 
@@ -87,8 +90,9 @@ def top_p_mask(logprobs: torch.Tensor, top_p: float) -> torch.Tensor:
     return mask
 
 
-def sample_without_replacement(weights: torch.Tensor, allowed: torch.Tensor, size: int, n: int,
-                               generator: torch.Generator | None) -> torch.Tensor:
+def sample_without_replacement(
+    weights: torch.Tensor, allowed: torch.Tensor, size: int, n: int, generator: torch.Generator | None
+) -> torch.Tensor:
     """n distinct entries of `allowed` drawn with probabilities softmax(weights), exactly as
     `torch.multinomial(probs, n)` draws them from the dense probabilities (zero off `allowed`).
 
@@ -109,6 +113,7 @@ class SumRanking:
     finished hypothesis keeps its score. Scores only fall, so a finished hypothesis at least as good as
     the best running beam is final and can be yielded at once; out of steps, the best running beams
     fill the places left, unfinished."""
+
     yields_early, ranks_cut_off_beams = True, False
 
     def candidates(self, beams: int, eos_ids: list[int]) -> int:
@@ -117,11 +122,15 @@ class SumRanking:
     def min_keep(self, eos_ids: list[int]) -> int:  # tokens a top-p set keeps at least
         return 1
 
-    def logprobs(self, logits: torch.Tensor, scaled: torch.Tensor | None, rows, tokens, temperature: float) -> torch.Tensor:
+    def logprobs(
+        self, logits: torch.Tensor, scaled: torch.Tensor | None, rows, tokens, temperature: float
+    ) -> torch.Tensor:
         """The log-probabilities a beam's score adds up: the raw ones, whatever was sampled."""
         return torch.log_softmax(logits.float(), dim=-1)
 
-    def sampling_temperature(self, temperature: float) -> float:  # candidates are drawn from softmax(score / this)
+    def sampling_temperature(
+        self, temperature: float
+    ) -> float:  # candidates are drawn from softmax(score / this)
         return temperature
 
     def final(self, score: float, length: int) -> float:  # a hypothesis's score from its beam's
@@ -137,6 +146,7 @@ class LengthNormalisedRanking:
     (sampled: drawn from softmax(score) over all W x V without replacement); a hypothesis scores
     score / (generated tokens, the end-of-turn id included), and at the last step the cut-off beams are
     ranked with the finished ones. A longer hypothesis can still overtake, so nothing is final early."""
+
     yields_early, ranks_cut_off_beams = False, True
 
     def candidates(self, beams: int, eos_ids: list[int]) -> int:
@@ -145,7 +155,9 @@ class LengthNormalisedRanking:
     def min_keep(self, eos_ids: list[int]) -> int:
         return len(eos_ids) + 1
 
-    def logprobs(self, logits: torch.Tensor, scaled: torch.Tensor | None, rows, tokens, temperature: float) -> torch.Tensor:
+    def logprobs(
+        self, logits: torch.Tensor, scaled: torch.Tensor | None, rows, tokens, temperature: float
+    ) -> torch.Tensor:
         processed = torch.log_softmax(logits.float(), dim=-1)
         if scaled is None:  # not sampled: nothing processed
             return processed
@@ -169,22 +181,38 @@ def beam_search(model: Transformer, prompt: list[int], eos_ids: list[int], **set
     return list(beam_search_stream(model, prompt, eos_ids, **settings))
 
 
-def prefill(model: Transformer, prompt: list[int], num_beams: int, max_new_tokens: int, use_cache: bool,
-            prompt_cache: PromptCache | None) -> tuple[torch.Tensor, KVCache | None]:
+def prefill(
+    model: Transformer,
+    prompt: list[int],
+    num_beams: int,
+    max_new_tokens: int,
+    use_cache: bool,
+    prompt_cache: PromptCache | None,
+) -> tuple[torch.Tensor, KVCache | None]:
     """Run the prompt once: its next-token logits repeated for the W beams [W, V], and a KV cache of W
     rows holding the prompt with room for `max_new_tokens` more (None when use_cache is False)."""
     device = model.model.norm.weight.device
     if not use_cache:
-        return model(torch.tensor([prompt], device=device), logits_at=-1).expand(num_beams, -1), None  # [W, V]
+        return model(torch.tensor([prompt], device=device), logits_at=-1).expand(
+            num_beams, -1
+        ), None  # [W, V]
     prompt_cache = prompt_cache or PromptCache(model)
     logits = prompt_cache.run(prompt)[None]  # [1, V]
     rows = torch.zeros(num_beams, dtype=torch.long, device=device)  # every beam starts as the prompt's row 0
     return logits.expand(num_beams, -1), prompt_cache.cache.copy_rows(rows, len(prompt) + max_new_tokens + 1)
 
 
-def candidates(logits: torch.Tensor, beam_scores: torch.Tensor, rule: Ranking, n_candidates: int, eos_ids: list[int],
-               sample: bool, temperature: float, top_p: float,
-               generator: torch.Generator | None) -> tuple[list[int], list[int], list[float]]:
+def candidates(
+    logits: torch.Tensor,
+    beam_scores: torch.Tensor,
+    rule: Ranking,
+    n_candidates: int,
+    eos_ids: list[int],
+    sample: bool,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> tuple[list[int], list[int], list[float]]:
     """One step's candidate continuations, best first: (beam rows, tokens, scores), at most n_candidates.
 
     logits [W, V] are each beam's next-token logits, beam_scores [W] their scores (-inf: a dead beam).
@@ -194,13 +222,17 @@ def candidates(logits: torch.Tensor, beam_scores: torch.Tensor, rule: Ranking, n
     if sample:  # each beam's top-p set of its temperature-scaled distribution
         scaled = torch.log_softmax(logits.float() / temperature, dim=-1)  # [W, V]
         rows, tokens = top_p_tokens(scaled, top_p, min_keep=rule.min_keep(eos_ids))
-    scores = beam_scores[:, None] + rule.logprobs(logits, scaled, rows, tokens, temperature)  # [W, V] each continuation's
+    scores = beam_scores[:, None] + rule.logprobs(
+        logits, scaled, rows, tokens, temperature
+    )  # [W, V] each continuation's
     W, V = scores.shape
     if sample:
         allowed = rows * V + tokens  # [M] flat indices into scores
         allowed = allowed[torch.isfinite(scores.flatten()[allowed])]  # dead beams continue nothing
         weights = scores.flatten()[allowed] / rule.sampling_temperature(temperature)  # [M]
-        picked = sample_without_replacement(weights, allowed, W * V, min(n_candidates, len(allowed)), generator)
+        picked = sample_without_replacement(
+            weights, allowed, W * V, min(n_candidates, len(allowed)), generator
+        )
         picked = picked[scores.flatten()[picked].argsort(descending=True)]  # rank by score
     else:
         # the n best of all W*V continuations are among the n best of each row
@@ -211,8 +243,16 @@ def candidates(logits: torch.Tensor, beam_scores: torch.Tensor, rule: Ranking, n
     return (picked // V).tolist(), (picked % V).tolist(), scores.flatten()[picked].tolist()
 
 
-def select(rows: list[int], tokens: list[int], scores: list[float], beam_tokens: torch.Tensor, eos_ids: list[int],
-           rule: Ranking, length: int, last_step: bool) -> tuple[list[Hypothesis], list[int], list[int], list[float]]:
+def select(
+    rows: list[int],
+    tokens: list[int],
+    scores: list[float],
+    beam_tokens: torch.Tensor,
+    eos_ids: list[int],
+    rule: Ranking,
+    length: int,
+    last_step: bool,
+) -> tuple[list[Hypothesis], list[int], list[int], list[float]]:
     """Walk the candidates best first: an end-of-turn id among the W best ends a hypothesis, any other
     token continues its beam, until W beams run on. Returns the hypotheses ended this step (in candidate
     order; at the last step also the cut-off beams, if the rule ranks them) and the next beams' rows,
@@ -227,15 +267,22 @@ def select(rows: list[int], tokens: list[int], scores: list[float], beam_tokens:
                 ended.append(Hypothesis(beam_tokens[row].tolist(), rule.final(score, length), True))
         else:
             if rule.ranks_cut_off_beams and last_step and rank < W:
-                ended.append(Hypothesis(beam_tokens[row].tolist() + [token], rule.final(score, length), False))
+                ended.append(
+                    Hypothesis(beam_tokens[row].tolist() + [token], rule.final(score, length), False)
+                )
             next_rows.append(row), next_tokens.append(token), next_scores.append(score)
         if len(next_rows) == W:
             break
     return ended, next_rows, next_tokens, next_scores
 
 
-def decode_one_token(model: Transformer, tokens: torch.Tensor, cache: KVCache | None, prompt: list[int],
-                     beam_tokens: torch.Tensor) -> torch.Tensor:
+def decode_one_token(
+    model: Transformer,
+    tokens: torch.Tensor,
+    cache: KVCache | None,
+    prompt: list[int],
+    beam_tokens: torch.Tensor,
+) -> torch.Tensor:
     """The next-token logits [W, V] of the W beams after their newest `tokens` [W]: one token per beam
     over the (already reordered) KV cache, or without a cache the whole prompt + beam_tokens [W, t]
     recomputed."""
@@ -292,22 +339,33 @@ def beam_search_stream(
     running = True  # beams still run (not all ended)
 
     for step in range(max_new_tokens):
-        length, last_step = step + 1, step == max_new_tokens - 1  # length: the candidates', new token included
-        rows, tokens, scores = candidates(logits, beam_scores, rule, n_candidates, eos_ids, sample, temperature,
-                                          top_p, generator)
-        ended, next_rows, next_tokens, next_scores = select(rows, tokens, scores, beam_tokens, eos_ids, rule,
-                                                            length, last_step)
+        length, last_step = (
+            step + 1,
+            step == max_new_tokens - 1,
+        )  # length: the candidates', new token included
+        rows, tokens, scores = candidates(
+            logits, beam_scores, rule, n_candidates, eos_ids, sample, temperature, top_p, generator
+        )
+        ended, next_rows, next_tokens, next_scores = select(
+            rows, tokens, scores, beam_tokens, eos_ids, rule, length, last_step
+        )
         finished = sorted(finished + ended, key=lambda h: h.score, reverse=True)[:W]
         best_running = rule.final(max(next_scores, default=float("-inf")), length)
         running = bool(next_rows)  # False: every candidate ended its hypothesis, nothing runs on
         if not running or (len(finished) == W and finished[-1].score >= best_running):
             break
-        if rule.yields_early:  # yield what no running beam can overtake any more (a prefix: finished is sorted)
+        if (
+            rule.yields_early
+        ):  # yield what no running beam can overtake any more (a prefix: finished is sorted)
             final = sum(h.score >= best_running for h in finished)
             yield from finished[settled:final]
             settled = max(settled, final)
         while len(next_rows) < W:  # too few candidates (tiny vocab or top-p): pad with dead beams
-            next_rows.append(next_rows[0]), next_tokens.append(next_tokens[0]), next_scores.append(float("-inf"))
+            (
+                next_rows.append(next_rows[0]),
+                next_tokens.append(next_tokens[0]),
+                next_scores.append(float("-inf")),
+            )
 
         rows_t = torch.tensor(next_rows, device=device)
         tokens_t = torch.tensor(next_tokens, device=device)
@@ -332,7 +390,11 @@ def beam_search_stream(
 def greedy(model: Transformer, prompt: list[int], max_new_tokens: int, stop_ids: list[int]) -> list[int]:
     """Greedy decoding of one prompt with a KV cache; returns the new ids without the stop id."""
     device = model.model.norm.weight.device
-    cache, tokens, out = model.new_cache(1, len(prompt) + max_new_tokens), torch.tensor([prompt], device=device), []
+    cache, tokens, out = (
+        model.new_cache(1, len(prompt) + max_new_tokens),
+        torch.tensor([prompt], device=device),
+        [],
+    )
     for _ in range(max_new_tokens):
         next_id = int(model(tokens, cache=cache, logits_at=-1).argmax(-1))  # logits [1, V]
         if next_id in stop_ids:
@@ -345,8 +407,10 @@ def greedy(model: Transformer, prompt: list[int], max_new_tokens: int, stop_ids:
 def main(args: argparse.Namespace) -> None:
     model_dir = Path(args.model_dir)
     if not (model_dir / "config.json").exists():
-        sys.exit(f"error: no model at {model_dir} (config.json missing). "
-                 f"Run `python get_model.py` to create it, or pass --model-dir.")
+        sys.exit(
+            f"error: no model at {model_dir} (config.json missing). "
+            f"Run `python get_model.py` to create it, or pass --model-dir."
+        )
     if not args.chat.strip():
         sys.exit('error: --chat is empty; ask something, e.g. --chat "What is the capital of France?"')
     if args.threads:
@@ -356,20 +420,32 @@ def main(args: argparse.Namespace) -> None:
     print(f"model {model_dir} on {device}, {why}", file=sys.stderr)
     tokenizer = Tokenizer(model_dir)
     model = prepare_for_inference(Transformer.from_pretrained(model_dir, dtype, device))
-    prompt = tokenizer.encode(chat_prompt([{"role": "user", "content": args.chat}], default_system=args.system))
+    prompt = tokenizer.encode(
+        chat_prompt([{"role": "user", "content": args.chat}], default_system=args.system)
+    )
     print(tokenizer.decode(greedy(model, prompt, args.max_new_tokens, tokenizer.eos_ids)))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Answer one chat message with the base model (greedy).",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description="Answer one chat message with the base model (greedy).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--chat", required=True, help="the user message to answer")
     parser.add_argument("--system", default=DEFAULT_SYSTEM, help="the system prompt")
-    parser.add_argument("--model-dir", default=str(defaults.MODEL_DIR), help="Hugging Face Qwen2 model directory")
+    parser.add_argument(
+        "--model-dir", default=str(defaults.MODEL_DIR), help="Hugging Face Qwen2 model directory"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128, help="stop after this many new tokens")
-    parser.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps ...")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="weight dtype; auto = bfloat16 on a GPU with native bf16 (Ampere or newer) and on a CPU "
-                             "with it, float32 on other CPUs (llm/cpu_speed.pick_dtype)")
+    parser.add_argument(
+        "--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:1, mps ..."
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weight dtype; auto = bfloat16 on a GPU with native bf16 (Ampere or newer) and on a CPU "
+        "with it, float32 on other CPUs (llm/cpu_speed.pick_dtype)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     main(parser.parse_args())

@@ -13,6 +13,7 @@ Files that grow during a run (predictions, the training log) are appended a flus
         append_jsonl(file, {"step": 1, "loss": 0.5})  # one flushed line
     done = read_jsonl("log.jsonl", appended=True)     # [] if absent; an unfinished last line is dropped
 """
+
 import json
 import os
 from pathlib import Path
@@ -66,7 +67,7 @@ def read_finished(path: str | Path) -> list:
     unfinished last line is skipped, the file left as it is); a missing file holds none."""
     path = Path(path)
     data = path.read_bytes() if path.exists() else b""
-    complete = data[:data.rfind(b"\n") + 1].decode("utf-8")
+    complete = data[: data.rfind(b"\n") + 1].decode("utf-8")
     return [record for _, record in _parse(complete.split("\n"), path)]  # not splitlines: U+2028 is JSON text
 
 
@@ -93,13 +94,17 @@ def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
 def write_jsonl(path: str | Path, records: Iterable) -> None:
     """Write the records one per line, atomically (write_atomic). `records` may be a generator: it is
     consumed while writing, so a long run of records never needs to be in memory at once."""
+
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as file:
             file.writelines(line(record) for record in records)
+
     write_atomic(path, write)
 
 
 def write_json(path: str | Path, obj: Any) -> None:
     """Write one JSON document (indented, with a final newline), atomically (write_atomic)."""
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n",
-                                                  encoding="utf-8"))
+    write_atomic(
+        path,
+        lambda tmp: tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"),
+    )

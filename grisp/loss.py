@@ -30,6 +30,7 @@ scoring rule inference uses. `backward_batch` accumulates a batch's gradient ove
     losses, correct = sample_losses(model, collate(encoded, tokenizer.pad_id, "reference"))  # [B], [B]
     batch_loss = losses.sum() / sum(units(e, "reference") for e in encoded)
 """
+
 from contextlib import nullcontext
 
 import torch
@@ -51,18 +52,38 @@ def encode(sample: dict, tokenizer: Tokenizer) -> dict:
     task = sample["task"]
     if task == "agent":
         ids, answer_at = agent_tokens(sample["messages"], sample["tools"], tokenizer)
-        return {"task": task, "ids": ids, "n_prompt": answer_at[0], "answer_at": answer_at, "choices": [], "target": -1}
+        return {
+            "task": task,
+            "ids": ids,
+            "n_prompt": answer_at[0],
+            "answer_at": answer_at,
+            "choices": [],
+            "target": -1,
+        }
     prompt = tokenizer.encode(chat_prompt(sample["messages"], add_generation_prompt=True))
     if task == "skeleton":
         answer = tokenizer.encode(sample["target"]) + [tokenizer.im_end_id]
-        return {"task": task, "ids": prompt + answer, "n_prompt": len(prompt),
-                "answer_at": list(range(len(prompt), len(prompt) + len(answer))), "choices": [], "target": -1}
-    return {"task": task, "ids": prompt, "n_prompt": len(prompt), "answer_at": [],
-            "choices": identifier_token_ids(tokenizer, sample["identifiers"]),
-            "target": sample["identifiers"].index(sample["target"])}
+        return {
+            "task": task,
+            "ids": prompt + answer,
+            "n_prompt": len(prompt),
+            "answer_at": list(range(len(prompt), len(prompt) + len(answer))),
+            "choices": [],
+            "target": -1,
+        }
+    return {
+        "task": task,
+        "ids": prompt,
+        "n_prompt": len(prompt),
+        "answer_at": [],
+        "choices": identifier_token_ids(tokenizer, sample["identifiers"]),
+        "target": sample["identifiers"].index(sample["target"]),
+    }
 
 
-def agent_tokens(messages: list[dict], tools: list[dict], tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+def agent_tokens(
+    messages: list[dict], tools: list[dict], tokenizer: Tokenizer
+) -> tuple[list[int], list[int]]:
     """Token ids of a conversation with tools (Qwen's format, as the agent's local backend writes it) and
     the positions of the assistant's tokens: each of its turns from after `<|im_start|>assistant\n` to
     its `<|im_end|>`. Control tokens split the text, so each turn's ids extend the ids before it."""
@@ -71,8 +92,10 @@ def agent_tokens(messages: list[dict], tools: list[dict], tokenizer: Tokenizer) 
         if message["role"] != "assistant":
             continue
         before = tokenizer.encode(qwen_tool_prompt(messages[:i], tools, add_generation_prompt=True))
-        ids = tokenizer.encode(qwen_tool_prompt(messages[:i + 1], tools, add_generation_prompt=False))
-        assert ids[:len(before)] == before and ids[-2] == tokenizer.im_end_id, "a turn does not extend the ids"
+        ids = tokenizer.encode(qwen_tool_prompt(messages[: i + 1], tools, add_generation_prompt=False))
+        assert ids[: len(before)] == before and ids[-2] == tokenizer.im_end_id, (
+            "a turn does not extend the ids"
+        )
         answer_at += range(len(before), len(ids) - 1)  # its text and <|im_end|>, not the "\n" after it
     if not answer_at:
         raise ValueError("an agent sample needs at least one assistant turn")
@@ -113,17 +136,28 @@ def collate(batch: list[dict], pad_id: int, weighting: str = "reference", start:
         choices += [s["choices"] + [-1] * (K - len(s["choices"]))] * len(positions)
         targets += [s["target"]] * len(positions)
     assert not at[:, :start].any(), "a loss position lies in the left-out start"
-    return {"tokens": tokens[:, start:], "at": at[:, start:], "labels": torch.tensor(labels), "rows": torch.tensor(rows),
-            "weights": torch.tensor(weights), "choices": torch.tensor(choices), "targets": torch.tensor(targets)}
+    return {
+        "tokens": tokens[:, start:],
+        "at": at[:, start:],
+        "labels": torch.tensor(labels),
+        "rows": torch.tensor(rows),
+        "weights": torch.tensor(weights),
+        "choices": torch.tensor(choices),
+        "targets": torch.tensor(targets),
+    }
 
 
-def restricted_cross_entropy(logits: torch.Tensor, choices: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def restricted_cross_entropy(
+    logits: torch.Tensor, choices: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
     """Cross-entropy over only the identifier tokens present: logits [N, V], choices [N, K] token ids
     (-1 = absent), targets [N] column in `choices`. Returns [N]."""
     return F.cross_entropy(identifier_logits(logits, choices).float(), targets, reduction="none")
 
 
-def sample_losses(model: torch.nn.Module, batch: dict, prefix: "SharedPrefix | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_losses(
+    model: torch.nn.Module, batch: dict, prefix: "SharedPrefix | None" = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss per sample [B]: the weighted sum of its cross-entropies (collate's weights: the sum over a
     skeleton's answer tokens, or their mean; one restricted CE per re-ranking sample), and whether each
     re-ranking sample ranks its target first [B] (skeletons: False). With `prefix`, the batch holds the
@@ -138,7 +172,9 @@ def sample_losses(model: torch.nn.Module, batch: dict, prefix: "SharedPrefix | N
         losses = losses.index_add(0, batch["rows"][~rerank], token_loss * batch["weights"][~rerank])
     if rerank.any():
         choices, targets = batch["choices"][rerank], batch["targets"][rerank]
-        losses = losses.index_add(0, batch["rows"][rerank], restricted_cross_entropy(logits[rerank], choices, targets))
+        losses = losses.index_add(
+            0, batch["rows"][rerank], restricted_cross_entropy(logits[rerank], choices, targets)
+        )
         best = identifier_logits(logits[rerank], choices).argmax(-1)
         correct[batch["rows"][rerank]] = best == targets
     return losses, correct
@@ -185,13 +221,18 @@ class SharedPrefix:
             self.values.append(v)
             return k, v
         B = k.shape[0]
-        return (torch.cat([self.keys[layer].expand(B, -1, -1, -1), k], 2),
-                torch.cat([self.values[layer].expand(B, -1, -1, -1), v], 2))
+        return (
+            torch.cat([self.keys[layer].expand(B, -1, -1, -1), k], 2),
+            torch.cat([self.values[layer].expand(B, -1, -1, -1), v], 2),
+        )
 
     def backward(self) -> None:
         """The gradient the rests put on the start's keys and values, through the start's forward pass."""
-        pairs = [(out, leaf.grad) for out, leaf in zip(self.start_keys + self.start_values, self.keys + self.values)
-                 if leaf.grad is not None]
+        pairs = [
+            (out, leaf.grad)
+            for out, leaf in zip(self.start_keys + self.start_values, self.keys + self.values)
+            if leaf.grad is not None
+        ]
         if pairs:
             torch.autograd.backward(*zip(*pairs))
 
@@ -202,26 +243,39 @@ def shared_start(samples: list[dict]) -> int:
     first = samples[0]["ids"]
     n = min(s["answer_at"][0] - 1 if s["answer_at"] else s["n_prompt"] - 1 for s in samples)
     for s in samples[1:]:
-        n = next((i for i, (a, b) in enumerate(zip(first[:n], s["ids"][:n])) if a != b), min(n, len(s["ids"])))
+        n = next(
+            (i for i, (a, b) in enumerate(zip(first[:n], s["ids"][:n])) if a != b), min(n, len(s["ids"]))
+        )
     return n if n >= MIN_SHARED_PREFIX else 0
 
 
 # ---------------------------------------------------------------------------- a batch, a validation set
-def backward_batch(model, mine: list[dict], total: int, micro_batch_size: int, weighting: str, pad_id: int,
-                   device, autocast, world: int = 1) -> dict[str, tuple[float, int]]:
+def backward_batch(
+    model,
+    mine: list[dict],
+    total: int,
+    micro_batch_size: int,
+    weighting: str,
+    pad_id: int,
+    device,
+    autocast,
+    world: int = 1,
+) -> dict[str, tuple[float, int]]:
     """Accumulate the gradient of sum(sample losses of `mine`) / `total` over micro-batches, where
     `total` is the units of the whole batch (`units`: counted before any micro-batch, so the result
     is the whole batch's loss however it is split); DDP averages gradients over the `world` processes,
     hence the factor. A long start all of `mine` share runs once (SharedPrefix; one process only).
     Returns per task (summed sample losses, units) of `mine`."""
     by_task = {}
-    micro = [mine[i:i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
+    micro = [mine[i : i + micro_batch_size] for i in range(0, len(mine), micro_batch_size)]
     with autocast:
         start, prefix = SharedPrefix.of(model, mine, device) if world == 1 else (0, None)
     for j, batch in enumerate(micro):
         sync = nullcontext() if world == 1 or j == len(micro) - 1 else model.no_sync()
         with sync, autocast:
-            losses, _ = sample_losses(model, to_device(collate(batch, pad_id, weighting, start), device), prefix)
+            losses, _ = sample_losses(
+                model, to_device(collate(batch, pad_id, weighting, start), device), prefix
+            )
             (losses.sum() * world / total).backward()
         add_up(by_task, batch, losses.tolist(), weighting)
     if prefix is not None:
@@ -241,19 +295,25 @@ def evaluate(model, val: list[dict], micro_batch: int, pad_id: int, device, auto
     with autocast:
         shared, prefix = SharedPrefix.of(model, val, device)  # agent conversations share their start
     for start in range(0, len(order), micro_batch):
-        batch = [val[i] for i in order[start:start + micro_batch]]
+        batch = [val[i] for i in order[start : start + micro_batch]]
         with autocast:
-            losses, correct = sample_losses(model, to_device(collate(batch, pad_id, weighting, shared), device), prefix)
+            losses, correct = sample_losses(
+                model, to_device(collate(batch, pad_id, weighting, shared), device), prefix
+            )
         add_up(totals, batch, losses.tolist(), weighting)
         correct_reranks += [float(ok) for s, ok in zip(batch, correct.tolist()) if s["choices"]]
     model.train()
     total_loss, total_units = (sum(values) for values in zip(*totals.values())) if totals else (0.0, 0)
-    return {"val_loss": total_loss / max(1, total_units),
-            **{f"val_{task}": totals[task][0] / totals[task][1] for task in TASKS if task in totals},
-            **({"val_rerank_acc": sum(correct_reranks) / len(correct_reranks)} if correct_reranks else {})}
+    return {
+        "val_loss": total_loss / max(1, total_units),
+        **{f"val_{task}": totals[task][0] / totals[task][1] for task in TASKS if task in totals},
+        **({"val_rerank_acc": sum(correct_reranks) / len(correct_reranks)} if correct_reranks else {}),
+    }
 
 
-def add_up(totals: dict[str, tuple[float, int]], batch: list[dict], losses: list[float], weighting: str) -> None:
+def add_up(
+    totals: dict[str, tuple[float, int]], batch: list[dict], losses: list[float], weighting: str
+) -> None:
     """Add each sample's loss and units to its task's (summed losses, units) in `totals`."""
     for s, value in zip(batch, losses):
         total_loss, total_units = totals.get(s["task"], (0.0, 0))

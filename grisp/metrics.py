@@ -23,6 +23,7 @@ as the bare binding list that benchmark files keep in `info.results` (`from_bind
     gold, pred = metrics.from_json(gold_doc), metrics.from_json(pred_doc)
     f1 = metrics.f1_score(pred, gold); em = metrics.exact_match(f1)
 """
+
 from collections import Counter
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ def term(binding: dict) -> Term:
 @dataclass(frozen=True)
 class ResultSet:
     """A query result ready for scoring: an ASK truth value, or SELECT rows as term multisets."""
+
     ask: bool | None = None  # truth value of an ASK query; None for a SELECT result
     rows: tuple[Row, ...] = ()  # SELECT rows (rows without any bound value are dropped)
 
@@ -95,8 +97,7 @@ def from_json(document: dict) -> ResultSet:
         return ResultSet(ask=bool(document["boolean"]))
     bindings = document.get("results", {}).get("bindings")
     if not isinstance(bindings, list):
-        raise ValueError(f"not a SPARQL JSON results document (no results.bindings): "
-                         f"{str(document)[:200]}")
+        raise ValueError(f"not a SPARQL JSON results document (no results.bindings): {str(document)[:200]}")
     return from_bindings(bindings)
 
 

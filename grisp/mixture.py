@@ -30,6 +30,7 @@ Wikidata's label service (`SERVICE wikibase:label { ... }`, 105 of SPINACH's 155
     print(data.table(is_validation))            # the per-source summary
     SampleGenerator(data.usable, indices, Augment(), seed, weights=data.weights)   # samples.py
 """
+
 import math
 import random
 from collections import Counter
@@ -40,11 +41,21 @@ from grisp.skeleton import parses, skeletonize
 from grisp.sparql_syntax import is_keyword, rewrite, skip_group, tokenize
 
 # --data short names -> benchmarks.load_training names
-SOURCES = {"wwq": "wwq-train", "qald10": "qald10", "qald7": "qald7-train", "lcquad2": "lcquad2-test",
-           "sq": "simplequestions-val", "spinach": "spinach-val"}
+SOURCES = {
+    "wwq": "wwq-train",
+    "qald10": "qald10",
+    "qald7": "qald7-train",
+    "lcquad2": "lcquad2-test",
+    "sq": "simplequestions-val",
+    "spinach": "spinach-val",
+}
 SKIP_REASONS = ("other_service", "does_not_parse", "unknown_iri")  # checked in this order
 # a variable ?x<suffix> bound by the label service -> the property that holds it
-LABEL_SERVICE_SUFFIXES = {"AltLabel": "skos:altLabel", "Description": "schema:description", "Label": "rdfs:label"}
+LABEL_SERVICE_SUFFIXES = {
+    "AltLabel": "skos:altLabel",
+    "Description": "schema:description",
+    "Label": "rdfs:label",
+}
 LABEL_SERVICE = ("wikibase:label", "<http://wikiba.se/ontology#label>")
 
 
@@ -63,14 +74,20 @@ def parse_data(spec: str) -> list[Source]:
         try:
             value = float(weight)
         except ValueError:
-            raise ValueError(f"--data {spec}: the weight of {name!r} must be a number, got {weight!r}") from None
+            raise ValueError(
+                f"--data {spec}: the weight of {name!r} must be a number, got {weight!r}"
+            ) from None
         if not 0 < value < math.inf:  # nan and inf too: an epoch takes int(weight) full passes
-            raise ValueError(f"--data {spec}: the weight of {name!r} must be a finite number > 0, got {weight}")
+            raise ValueError(
+                f"--data {spec}: the weight of {name!r} must be a finite number > 0, got {weight}"
+            )
         sources.append(Source(name, SOURCES.get(name, name), value))
     names = [s.name for s in sources]
     if not sources or len(set(names)) < len(names):
-        raise ValueError(f"--data {spec!r}: name each source once, e.g. wwq or wwq,qald10:1,lcquad2:0.3 "
-                         f"(short names: {', '.join(SOURCES)})")
+        raise ValueError(
+            f"--data {spec!r}: name each source once, e.g. wwq or wwq,qald10:1,lcquad2:0.3 "
+            f"(short names: {', '.join(SOURCES)})"
+        )
     return sources
 
 
@@ -89,7 +106,9 @@ def load(sources: list[Source]) -> list[dict]:
         except FileNotFoundError as error:
             if source.name in SOURCES:  # a known source whose file is missing: the error says how to get it
                 raise
-            raise FileNotFoundError(f"{error}; --data also takes the short names {', '.join(SOURCES)}") from None
+            raise FileNotFoundError(
+                f"{error}; --data also takes the short names {', '.join(SOURCES)}"
+            ) from None
         for record in material:
             record = dict(record, source=source.name)
             if len(sources) > 1:
@@ -120,14 +139,21 @@ def without_label_service(sparql: str) -> str | None:
         if brace is None:
             return None
         end = skip_group(tokens, brace)  # the token after the group's "}"
-        inner = tokens[brace + 1:end - 1]
-        bindings = [(s.text, p.text, o.text) for s, p, o in zip(inner, inner[1:], inner[2:])
-                    if s.kind in ("var", "pname", "iri") and o.kind == "var" and p.text in LABEL_SERVICE_SUFFIXES.values()]
+        inner = tokens[brace + 1 : end - 1]
+        bindings = [
+            (s.text, p.text, o.text)
+            for s, p, o in zip(inner, inner[1:], inner[2:])
+            if s.kind in ("var", "pname", "iri")
+            and o.kind == "var"
+            and p.text in LABEL_SERVICE_SUFFIXES.values()
+        ]
         bound = {o[1:] for _, _, o in bindings}
         for name in [v for v in variables if v not in bound]:
-            suffix = next((s for s in LABEL_SERVICE_SUFFIXES if name.endswith(s) and name[:-len(s)] in variables), None)
+            suffix = next(
+                (s for s in LABEL_SERVICE_SUFFIXES if name.endswith(s) and name[: -len(s)] in variables), None
+            )
             if suffix:  # an automatic binding: ?xLabel for ?x
-                bindings.append((f"?{name[:-len(suffix)]}", LABEL_SERVICE_SUFFIXES[suffix], f"?{name}"))
+                bindings.append((f"?{name[: -len(suffix)]}", LABEL_SERVICE_SUFFIXES[suffix], f"?{name}"))
         patterns = [f'OPTIONAL {{ {s} {p} {o} . FILTER(LANG({o}) = "en") }}' for s, p, o in bindings]
         edits.append((token.start, tokens[end - 1].end, " ".join(patterns)))
     return rewrite(sparql, edits) if edits else sparql
@@ -136,6 +162,7 @@ def without_label_service(sparql: str) -> str | None:
 def prepare(records: list[dict], indices) -> tuple[list[dict], Counter]:
     """(usable records, skipped): the label service rewritten, records that cannot train dropped and
     counted by (source, reason) (SKIP_REASONS), rewrites counted as (source, "label_service_rewritten")."""
+
     def named(iri: str) -> str | None:
         item = indices.get(iri)
         return item.label if item is not None else None
@@ -157,7 +184,9 @@ def prepare(records: list[dict], indices) -> tuple[list[dict], Counter]:
     return usable, counts
 
 
-def epoch_records(records: list[dict], weights: dict[str, float], seed: int, epoch: int) -> list[tuple[dict, int]]:
+def epoch_records(
+    records: list[dict], weights: dict[str, float], seed: int, epoch: int
+) -> list[tuple[dict, int]]:
     """The (record, copy) pairs of one epoch, sources in order: each source's records floor(w) times
     (copies 0, 1, ...) plus a seeded random subset of round((w - floor(w)) x n) of them (module docstring).
     A pure function of its inputs; records without a source, or a source without weight, count once."""
@@ -184,27 +213,48 @@ def records_per_epoch(weight: float, count: int) -> int:
     return int(weight) * count + round((weight - int(weight)) * count)
 
 
-def summary(sources: list[Source], records: list[dict], usable: list[dict], skipped: Counter,
-            is_validation=None) -> str:
+def summary(
+    sources: list[Source], records: list[dict], usable: list[dict], skipped: Counter, is_validation=None
+) -> str:
     """A per-source table: records read, the held-out dev part kept out, skipped by reason, label-service
     rewrites, usable, validation (`is_validation(id)`; None: no split, "-"), weight, and training
     records per epoch."""
-    head = ["source", "read", "held out (dev)", *SKIP_REASONS, "label service rewritten", "usable", "validation",
-            "weight", "train records/epoch"]
+    head = [
+        "source",
+        "read",
+        "held out (dev)",
+        *SKIP_REASONS,
+        "label service rewritten",
+        "usable",
+        "validation",
+        "weight",
+        "train records/epoch",
+    ]
     rows, totals = [], Counter()
     for source in sources:
         read = sum(r["source"] == source.name for r in records)
         mine = [r for r in usable if r["source"] == source.name]
         val = sum(is_validation(r["id"]) for r in mine) if is_validation else 0
         held = held_out_count(source.benchmark)
-        values = {"read": read, "held out (dev)": held, **{k: skipped[source.name, k] for k in SKIP_REASONS},
-                  "label service rewritten": skipped[source.name, "label_service_rewritten"], "usable": len(mine),
-                  # validation uses each held-out record once at most: min(1, weight) of them
-                  "validation": records_per_epoch(min(1.0, source.weight), val),
-                  "train records/epoch": records_per_epoch(source.weight, len(mine) - val)}
+        values = {
+            "read": read,
+            "held out (dev)": held,
+            **{k: skipped[source.name, k] for k in SKIP_REASONS},
+            "label service rewritten": skipped[source.name, "label_service_rewritten"],
+            "usable": len(mine),
+            # validation uses each held-out record once at most: min(1, weight) of them
+            "validation": records_per_epoch(min(1.0, source.weight), val),
+            "train records/epoch": records_per_epoch(source.weight, len(mine) - val),
+        }
         totals.update(values)
-        rows.append([source.name, *[str(values[k]) for k in head[1:-2]], f"{source.weight:g}",
-                     str(values["train records/epoch"])])
+        rows.append(
+            [
+                source.name,
+                *[str(values[k]) for k in head[1:-2]],
+                f"{source.weight:g}",
+                str(values["train records/epoch"]),
+            ]
+        )
     rows.append(["total", *[str(totals[k]) for k in head[1:-2]], "", str(totals["train records/epoch"])])
     if is_validation is None:
         for row in rows:

@@ -23,6 +23,7 @@ and a run's checkpoint (e.g. of a run still going) becomes an adapter the same w
     python -m grisp.peft_format convert ~/.cache/grisp/runs/NAME/checkpoint-0000250 /tmp/step-250
 Tests: python -m pytest tests/test_peft_format.py (a checkpoint's conversion: tests/test_train.py)
 """
+
 import argparse
 import json
 import warnings
@@ -58,6 +59,7 @@ PEFT_PREFIX = "base_model.model."  # PEFT's key = PEFT_PREFIX + our parameter na
 
 # --- LoRA weights: our names <-> PEFT's keys ---
 
+
 def _peft_key(name: str) -> str:
     return PEFT_PREFIX + name + ".weight"
 
@@ -65,11 +67,12 @@ def _peft_key(name: str) -> str:
 def _our_name(key: str) -> str:
     """Inverse of _peft_key; keys without PEFT's prefix/suffix are kept (and reported as unexpected)."""
     if key.startswith(PEFT_PREFIX) and key.endswith(".weight"):
-        return key[len(PEFT_PREFIX):-len(".weight")]
+        return key[len(PEFT_PREFIX) : -len(".weight")]
     return key
 
 
 # --- adapter directories ---
+
 
 def _adapter_config(model: nn.Module, base_model_name_or_path: str | None) -> dict:
     """A PEFT LoraConfig describing exactly the LoRA layers in the model."""
@@ -78,9 +81,11 @@ def _adapter_config(model: nn.Module, base_model_name_or_path: str | None) -> di
         raise ValueError("the model has no LoRA layers; call inject_lora (or load_adapter) first")
     settings = {(m.r, m.alpha, getattr(m.lora_dropout, "p", 0.0)) for m in layers.values()}
     if len(settings) != 1:
-        raise ValueError(f"LoRA layers differ in (r, alpha, dropout) {sorted(settings)}; "
-                         f"one adapter file holds one setting")
-    (r, alpha, dropout), = settings
+        raise ValueError(
+            f"LoRA layers differ in (r, alpha, dropout) {sorted(settings)}; "
+            f"one adapter file holds one setting"
+        )
+    ((r, alpha, dropout),) = settings
     targets = sorted({n.rpartition(".")[2] for n in layers})
     # PEFT re-selects layers from (target_modules, layers_to_transform): prefer "all blocks", else the
     # blocks in use, and insist that the selection reproduces exactly our layers.
@@ -94,13 +99,21 @@ def _adapter_config(model: nn.Module, base_model_name_or_path: str | None) -> di
     elif None not in indices and selects_exactly_ours(sorted(indices)):
         selected = sorted(indices)
     else:
-        raise ValueError(f"the LoRA layers {list(layers)[:3]}... cannot be described by target_modules="
-                         f"{targets} plus layers_to_transform; inject with one target list and layer list")
+        raise ValueError(
+            f"the LoRA layers {list(layers)[:3]}... cannot be described by target_modules="
+            f"{targets} plus layers_to_transform; inject with one target list and layer list"
+        )
     return _peft_config(r, alpha, dropout, targets, selected, base_model_name_or_path)
 
 
-def _peft_config(r: int, alpha: float, dropout: float, targets: list[str], layers_to_transform: list[int] | None,
-                 base_model_name_or_path: str | None) -> dict:
+def _peft_config(
+    r: int,
+    alpha: float,
+    dropout: float,
+    targets: list[str],
+    layers_to_transform: list[int] | None,
+    base_model_name_or_path: str | None,
+) -> dict:
     """PEFT's LoraConfig for plain LoRA with these settings (layers_to_transform None: every block)."""
     return {
         "peft_type": "LORA",
@@ -125,8 +138,13 @@ def _peft_config(r: int, alpha: float, dropout: float, targets: list[str], layer
     }
 
 
-def save_adapter(model: nn.Module, out_dir: str | Path, base_model_name_or_path: str | None = None,
-                 dtype: torch.dtype | None = None, prompt_format: str | None = None) -> Path:
+def save_adapter(
+    model: nn.Module,
+    out_dir: str | Path,
+    base_model_name_or_path: str | None = None,
+    dtype: torch.dtype | None = None,
+    prompt_format: str | None = None,
+) -> Path:
     """Write adapter_config.json + adapter_model.safetensors (PEFT layout), and grisp_config.json if a
     prompt format is given; dtype e.g. torch.bfloat16 halves the file. Returns the directory."""
     _check_float(dtype)
@@ -146,9 +164,13 @@ def read_prompt_format(adapter_dir: str | Path | None) -> str:
     try:
         prompt_format = json.loads(path.read_text()).get("prompt_format", UNRECORDED_PROMPT_FORMAT)
     except (json.JSONDecodeError, AttributeError):
-        raise ValueError(f"{path} is not a JSON object like {{\"prompt_format\": \"v2\"}}; fix or delete it") from None
+        raise ValueError(
+            f'{path} is not a JSON object like {{"prompt_format": "v2"}}; fix or delete it'
+        ) from None
     if prompt_format not in PROMPT_FORMATS:
-        raise ValueError(f"{path}: unknown prompt_format {prompt_format!r}; known: {', '.join(PROMPT_FORMATS)}")
+        raise ValueError(
+            f"{path}: unknown prompt_format {prompt_format!r}; known: {', '.join(PROMPT_FORMATS)}"
+        )
     return prompt_format
 
 
@@ -157,8 +179,13 @@ def _check_float(dtype: torch.dtype | None) -> None:
         raise ValueError(f"cannot save LoRA weights as {dtype}; use a float dtype such as torch.bfloat16")
 
 
-def _write_adapter(out_dir: str | Path, tensors: dict[str, torch.Tensor], config: dict,
-                   dtype: torch.dtype | None, prompt_format: str | None) -> Path:
+def _write_adapter(
+    out_dir: str | Path,
+    tensors: dict[str, torch.Tensor],
+    config: dict,
+    dtype: torch.dtype | None,
+    prompt_format: str | None,
+) -> Path:
     """The files of an adapter directory: weights (under PEFT's keys, cast to dtype) and config (PEFT's),
     and grisp_config.json with the prompt format, if known (an older one is removed, not left to mislead).
     Each file is written atomically: a run killed mid-save (best/ is rewritten at every better
@@ -176,18 +203,32 @@ def _write_adapter(out_dir: str | Path, tensors: dict[str, torch.Tensor], config
 
 
 # Config fields of PEFT features this plain LoRA does not implement, with their "off" value.
-_UNSUPPORTED = {"bias": "none", "fan_in_fan_out": False, "use_dora": False, "use_rslora": False,
-                "lora_bias": False, "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
-                "exclude_modules": None, "layer_replication": None, "target_parameters": None,
-                "trainable_token_indices": None, "use_qalora": False, "alora_invocation_tokens": None}
+_UNSUPPORTED = {
+    "bias": "none",
+    "fan_in_fan_out": False,
+    "use_dora": False,
+    "use_rslora": False,
+    "lora_bias": False,
+    "modules_to_save": None,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+    "exclude_modules": None,
+    "layer_replication": None,
+    "target_parameters": None,
+    "trainable_token_indices": None,
+    "use_qalora": False,
+    "alora_invocation_tokens": None,
+}
 
 
 def read_adapter_config(adapter_dir: str | Path) -> dict:
     """Read and check adapter_config.json; raises a clear error for what lora.py cannot load."""
     path = Path(adapter_dir) / CONFIG_NAME
     if not path.is_file() or not (path.parent / WEIGHTS_NAME).is_file():
-        raise FileNotFoundError(f"{adapter_dir} is not an adapter directory: it needs {CONFIG_NAME} and "
-                                f"{WEIGHTS_NAME} (written by save_adapter or PEFT's save_pretrained)")
+        raise FileNotFoundError(
+            f"{adapter_dir} is not an adapter directory: it needs {CONFIG_NAME} and "
+            f"{WEIGHTS_NAME} (written by save_adapter or PEFT's save_pretrained)"
+        )
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -198,8 +239,10 @@ def read_adapter_config(adapter_dir: str | Path) -> dict:
         raise ValueError(f"{path} lacks {missing}; it is not a complete LoRA adapter config")
     for key, off in _UNSUPPORTED.items():
         if config.get(key) and config[key] != off:
-            raise ValueError(f"{path}: {key}={config[key]!r} is not supported (plain LoRA only); "
-                             f"retrain the adapter with {key}={off!r}")
+            raise ValueError(
+                f"{path}: {key}={config[key]!r} is not supported (plain LoRA only); "
+                f"retrain the adapter with {key}={off!r}"
+            )
     return config
 
 
@@ -213,9 +256,15 @@ def load_adapter(model: nn.Module, adapter_dir: str | Path) -> dict:
         raise ValueError("the model already has LoRA layers; load the adapter into a fresh base model")
     layers = config.get("layers_to_transform")  # PEFT: an int, a list, or None / [] for all blocks
     layers = [layers] if isinstance(layers, int) else layers or None
-    inject_lora(model, r=config["r"], alpha=config["lora_alpha"], dropout=config.get("lora_dropout") or 0.0,
-                target_modules=config["target_modules"], layers=layers,
-                layers_pattern=config.get("layers_pattern"))
+    inject_lora(
+        model,
+        r=config["r"],
+        alpha=config["lora_alpha"],
+        dropout=config.get("lora_dropout") or 0.0,
+        target_modules=config["target_modules"],
+        layers=layers,
+        layers_pattern=config.get("layers_pattern"),
+    )
     state = read_adapter_weights(adapter_dir)
     try:
         load_lora_state_dict(model, state)
@@ -235,8 +284,9 @@ def load_merged(model: nn.Module, adapter_dir: str | Path, dtype: torch.dtype | 
     return config
 
 
-def load_for_inference(model_dir: str | Path, adapter_dir: str | Path | None, precision: str,
-                       device: str | torch.device = "cpu") -> Transformer:
+def load_for_inference(
+    model_dir: str | Path, adapter_dir: str | Path | None, precision: str, device: str | torch.device = "cpu"
+) -> Transformer:
     """The base model of `model_dir` with the adapter folded in, in `precision` (a precision name of
     cpu_speed.pick_precision, not "auto"), switched to inference by cpu_speed.prepare_for_inference.
     The adapter is merged in float32 and the sum rounded to bfloat16 once (a merge in bf16 would round
@@ -271,8 +321,12 @@ def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
     return {_our_name(k): v for k, v in load_file(Path(adapter_dir) / WEIGHTS_NAME).items()}
 
 
-def convert_adapter(src_dir: str | Path, out_dir: str | Path, dtype: torch.dtype | None = None,
-                    base_model_name_or_path: str | None = None) -> Path:
+def convert_adapter(
+    src_dir: str | Path,
+    out_dir: str | Path,
+    dtype: torch.dtype | None = None,
+    base_model_name_or_path: str | None = None,
+) -> Path:
     """Copy an adapter directory, or make one from a training run's checkpoint-* directory, with its
     weights cast to `dtype` and, if given, another base model name in its config (a Hub id instead of
     the local path training saw). Returns the directory."""
@@ -299,11 +353,23 @@ def _checkpoint_adapter(path: Path) -> tuple[dict, dict[str, torch.Tensor], str]
     blocks = sorted(i for i in indices if i is not None)
     every_block = not blocks or blocks[0] == 0  # training puts LoRA on the last N blocks: block 0 means all
     if not every_block and None in indices:
-        raise ValueError(f"{path}: LoRA on the last blocks and on {sorted(n for n in names if layer_index(n, None) is None)} "
-                         f"cannot be described by target_modules plus layers_to_transform")
-    config = _peft_config(run["lora_r"], run["lora_alpha"], run["lora_dropout"], targets, None if every_block else blocks,
-                          run["model_dir"])
-    return config, {_peft_key(n): t for n, t in weights.items()}, run.get("prompt_format", UNRECORDED_PROMPT_FORMAT)
+        raise ValueError(
+            f"{path}: LoRA on the last blocks and on {sorted(n for n in names if layer_index(n, None) is None)} "
+            f"cannot be described by target_modules plus layers_to_transform"
+        )
+    config = _peft_config(
+        run["lora_r"],
+        run["lora_alpha"],
+        run["lora_dropout"],
+        targets,
+        None if every_block else blocks,
+        run["model_dir"],
+    )
+    return (
+        config,
+        {_peft_key(n): t for n, t in weights.items()},
+        run.get("prompt_format", UNRECORDED_PROMPT_FORMAT),
+    )
 
 
 def main(args: argparse.Namespace) -> None:
@@ -314,18 +380,33 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Adapter files (PEFT layout).",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description="Adapter files (PEFT layout).", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    convert = commands.add_parser("convert", help="copy an adapter (or make one from a training checkpoint) with "
-                                  "another weight dtype or base model name",
-                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    convert.add_argument("src", type=Path, help="adapter directory to read (e.g. a run's best/), or a run's checkpoint-* directory")
+    convert = commands.add_parser(
+        "convert",
+        help="copy an adapter (or make one from a training checkpoint) with "
+        "another weight dtype or base model name",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    convert.add_argument(
+        "src",
+        type=Path,
+        help="adapter directory to read (e.g. a run's best/), or a run's checkpoint-* directory",
+    )
     convert.add_argument("out", type=Path, help="adapter directory to write")
-    convert.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
-                         help="weight dtype of the copy (None: keep the source's)")
-    convert.add_argument("--base-model", default=None,
-                         help="base_model_name_or_path written into the copy's config (None: keep)")
+    convert.add_argument(
+        "--dtype",
+        choices=["bfloat16", "float16", "float32"],
+        default=None,
+        help="weight dtype of the copy (None: keep the source's)",
+    )
+    convert.add_argument(
+        "--base-model",
+        default=None,
+        help="base_model_name_or_path written into the copy's config (None: keep)",
+    )
     try:
         main(parser.parse_args())
     except (FileNotFoundError, ValueError) as error:

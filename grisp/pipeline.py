@@ -13,6 +13,7 @@ are thin command-line fronts over this class.
     answer.sparql, answer.result, answer.trace
     answer = grisp.answer(question, listener=print)   # each trace event as it happens (serve.py)
 """
+
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,13 +49,17 @@ class Answer:
     timings: dict[str, float] = field(default_factory=dict)
     backtracks: int = 0
     error: str | None = None  # why the answer is unverified, or the first endpoint fault of a failure
-    failure: str | None = None  # None, "no_skeleton", "dead_end", "timeout", "endpoint_error", "error", "declined"
+    failure: str | None = (
+        None  # None, "no_skeleton", "dead_end", "timeout", "endpoint_error", "error", "declined"
+    )
     # how sure the answer is (confidence.py; None without a query); below options.min_confidence it is
     # declined: sparql and result are None, the query found stays in guess (always the query found)
     confidence: float | None = None
     guess: str | None = None
     declined: bool = False
-    choices: list[dict] = field(default_factory=list)  # the final query's choices (resolve.Resolution.choices)
+    choices: list[dict] = field(
+        default_factory=list
+    )  # the final query's choices (resolve.Resolution.choices)
     skeleton_number: int | None = None  # which skeleton (0 = the best) the query came from
     retried: bool = False  # the query came from the second pass (options.retry)
     # the endpoint during this question (docs/method.md 6.7): SPARQL queries sent, those answered, and
@@ -67,9 +72,16 @@ class Answer:
 
 
 class Grisp:
-    def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None, index_dir: str | Path,
-                 endpoint_url: str, options: Options, device: str = "auto",
-                 rerank_adapter_dir: str | Path | None = None):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        adapter_dir: str | Path | None,
+        index_dir: str | Path,
+        endpoint_url: str,
+        options: Options,
+        device: str = "auto",
+        rerank_adapter_dir: str | Path | None = None,
+    ):
         """`rerank_adapter_dir`: re-rank with a second model, the base with this adapter (e.g. one trained
         further on re-ranking alone; the reference's `--selection-run`), instead of the skeletons' model."""
         model_dir, index_dir = Path(model_dir).expanduser(), Path(index_dir).expanduser()
@@ -89,13 +101,15 @@ class Grisp:
             reranker = ModelReranker(self.model, self.tokenizer, prompt_format=self.prompt_format)
         elif options.rerank:
             rerank_model = _load_weights(model_dir, rerank_adapter_dir, self.precision, self.device)
-            reranker = ModelReranker(rerank_model, self.tokenizer,
-                                     prompt_format=self._prompt_format(rerank_adapter_dir))
+            reranker = ModelReranker(
+                rerank_model, self.tokenizer, prompt_format=self._prompt_format(rerank_adapter_dir)
+            )
         self.resolver = Resolver(self.indices, self.client, reranker, options)
 
     @classmethod
-    def generator(cls, model_dir: str | Path, adapter_dir: str | Path | None, options: Options,
-                  device: str = "auto") -> "Grisp":
+    def generator(
+        cls, model_dir: str | Path, adapter_dir: str | Path | None, options: Options, device: str = "auto"
+    ) -> "Grisp":
         """Stage 1 alone: a Grisp that only generates skeletons (`skeletons`), with no index and no
         endpoint (infer.py and evaluate.py --skeleton-only); `answer` raises GrispError."""
         model_dir, adapter_dir = Path(model_dir).expanduser(), _expand(adapter_dir)
@@ -105,7 +119,9 @@ class Grisp:
         grisp._load_model(model_dir, adapter_dir, options, device)
         return grisp
 
-    def _load_model(self, model_dir: Path, adapter_dir: str | Path | None, options: Options, device: str) -> None:
+    def _load_model(
+        self, model_dir: Path, adapter_dir: str | Path | None, options: Options, device: str
+    ) -> None:
         try:
             self.device = pick_device(device)
         except ValueError as error:  # a bad --device: the scripts' message, before the weights load
@@ -116,7 +132,9 @@ class Grisp:
         self.tokenizer = Tokenizer(model_dir)
         # the adapter folded into the weights: inference runs at base speed
         self.model = _load_weights(model_dir, adapter_dir, self.precision, self.device)
-        self.skeleton_prompts = PromptCache(self.model)  # every skeleton prompt starts alike (the instructions)
+        self.skeleton_prompts = PromptCache(
+            self.model
+        )  # every skeleton prompt starts alike (the instructions)
         self.prompt_format = self._prompt_format(adapter_dir)
 
     @staticmethod
@@ -130,13 +148,17 @@ class Grisp:
     def fixed_options(self) -> list[str]:
         """The options set when this Grisp was loaded, which a question cannot change (check_options): the
         precision of the weights, and rerank if it was loaded without the re-ranker (made at load time)."""
-        return ["precision"] + (["rerank"] if self.resolver is not None and self.resolver.reranker is None else [])
+        return ["precision"] + (
+            ["rerank"] if self.resolver is not None and self.resolver.reranker is None else []
+        )
 
     def check_options(self, options: Options) -> None:
         """GrispError if this Grisp cannot answer with `options` (see fixed_options)."""
         if _precision(options.precision, self.device)[0] != self.precision:
-            raise GrispError(f"this Grisp was loaded in {self.precision} ({self.why_precision}); it cannot "
-                             f"answer in {options.precision}")
+            raise GrispError(
+                f"this Grisp was loaded in {self.precision} ({self.why_precision}); it cannot "
+                f"answer in {options.precision}"
+            )
         if "rerank" in self.fixed_options() and options.rerank:
             raise GrispError("this Grisp was loaded with rerank off; it cannot re-rank")
 
@@ -147,12 +169,16 @@ class Grisp:
             self.resolver.options = options
         self.options = options
 
-    def skeletons(self, question: str, listener: Listener | None = None) -> tuple[list[tuple[str, float]], list[dict]]:
+    def skeletons(
+        self, question: str, listener: Listener | None = None
+    ) -> tuple[list[tuple[str, float]], list[dict]]:
         """Stage 1: the best distinct, parsing skeletons with their scores, and a trace of the beams."""
         trace: list[dict] = []
         return list(self.skeleton_stream(question, trace, listener)), trace
 
-    def skeleton_stream(self, question: str, trace: list[dict], listener: Listener | None = None) -> Iterator[tuple[str, float]]:
+    def skeleton_stream(
+        self, question: str, trace: list[dict], listener: Listener | None = None
+    ) -> Iterator[tuple[str, float]]:
         """Stage 1, lazily: the distinct, parsing skeletons best first (at most num_skeletons), each as soon
         as the beam search has settled it (generate.beam_search_stream), so the search goes only as far
         as the skeletons taken need. Each beam's verdict is appended to `trace` (and told to `listener`).
@@ -163,14 +189,31 @@ class Grisp:
         generator = torch.Generator(device=self.device).manual_seed(o.seed)
         needed, seen, merging = o.skeletons_wanted, set(), o.skeleton_dedupe == "merge"
         kept: dict[str, tuple[str, float]] = {}  # wording_key (merging) or text -> the skeleton and its score
-        for h in beam_search_stream(self.model, prompt, self.tokenizer.eos_ids,
-                                    num_beams=o.beam_width, max_new_tokens=o.max_new_tokens,
-                                    sample=o.sample and o.beam_search, temperature=o.temperature, top_p=o.top_p,
-                                    generator=generator, ranking=o.beam_ranking, prompt_cache=self.skeleton_prompts):
+        for h in beam_search_stream(
+            self.model,
+            prompt,
+            self.tokenizer.eos_ids,
+            num_beams=o.beam_width,
+            max_new_tokens=o.max_new_tokens,
+            sample=o.sample and o.beam_search,
+            temperature=o.temperature,
+            top_p=o.top_p,
+            generator=generator,
+            ranking=o.beam_ranking,
+            prompt_cache=self.skeleton_prompts,
+        ):
             text = self.tokenizer.decode(h.tokens).strip()
-            verdict = ("unfinished" if not h.finished else "duplicate" if text in seen  # SEP: merging's own mark
-                       else "does not parse" if SEP in text or not parses(text)
-                       else "refused" if not sendable(text) else "kept")  # e.g. SERVICE: never sent
+            verdict = (
+                "unfinished"
+                if not h.finished
+                else "duplicate"
+                if text in seen  # SEP: merging's own mark
+                else "does not parse"
+                if SEP in text or not parses(text)
+                else "refused"
+                if not sendable(text)
+                else "kept"
+            )  # e.g. SERVICE: never sent
             seen.add(text)
             key = text
             if verdict == "kept" and merging:
@@ -181,7 +224,9 @@ class Grisp:
                     kept[key] = merged, kept[key][1]
                 elif len(kept) == needed:  # the search went on only for wordings of the kept ones
                     verdict = "surplus"
-            trace.append({"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict})
+            trace.append(
+                {"event": "skeleton", "skeleton": text, "score": round(h.score, 3), "verdict": verdict}
+            )
             if listener is not None:
                 listener(trace[-1])
             if verdict == "kept":
@@ -198,7 +243,7 @@ class Grisp:
         Skeletons are generated as resolution asks for them: the next one only when one fails (with
         skeleton_dedupe "merge" all of them before the first is resolved)."""
         if not question.strip():
-            raise GrispError("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
+            raise GrispError('the question is empty; ask something, e.g. "Who directed Pulp Fiction?"')
         start = time.perf_counter()
         trace: list[dict] = []
         generation = Stopwatch()
@@ -209,9 +254,14 @@ class Grisp:
         answer.timings["total"] = time.perf_counter() - start
         return answer
 
-    def answer_from_skeletons(self, question: str, skeletons: Iterable[str | tuple[str, float]],
-                              deadline: float = float("inf"), listener: Listener | None = None,
-                              trace: list[dict] | None = None) -> Answer:
+    def answer_from_skeletons(
+        self,
+        question: str,
+        skeletons: Iterable[str | tuple[str, float]],
+        deadline: float = float("inf"),
+        listener: Listener | None = None,
+        trace: list[dict] | None = None,
+    ) -> Answer:
         """Stage 2 over given skeletons (the oracle-skeleton mode feeds the gold one), taken one at a time
         from `skeletons` (a list, or answer()'s lazy stream): the first that resolves to a valid query
         wins. `trace`: the list the answer's trace continues (the stream appends its beams to it). Each
@@ -225,8 +275,10 @@ class Grisp:
         None's cut lifted (every hit in the re-ranked order, all within one time budget; a "retry" trace
         event; ours, not the paper's)."""
         if self.resolver is None:
-            raise GrispError("this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
-                             "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)")
+            raise GrispError(
+                "this Grisp only generates skeletons (Grisp.generator): resolving needs an index "
+                "and an endpoint, so construct Grisp(model_dir, adapter_dir, index_dir, endpoint_url, options)"
+            )
         start = time.perf_counter()
         client = self.resolver.client
         client.tally = Tally()  # this question's queries
@@ -238,29 +290,48 @@ class Grisp:
                 answer.skeletons.append((skeleton, score))
                 yield number, skeleton
 
-        failed = self._resolve_in_turn(question, numbered(skeletons), self.resolver, answer, deadline, listener)
+        failed = self._resolve_in_turn(
+            question, numbered(skeletons), self.resolver, answer, deadline, listener
+        )
         dead = [(number, skeleton) for number, skeleton, failure in failed if failure == "dead_end"]
         # without re-ranking, or with None's cut already lifted, a retry would repeat the first pass
-        reranking = self.options.rerank and self.resolver.reranker is not None and self.options.none_margin < math.inf
+        reranking = (
+            self.options.rerank and self.resolver.reranker is not None and self.options.none_margin < math.inf
+        )
         if answer.sparql is None and dead and self.options.retry and reranking:
             answer.trace.append({"event": "retry", "skeletons": [n for n, _ in dead]})
             if listener is not None:
                 listener(answer.trace[-1])
             relaxed = self.resolver.relaxed(none_margin=float("inf"))
-            shared_budget_end = min(time.monotonic() + self.options.time_budget, deadline)  # one budget for them all
+            shared_budget_end = min(
+                time.monotonic() + self.options.time_budget, deadline
+            )  # one budget for them all
             self._resolve_in_turn(question, dead, relaxed, answer, shared_budget_end, listener)
             answer.retried = answer.sparql is not None
         answer.timings["resolve"] = time.perf_counter() - start
         return judge_confidence(judge_endpoint(answer, client.tally), self.options.min_confidence, listener)
 
-    def _resolve_in_turn(self, question: str, skeletons: Iterable[tuple[int, str]], resolver: Resolver,
-                         answer: Answer, deadline: float, listener: Listener | None) -> list[tuple[int, str, str]]:
+    def _resolve_in_turn(
+        self,
+        question: str,
+        skeletons: Iterable[tuple[int, str]],
+        resolver: Resolver,
+        answer: Answer,
+        deadline: float,
+        listener: Listener | None,
+    ) -> list[tuple[int, str, str]]:
         """Resolve the (number, skeleton) pairs one after the other into `answer` until one yields a valid
         query; returns the failed ones as (number, skeleton, failure), none if the endpoint was lost."""
         client, failed = resolver.client, []
         for number, skeleton in skeletons:
-            answer.trace.append({"event": "resolve", "skeleton": skeleton, "number": number,
-                                 "placeholders": len(find_placeholders(skeleton))})
+            answer.trace.append(
+                {
+                    "event": "resolve",
+                    "skeleton": skeleton,
+                    "number": number,
+                    "placeholders": len(find_placeholders(skeleton)),
+                }
+            )
             if listener is not None:
                 listener(answer.trace[-1])
             budget_end = min(time.monotonic() + self.options.time_budget, deadline)
@@ -272,7 +343,11 @@ class Grisp:
             answer.failure = resolution.failure
             if resolution.sparql is not None:
                 answer.sparql, answer.result = with_prefixes(resolution.sparql), resolution.result
-                answer.verified, answer.choices, answer.skeleton_number = resolution.verified, resolution.choices, number
+                answer.verified, answer.choices, answer.skeleton_number = (
+                    resolution.verified,
+                    resolution.choices,
+                    number,
+                )
                 return failed
             failed.append((number, skeleton, resolution.failure))
             lost = any(name != "QueryTimeout" for name in client.tally.faults)  # a slow query is the query's
@@ -307,8 +382,14 @@ def judge_confidence(answer: Answer, min_confidence: float, listener: Listener |
     answer.guess, answer.confidence = answer.sparql, confidence.confidence(answer.choices)
     if confidence.decide(answer.confidence, min_confidence):
         answer.sparql, answer.result, answer.declined, answer.failure = None, None, True, "declined"
-        answer.trace.append({"event": "declined", "confidence": round(answer.confidence, 4),
-                             "min_confidence": min_confidence, "guess": answer.guess})
+        answer.trace.append(
+            {
+                "event": "declined",
+                "confidence": round(answer.confidence, 4),
+                "min_confidence": min_confidence,
+                "guess": answer.guess,
+            }
+        )
         if listener is not None:
             listener(answer.trace[-1])
     return answer
@@ -324,8 +405,10 @@ def _check_model(model_dir: Path, adapter_dir: str | Path | None) -> None:
     if not (model_dir / "config.json").exists():
         raise GrispError(f"no base model at {model_dir}; run `python get_model.py` or pass --model-dir")
     if adapter_dir is not None and not (Path(adapter_dir) / peft_format.CONFIG_NAME).exists():
-        raise GrispError(f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
-                         f"train.py, or pass --adapter none to run the base model")
+        raise GrispError(
+            f"no adapter at {adapter_dir} ({peft_format.CONFIG_NAME} missing); train one with "
+            f"train.py, or pass --adapter none to run the base model"
+        )
 
 
 def _precision(choice: str, device) -> tuple[str, str]:

@@ -7,6 +7,7 @@ resolver searches (entities for subject / object, properties for property).
 
 Pure function over the text; validity is decided by pyoxigraph's parser (skeleton.parses).
 """
+
 from grisp.skeleton import DUMMY_IRI, Placeholder, parses
 from grisp.sparql_syntax import Unsupported, closers, tokenize, where_start
 
@@ -19,10 +20,10 @@ def infer_position(text: str, ph: Placeholder) -> str:
     (so it may sit inside a property path) followed by fresh variables, and the triple ends with
     `;`, which only a triple pattern accepts (so `FILTER(?x = <ph>)` is unknown, not an object).
     """
-    prefix, tokens = text[:ph.start], tokenize(text[:ph.start])
+    prefix, tokens = text[: ph.start], tokenize(text[: ph.start])
     try:  # test the WHERE pattern as ASK: a cut-off SELECT may not parse for its aggregates alone
         q, where = where_start(tokens)
-        prefix = prefix[:tokens[q].start] + "ASK " + prefix[tokens[where].start:]
+        prefix = prefix[: tokens[q].start] + "ASK " + prefix[tokens[where].start :]
     except Unsupported:
         pass
     to_close = closers(tokenize(prefix))  # (earlier placeholders are read as IRIs by parses)

@@ -9,6 +9,7 @@ Training (samples.py, for gen_data.py and train.py) and inference (grisp/pipelin
 for re-ranking) both build their prompts here, so the model always sees exactly the text it was
 trained on. Prompts are chat messages; tokenizer.chat_prompt turns them into Qwen's chat format.
 """
+
 import re
 from dataclasses import dataclass, field
 
@@ -31,13 +32,17 @@ PROMPT_FORMATS = ("v1", "v2")
 LATEST_PROMPT_FORMAT = "v2"  # what new training runs use
 
 RERANK_SYSTEM = {
-    "v1": ("You select the knowledge graph item that replaces the placeholder marked <rep>...</rep> "
-           "in a SPARQL query for a question. Answer with the letter of the best alternative, "
-           "or the letter of \"None of the above\" if no alternative fits."),
-    "v2": ("You select the knowledge graph item that replaces the placeholder marked <rep>...</rep> "
-           "in a SPARQL query for a question. Placeholders not resolved yet are marked <iri>...</iri>; "
-           "the items already resolved are described below the query. Answer with the letter of the best "
-           "alternative, or the letter of \"None of the above\" if no alternative fits."),
+    "v1": (
+        "You select the knowledge graph item that replaces the placeholder marked <rep>...</rep> "
+        "in a SPARQL query for a question. Answer with the letter of the best alternative, "
+        'or the letter of "None of the above" if no alternative fits.'
+    ),
+    "v2": (
+        "You select the knowledge graph item that replaces the placeholder marked <rep>...</rep> "
+        "in a SPARQL query for a question. Placeholders not resolved yet are marked <iri>...</iri>; "
+        "the items already resolved are described below the query. Answer with the letter of the best "
+        'alternative, or the letter of "None of the above" if no alternative fits.'
+    ),
 }
 
 # Single-token identifiers for the alternatives: each capital letter is one Qwen token.
@@ -64,13 +69,19 @@ def to_alternative(item, variant: str | None = None, kind: str = "entity") -> Al
         shown = with_variant(item.id, variant) if variant else item.id
     except ValueError:  # the item is no Wikidata property (an entity, or another KG): show it as is
         shown = item.id
-    return Alternative(iri=item.id, shown_id=compact(shown), label=item.label, aliases=list(item.aliases),
-                       description=item.description, kind=kind)
+    return Alternative(
+        iri=item.id,
+        shown_id=compact(shown),
+        label=item.label,
+        aliases=list(item.aliases),
+        description=item.description,
+        kind=kind,
+    )
 
 
 def mark_current(text: str, ph) -> str:
     """The query with placeholder `ph` (a skeleton.Placeholder) written `<rep>label</rep>`: the one to re-rank."""
-    return text[:ph.start] + "<rep>" + ph.text[len("<iri>"):-len("</iri>")] + "</rep>" + text[ph.end:]
+    return text[: ph.start] + "<rep>" + ph.text[len("<iri>") : -len("</iri>")] + "</rep>" + text[ph.end :]
 
 
 def marked_placeholder(text: str) -> str:
@@ -91,10 +102,12 @@ def describe(alt: Alternative, show_infos: bool, prompt_format: str) -> str:
     v1: `Pulp Fiction (wd:Q104123): 1994 film ...; also known as a, b`; without infos `Pulp Fiction (wd:Q104123)`.
     v2: `Pulp Fiction (wd:Q104123), also known as "a", "b": 1994 film ...`; without infos the description
         is left out and the aliases stay (the reference's "drop infos")."""
-    aliases = alt.aliases[:MAX_ALIASES[prompt_format]]
+    aliases = alt.aliases[: MAX_ALIASES[prompt_format]]
     line = f"{alt.label} ({alt.shown_id})"
     if prompt_format == "v1":
-        infos = [alt.description] * bool(alt.description) + ["also known as " + ", ".join(aliases)] * bool(aliases)
+        infos = [alt.description] * bool(alt.description) + ["also known as " + ", ".join(aliases)] * bool(
+            aliases
+        )
         return line + (": " + "; ".join(infos) if show_infos and infos else "")
     if aliases:
         line += ", also known as " + ", ".join(f'"{a}"' for a in aliases)
@@ -117,8 +130,12 @@ def format_resolved(resolved: list[Alternative]) -> str:
 
 
 def rerank_messages(
-    question: str, marked_query: str, alternatives: list[Alternative], show_infos: bool = True,
-    resolved: list[Alternative] = (), prompt_format: str = LATEST_PROMPT_FORMAT,
+    question: str,
+    marked_query: str,
+    alternatives: list[Alternative],
+    show_infos: bool = True,
+    resolved: list[Alternative] = (),
+    prompt_format: str = LATEST_PROMPT_FORMAT,
 ) -> tuple[list[dict], list[str]]:
     """Chat messages for re-ranking `alternatives` plus a final None alternative.
 
@@ -136,25 +153,37 @@ def rerank_messages(
     grouped = prompt_format != "v1" and len(set(kinds)) > 1  # both kinds (a placeholder of unknown position)
     # letters run down the list as shown: by kind (in order of first appearance) when grouped
     kind_order = list(dict.fromkeys(kinds))
-    shown = sorted(range(len(alternatives)), key=lambda i: kind_order.index(kinds[i])) if grouped else range(len(alternatives))
+    shown = (
+        sorted(range(len(alternatives)), key=lambda i: kind_order.index(kinds[i]))
+        if grouped
+        else range(len(alternatives))
+    )
     letter = dict(zip(shown, IDENTIFIERS))
     identifiers = [letter[i] for i in range(len(alternatives))] + [IDENTIFIERS[len(alternatives)]]
-    lines = [format_alternative(letter[i], alt, show_infos, prompt_format) for i, alt in enumerate(alternatives)]
+    lines = [
+        format_alternative(letter[i], alt, show_infos, prompt_format) for i, alt in enumerate(alternatives)
+    ]
     none_line = f"{identifiers[-1]}. {NONE_TEXT}"
     if prompt_format == "v1":
-        user = (f"Question: {question.strip()}\n"
-                f"SPARQL: {marked_query}\n"
-                f"Alternatives:\n" + "\n".join(lines + [none_line]))
+        user = f"Question: {question.strip()}\nSPARQL: {marked_query}\nAlternatives:\n" + "\n".join(
+            lines + [none_line]
+        )
     else:
         parts = [f"Question:\n{question.strip()}", f"SPARQL:\n{marked_query}"]
         if resolved:
             parts.append(format_resolved(list(resolved)))
         if grouped:  # one group per kind
-            parts += [f"{kind.capitalize()} alternatives:\n" + "\n".join(line for line, k in zip(lines, kinds) if k == kind)
-                      for kind in dict.fromkeys(kinds)]
+            parts += [
+                f"{kind.capitalize()} alternatives:\n"
+                + "\n".join(line for line, k in zip(lines, kinds) if k == kind)
+                for kind in dict.fromkeys(kinds)
+            ]
         else:
             parts.append("Alternatives:\n" + "\n".join(lines))
         parts.append(none_line)
         user = "\n\n".join(parts)
-    messages = [{"role": "system", "content": RERANK_SYSTEM[prompt_format]}, {"role": "user", "content": user}]
+    messages = [
+        {"role": "system", "content": RERANK_SYSTEM[prompt_format]},
+        {"role": "user", "content": user},
+    ]
     return messages, identifiers

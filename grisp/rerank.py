@@ -17,6 +17,7 @@ same scores as a full forward; docs/cpu_speed.md section 3.3: the speed-up).
     reranker = ModelReranker(model, tokenizer, prompt_format="v2")   # the adapter's format (peft_format)
     scores = reranker(question, marked_query, alternatives, resolved)   # len(alternatives) + 1, None's last
 """
+
 from typing import Iterable
 
 import torch
@@ -34,8 +35,10 @@ def identifier_token_ids(tokenizer: Tokenizer, identifiers: Iterable[str]) -> li
     for identifier in identifiers:
         ids = tokenizer.encode(identifier)
         if len(ids) != 1:
-            raise ValueError(f"the tokenizer splits the identifier {identifier!r} into {ids}; re-ranking needs "
-                             f"single-token identifiers (use a Qwen2 tokenizer)")
+            raise ValueError(
+                f"the tokenizer splits the identifier {identifier!r} into {ids}; re-ranking needs "
+                f"single-token identifiers (use a Qwen2 tokenizer)"
+            )
         token_ids.append(ids[0])
     return token_ids
 
@@ -57,11 +60,22 @@ class ModelReranker:
     `tokens` counts prompt tokens seen and tokens actually run through the model. `prompt_format` is the
     one the adapter was trained on (prompts.PROMPT_FORMATS; v2 also shows the `resolved` items)."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, show_infos: bool = True, prefix_cache: bool = True,
-                 prompt_format: str = LATEST_PROMPT_FORMAT):
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        show_infos: bool = True,
+        prefix_cache: bool = True,
+        prompt_format: str = LATEST_PROMPT_FORMAT,
+    ):
         if prompt_format not in PROMPT_FORMATS:
             raise ValueError(f"unknown prompt format {prompt_format!r}; known: {', '.join(PROMPT_FORMATS)}")
-        self.model, self.tokenizer, self.show_infos, self.prefix_cache = model, tokenizer, show_infos, prefix_cache
+        self.model, self.tokenizer, self.show_infos, self.prefix_cache = (
+            model,
+            tokenizer,
+            show_infos,
+            prefix_cache,
+        )
         self.prompt_format = prompt_format
         # identifier letter -> its token id; the scores are these logits
         self.identifier_ids = dict(zip(IDENTIFIERS, identifier_token_ids(tokenizer, IDENTIFIERS)))
@@ -69,10 +83,16 @@ class ModelReranker:
         # prompt tokens seen and tokens run through the model (with the prefix cache: the PromptCache's)
         self.tokens = self.prompts.tokens if prefix_cache else {"prompt": 0, "computed": 0}
 
-    def __call__(self, question: str, marked_query: str, alternatives: list[Alternative],
-                 resolved: list[Alternative] = ()) -> list[float]:
-        messages, identifiers = rerank_messages(question, marked_query, alternatives, self.show_infos, resolved,
-                                                self.prompt_format)
+    def __call__(
+        self,
+        question: str,
+        marked_query: str,
+        alternatives: list[Alternative],
+        resolved: list[Alternative] = (),
+    ) -> list[float]:
+        messages, identifiers = rerank_messages(
+            question, marked_query, alternatives, self.show_infos, resolved, self.prompt_format
+        )
         vocab = torch.tensor([self.identifier_ids[i] for i in identifiers])  # [K]
         return self.next_token_logits(self.tokenizer.encode(chat_prompt(messages)), vocab).tolist()
 

@@ -18,6 +18,7 @@ The search is an explicit stack of frames (no recursion); every step is recorded
     resolver = Resolver(indices, client, ModelReranker(model, tokenizer), Options())
     resolution = resolver.resolve("where was the pulp fiction director born?", skeleton)
 """
+
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -49,10 +50,14 @@ class Frame:
     placeholder: Placeholder
     kind: str  # "entity", "property" or "both"
     alternatives: list[Hit]  # still to try, best first
-    resolved: list[Alternative] = field(default_factory=list)  # the items chosen before it, as the re-ranker shows them
+    resolved: list[Alternative] = field(
+        default_factory=list
+    )  # the items chosen before it, as the re-ranker shows them
     allowed: set[str] | None = None  # a merged placeholder's constraint (None = any), for its next wordings
     wording_index: int = 0  # which of the placeholder's wordings the alternatives came from
-    tried: set[str] = field(default_factory=set)  # IRIs chosen here already: a next wording offers them no more
+    tried: set[str] = field(
+        default_factory=set
+    )  # IRIs chosen here already: a next wording offers them no more
     # the last re-ranking's probabilities (softmax over the shown hits and None; None's under the key None),
     # empty without re-ranking; and the IRI chosen here last
     probabilities: dict[str | None, float] = field(default_factory=dict)
@@ -67,7 +72,9 @@ class Resolution:
     failure: str | None = None  # None, "dead_end", "timeout" or "endpoint_error" (the endpoint was lost)
     trace: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
-    verified: bool | None = None  # the final query returned a result; False: accepted unchecked; None: not run
+    verified: bool | None = (
+        None  # the final query returned a result; False: accepted unchecked; None: not run
+    )
     # the final query's choices, one per placeholder in order: {"placeholder", "iri", "p", "p_none"}, p and
     # p_none the re-ranker's probabilities of the IRI and of None there (None without re-ranking)
     choices: list[dict] = field(default_factory=list)
@@ -82,10 +89,13 @@ class Resolver:
 
     def relaxed(self, none_margin: float) -> "Resolver":
         """The same search with another None cut (the pipeline's second pass over dead skeletons)."""
-        return Resolver(self.indices, self.client, self.reranker, replace(self.options, none_margin=none_margin))
+        return Resolver(
+            self.indices, self.client, self.reranker, replace(self.options, none_margin=none_margin)
+        )
 
-    def resolve(self, question: str, skeleton: str, deadline: float = float("inf"),
-                listener: Listener | None = None) -> Resolution:
+    def resolve(
+        self, question: str, skeleton: str, deadline: float = float("inf"), listener: Listener | None = None
+    ) -> Resolution:
         """Resolve every placeholder of `skeleton`; Resolution.sparql is None if the skeleton failed.
         Every endpoint query ends by `deadline` (time.monotonic() seconds) but the final query, which gets
         at least FINAL_QUERY_WAIT_S (validate); an endpoint that cannot be reached any more ends the search
@@ -108,10 +118,22 @@ class Resolver:
         def finish(sparql: str | None, result: Result | None, failure: str | None = None) -> Resolution:
             # verified: the final query returned a result; False: accepted despite a busy endpoint (validate)
             verified = None if sparql is None or not self.options.kg_guidance else result is not None
-            choices = [] if sparql is None else [
-                {"placeholder": frame.placeholder.text, "iri": frame.chosen, "p": frame.probabilities.get(frame.chosen),
-                 "p_none": frame.probabilities.get(None)} for frame in stack]
-            return Resolution(sparql, result, backtracks, failure, trace.events, trace.timings, verified, choices)
+            choices = (
+                []
+                if sparql is None
+                else [
+                    {
+                        "placeholder": frame.placeholder.text,
+                        "iri": frame.chosen,
+                        "p": frame.probabilities.get(frame.chosen),
+                        "p_none": frame.probabilities.get(None),
+                    }
+                    for frame in stack
+                ]
+            )
+            return Resolution(
+                sparql, result, backtracks, failure, trace.events, trace.timings, verified, choices
+            )
 
         def out_of_time() -> bool:  # the skeleton's time budget is used up (recorded in the trace)
             if time.monotonic() < deadline:
@@ -122,10 +144,14 @@ class Resolver:
         if out_of_time():  # the deadline passed before the search began
             return finish(None, None, "timeout")
         if not sendable(skeleton):  # no filling of its placeholders could be sent (skeleton.sendable)
-            trace.event("refused", reason="the skeleton federates (SERVICE) or updates: none of its queries is sent")
+            trace.event(
+                "refused", reason="the skeleton federates (SERVICE) or updates: none of its queries is sent"
+            )
             return finish(None, None, "dead_end")
         if not find_placeholders(skeleton):  # nothing to resolve: only validate
-            ok, result = self.validate(skeleton, trace, deadline) if self.options.kg_guidance else (True, None)
+            ok, result = (
+                self.validate(skeleton, trace, deadline) if self.options.kg_guidance else (True, None)
+            )
             if not ok and out_of_time():
                 return finish(None, None, "timeout")
             return finish(skeleton if ok else None, result, None if ok else "dead_end")
@@ -141,7 +167,9 @@ class Resolver:
                 text = substitute(frame.text, frame.placeholder, choice.id)
                 trace.event("choose", placeholder=frame.placeholder.text, iri=choice.id, label=choice.label)
                 if find_placeholders(text):  # go deeper: the next placeholder
-                    resolved = frame.resolved + [self.shown(choice, frame)]  # what the next re-ranking prompt lists
+                    resolved = frame.resolved + [
+                        self.shown(choice, frame)
+                    ]  # what the next re-ranking prompt lists
                     stack.append(self.candidates(question, text, trace, deadline, resolved))
                     continue
                 if not self.options.kg_guidance:
@@ -169,8 +197,14 @@ class Resolver:
         return finish(None, None, "dead_end")
 
     # --- one placeholder: its candidates, in the four steps of the paper
-    def candidates(self, question: str, text: str, trace: Trace, deadline: float = float("inf"),
-                   resolved: list[Alternative] = ()) -> Frame:
+    def candidates(
+        self,
+        question: str,
+        text: str,
+        trace: Trace,
+        deadline: float = float("inf"),
+        resolved: list[Alternative] = (),
+    ) -> Frame:
         """The frame of the first unresolved placeholder of `text` (after the items `resolved`), its
         alternatives re-ranked."""
         placeholder = find_placeholders(text)[0]
@@ -178,7 +212,9 @@ class Resolver:
         trace.event("placeholder", placeholder=placeholder.text, position=position, kind=kind)
         allowed = self.constraint(text, placeholder, trace, deadline)
         labels = wordings(placeholder)
-        if time.monotonic() >= deadline:  # the budget ran out in the constraint query: no search, no re-ranking
+        if (
+            time.monotonic() >= deadline
+        ):  # the budget ran out in the constraint query: no search, no re-ranking
             return Frame(text, placeholder, kind, [], list(resolved))
         hits = self.search(labels[0], kind, allowed, trace)
         frame = Frame(text, placeholder, kind, hits, list(resolved), allowed if len(labels) > 1 else None)
@@ -207,8 +243,9 @@ class Resolver:
             kind = "property"  # a variant hint (wdt, p, ps, pq) only fits a property
         return position, kind
 
-    def constraint(self, text: str, placeholder: Placeholder, trace: Trace,
-                   deadline: float = float("inf")) -> set[str] | None:
+    def constraint(
+        self, text: str, placeholder: Placeholder, trace: Trace, deadline: float = float("inf")
+    ) -> set[str] | None:
         """Step 2: the IRIs the resolved prefix allows here (from the constraint query), None = any."""
         if not (self.options.constrained and self.options.kg_guidance):
             return None
@@ -233,8 +270,9 @@ class Resolver:
             if allowed is not None and not allowed:
                 hits = []  # the prefix admits nothing here: a dead end without searching
             elif kind == "both":
-                hits = (self.indices.search("entity", label, k, allowed)
-                        + self.indices.search("property", label, k, allowed))
+                hits = self.indices.search("entity", label, k, allowed) + self.indices.search(
+                    "property", label, k, allowed
+                )
             else:
                 hits = self.indices.search(kind, label, k, allowed)
         trace.note(hits=[(h.id, h.label, round(h.score, 3)) for h in hits])
@@ -250,16 +288,24 @@ class Resolver:
         with trace.timed("rerank"):
             shown = [self.shown(h, frame) for h in frame.alternatives]
             scores = self.reranker(question, self.marked(frame.text), shown, frame.resolved)
-            assert len(scores) == len(shown) + 1, f"re-ranker gave {len(scores)} scores for {len(shown)} + None"
+            assert len(scores) == len(shown) + 1, (
+                f"re-ranker gave {len(scores)} scores for {len(shown)} + None"
+            )
             none_score = scores[-1]
             probabilities = softmax(scores)
-            frame.probabilities = {h.id: p for h, p in zip(frame.alternatives, probabilities)} | {None: probabilities[-1]}
+            frame.probabilities = {h.id: p for h, p in zip(frame.alternatives, probabilities)} | {
+                None: probabilities[-1]
+            }
             order = sorted(range(len(shown)), key=lambda i: -scores[i])
-            ranking = [(None, none_score)] + [(frame.alternatives[i].id, scores[i]) for i in order]  # ties: None first
+            ranking = [(None, none_score)] + [
+                (frame.alternatives[i].id, scores[i]) for i in order
+            ]  # ties: None first
             cut = none_score - self.options.none_margin
             frame.alternatives = [frame.alternatives[i] for i in order if scores[i] > cut]
-        trace.note(reranked=[(iri, round(score, 3)) for iri, score in sorted(ranking, key=lambda r: -r[1])],
-                   kept=[h.id for h in frame.alternatives])
+        trace.note(
+            reranked=[(iri, round(score, 3)) for iri, score in sorted(ranking, key=lambda r: -r[1])],
+            kept=[h.id for h in frame.alternatives],
+        )
 
     @staticmethod
     def marked(text: str) -> str:
@@ -270,11 +316,16 @@ class Resolver:
 
     def shown(self, hit: Hit, frame: Frame) -> Alternative:
         """A hit of the frame's search as the re-ranker shows it: in the placeholder's variant, with its kind."""
-        kind = frame.kind if frame.kind != "both" else (
-            "property" if self.indices.stores["property"].get(hit.id) is not None else "entity")
+        kind = (
+            frame.kind
+            if frame.kind != "both"
+            else ("property" if self.indices.stores["property"].get(hit.id) is not None else "entity")
+        )
         return to_alternative(hit, frame.placeholder.variant, kind)
 
-    def validate(self, sparql: str, trace: Trace, deadline: float = float("inf")) -> tuple[bool, Result | None]:
+    def validate(
+        self, sparql: str, trace: Trace, deadline: float = float("inf")
+    ) -> tuple[bool, Result | None]:
         """Final validation: the query must execute and return something (an ASK answer counts). As in
         the reference, a timeout or server error is accepted: the KG was busy, not the query wrong. Such
         a query is unverified (no result); grisp/pipeline.py keeps it only if the endpoint answered other queries
@@ -284,7 +335,9 @@ class Resolver:
         an HTTP 200 whose JSON breaks off, so such an answer may be the query's fault."""
         with trace.timed("validate"):
             try:
-                result = self.client.query(sparql, deadline=max(deadline, time.monotonic() + FINAL_QUERY_WAIT_S))
+                result = self.client.query(
+                    sparql, deadline=max(deadline, time.monotonic() + FINAL_QUERY_WAIT_S)
+                )
                 ok, fields = not result.is_empty, {"rows": len(result.rows), "boolean": result.boolean}
             except EndpointUnreachable:
                 raise

@@ -22,6 +22,7 @@ rdfs:label stay verbatim.
 Text is always read with the SPARQL tokenizer of sparql_syntax.py, and validity with pyoxigraph's
 parser (`parses`).
 """
+
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -63,7 +64,7 @@ def find_placeholders(text: str) -> list[Placeholder]:
     found = []
     for token in tokenize(text):
         if token.kind == "ph":
-            inner = token.text[len("<iri>"):-len("</iri>")].strip()
+            inner = token.text[len("<iri>") : -len("</iri>")].strip()
             hint = _HINT_RE.fullmatch(inner)
             label, variant = (hint.group(1), hint.group(2)) if hint else (inner, None)
             found.append(Placeholder(token.text, label, variant, token.start, token.end))
@@ -79,7 +80,7 @@ def placeholder_text(label: str, variant: str | None = None) -> str:
 def split_variant(iri: str) -> tuple[str, str | None]:
     """`.../prop/direct/P19` -> (`.../entity/P19`, "wdt"); entities and other IRIs -> (iri, None)."""
     for variant in VARIANTS:
-        local = iri[len(PREFIXES[variant]):]
+        local = iri[len(PREFIXES[variant]) :]
         if iri.startswith(PREFIXES[variant]) and re.fullmatch(r"P\d+", local):
             return PREFIXES["wd"] + local, variant
     return iri, None
@@ -90,25 +91,29 @@ def with_variant(canonical_iri: str, variant: str | None) -> str:
     if variant is None:
         return canonical_iri
     if variant not in VARIANTS or not _WD_PROPERTY_RE.fullmatch(canonical_iri):
-        raise ValueError(f"cannot write {canonical_iri!r} as variant {variant!r}: needs a Wikidata "
-                         f"property IRI ({PREFIXES['wd']}P...) and one of {VARIANTS}")
-    return PREFIXES[variant] + canonical_iri[len(PREFIXES["wd"]):]
+        raise ValueError(
+            f"cannot write {canonical_iri!r} as variant {variant!r}: needs a Wikidata "
+            f"property IRI ({PREFIXES['wd']}P...) and one of {VARIANTS}"
+        )
+    return PREFIXES[variant] + canonical_iri[len(PREFIXES["wd"]) :]
 
 
 def substitute(text: str, ph: Placeholder, iri: str) -> str:
     """Replace placeholder `ph` by the chosen item IRI, written with the placeholder's variant
     hint (for a Wikidata property) and as a prefixed name where one applies (`wdt:P19`)."""
-    if text[ph.start:ph.end] != ph.text:
-        raise ValueError(f"{ph.text!r} is not at {ph.start}:{ph.end} of the text; use find_placeholders on it")
+    if text[ph.start : ph.end] != ph.text:
+        raise ValueError(
+            f"{ph.text!r} is not at {ph.start}:{ph.end} of the text; use find_placeholders on it"
+        )
     canonical, _ = split_variant(iri)
     if ph.variant is not None and _WD_PROPERTY_RE.fullmatch(canonical):
         iri = with_variant(canonical, ph.variant)
     # keep the written IRI a token of its own: `?x<iri>a</iri>` must not become `?xwd:Q1`, nor
     # `wd:Q5.<iri>a</iri>` the name `wd:Q5.wd:Q1`, nor `<iri>a</iri>.FILTER` the name `wd:Q1.FILTER`
     # (a prefixed name may hold `.` and `-` inside)
-    before = " " if re.fullmatch(r"[\w?$.\-]", text[ph.start - 1:ph.start]) else ""
-    after = " " if re.match(r"[\w:%\-]|\.+[\w:%\-]", text[ph.end:]) else ""
-    return text[:ph.start] + before + compact(iri) + after + text[ph.end:]
+    before = " " if re.fullmatch(r"[\w?$.\-]", text[ph.start - 1 : ph.start]) else ""
+    after = " " if re.match(r"[\w:%\-]|\.+[\w:%\-]", text[ph.end :]) else ""
+    return text[: ph.start] + before + compact(iri) + after + text[ph.end :]
 
 
 def parses(query: str) -> bool:
@@ -118,7 +123,11 @@ def parses(query: str) -> bool:
     # pyoxigraph evaluates ASK eagerly: point SERVICE at an IRI it cannot call, so no network
     for i, token in enumerate(tokens[:-1]):
         if is_keyword(token, "SERVICE"):
-            target = tokens[i + 2] if is_keyword(tokens[i + 1], "SILENT") and i + 2 < len(tokens) else tokens[i + 1]
+            target = (
+                tokens[i + 2]
+                if is_keyword(tokens[i + 1], "SILENT") and i + 2 < len(tokens)
+                else tokens[i + 1]
+            )
             if target.kind in ("iri", "pname", "var"):
                 edits.append((target.start, target.end, "<urn:grisp:no-service>"))
     try:
@@ -177,7 +186,9 @@ def label_key(label: str) -> str:
 def wording_key(text: str) -> str:
     """The skeleton with each placeholder's labels left out (its variant hint kept): equal keys, one
     skeleton in different wordings."""
-    return rewrite(text, [(ph.start, ph.end, placeholder_text("", ph.variant)) for ph in find_placeholders(text)])
+    return rewrite(
+        text, [(ph.start, ph.end, placeholder_text("", ph.variant)) for ph in find_placeholders(text)]
+    )
 
 
 def merge_wordings(text: str, other: str) -> str:
@@ -199,13 +210,21 @@ def merge_wordings(text: str, other: str) -> str:
 def first_wordings(text: str) -> str:
     """The skeleton as its best beam wrote it: merged placeholders cut to their first label (others
     unchanged), what a prompt shows."""
-    return rewrite(text, [(ph.start, ph.end, placeholder_text(wordings(ph)[0], ph.variant))
-                          for ph in find_placeholders(text) if SEP in ph.label])
+    return rewrite(
+        text,
+        [
+            (ph.start, ph.end, placeholder_text(wordings(ph)[0], ph.variant))
+            for ph in find_placeholders(text)
+            if SEP in ph.label
+        ],
+    )
 
 
 # ---------------------------------------------------------------------------- gold query -> skeleton
 # IRIs of these vocabularies stay verbatim in skeletons; all other IRIs are KG items
-COMMON_NAMESPACES = tuple(PREFIXES[name] for name in ("rdf", "rdfs", "xsd", "owl", "skos", "schema", "wikibase"))
+COMMON_NAMESPACES = tuple(
+    PREFIXES[name] for name in ("rdf", "rdfs", "xsd", "owl", "skos", "schema", "wikibase")
+)
 
 
 def _iri_tokens(tokens: list[Token]) -> tuple[list[tuple[Token, str | None]], list[Span]]:
@@ -249,7 +268,9 @@ def skeletonize(sparql: str, name_for: Callable[[str], str | None]) -> Skeletoni
     properties are looked up by their entity IRI and get their variant hint (`(wdt)`)."""
     tokens = tokenize(sparql)
     found, declarations = _iri_tokens(tokens)
-    edits = [(tokens[a].start, tokens[b].start if b < len(tokens) else len(sparql), "") for a, b in declarations]
+    edits = [
+        (tokens[a].start, tokens[b].start if b < len(tokens) else len(sparql), "") for a, b in declarations
+    ]
     iris, unknown = [], []
     for token, iri in found:
         if iri is None:

@@ -19,6 +19,7 @@ of precedence). evaluate.py --skeleton-only runs it over a benchmark:
     structure_match(gold.skeleton, generated), label_match(gold.skeleton, gold.names, generated)
     shape("ASK { wd:Q1 wdt:P19 wd:Q2 }")  # "ask"
 """
+
 from collections import Counter
 from dataclasses import dataclass
 from itertools import groupby, permutations, product
@@ -74,7 +75,9 @@ def structure(text: str) -> Structure:
     tokens = tokenize(text)
     prefixes = {**PREFIXES, **declared_prefixes(tokens)}
     placeholders = {p.start: (n, p) for n, p in enumerate(find_placeholders(text))}
-    readings = [_normalised(order, prefixes, placeholders) for order in _triple_orders(tokens, prefixes, placeholders)]
+    readings = [
+        _normalised(order, prefixes, placeholders) for order in _triple_orders(tokens, prefixes, placeholders)
+    ]
     least = min(normal for normal, _ in readings)
     return Structure(least, tuple(dict.fromkeys(seen for normal, seen in readings if normal == least)))
 
@@ -99,7 +102,9 @@ def _word(token: Token, prefixes: dict[str, str], placeholders: dict) -> str | N
     return token.text
 
 
-def _normalised(tokens: list[Token], prefixes: dict[str, str], placeholders: dict) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def _normalised(
+    tokens: list[Token], prefixes: dict[str, str], placeholders: dict
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """The normalised sequence of `tokens` (variables renamed by first use) and its placeholders' indices."""
     out, seen, names, i = [], [], {}, 0
     while i < len(tokens):
@@ -112,8 +117,15 @@ def _normalised(tokens: list[Token], prefixes: dict[str, str], placeholders: dic
         following = tokens[i] if i < len(tokens) else None
         if token.kind == "var":
             out.append(names.setdefault(token.text[1:], f"?v{len(names)}"))
-        elif token.text == "." and token.kind == "punct" and (following is None or following.text in ("}", "{") or (
-                following.kind == "word" and following.text.upper() not in ("TRUE", "FALSE"))):
+        elif (
+            token.text == "."
+            and token.kind == "punct"
+            and (
+                following is None
+                or following.text in ("}", "{")
+                or (following.kind == "word" and following.text.upper() not in ("TRUE", "FALSE"))
+            )
+        ):
             continue  # a `.` that only ends a triple block before `}`, a group or FILTER/OPTIONAL/...
         elif (word := _word(token, prefixes, placeholders)) is not None:
             out.append(word)
@@ -133,12 +145,21 @@ def _triple_orders(tokens: list[Token], prefixes: dict[str, str], placeholders: 
         return [tokens]
 
     def look(triple):
-        return tuple("?" if tokens[k].kind == "var" else _word(tokens[k], prefixes, placeholders) or ""
-                     for a, b in triple for k in range(a, b))
-    tied = [[list(group) for _, group in groupby(sorted(triples, key=look), key=look)] for _, _, triples in runs]
+        return tuple(
+            "?" if tokens[k].kind == "var" else _word(tokens[k], prefixes, placeholders) or ""
+            for a, b in triple
+            for k in range(a, b)
+        )
+
+    tied = [
+        [list(group) for _, group in groupby(sorted(triples, key=look), key=look)] for _, _, triples in runs
+    ]
     count = prod(factorial(len(group)) for groups in tied for group in groups)
-    orders = (product(*[permutations(group) for groups in tied for group in groups]) if count <= MAX_ORDERINGS
-              else [tuple(tuple(group) for groups in tied for group in groups)])
+    orders = (
+        product(*[permutations(group) for groups in tied for group in groups])
+        if count <= MAX_ORDERINGS
+        else [tuple(tuple(group) for groups in tied for group in groups)]
+    )
     out = []
     for order in orders:
         sequence, at, groups = [], 0, iter(order)
@@ -146,7 +167,9 @@ def _triple_orders(tokens: list[Token], prefixes: dict[str, str], placeholders: 
             triples = [triple for _ in run_groups for triple in next(groups)]
             sequence += tokens[at:start]
             for k, triple in enumerate(triples):
-                sequence += [tokens[j] for a, b in triple for j in range(a, b)] + ([DOT] if k < len(triples) - 1 else [])
+                sequence += [tokens[j] for a, b in triple for j in range(a, b)] + (
+                    [DOT] if k < len(triples) - 1 else []
+                )
             at = end
         out.append(sequence + tokens[at:])
     return out
@@ -155,11 +178,17 @@ def _triple_orders(tokens: list[Token], prefixes: dict[str, str], placeholders: 
 def _triple_runs(tokens: list[Token]) -> list[tuple[int, int, list]]:
     """The runs of triple blocks in every group of the query (not VALUES data, not a subquery's outer
     braces), in text order, as (start, end, triples)."""
-    values_data = {values_data_start(tokens, i) for i, token in enumerate(tokens) if is_keyword(token, "VALUES")}
+    values_data = {
+        values_data_start(tokens, i) for i, token in enumerate(tokens) if is_keyword(token, "VALUES")
+    }
     runs = []
     for i, token in enumerate(tokens):
-        if token.kind != "punct" or token.text != "{" or i in values_data or (
-                i + 1 < len(tokens) and is_keyword(tokens[i + 1], "SELECT")):
+        if (
+            token.kind != "punct"
+            or token.text != "{"
+            or i in values_data
+            or (i + 1 < len(tokens) and is_keyword(tokens[i + 1], "SELECT"))
+        ):
             continue
         run = None
         for start, end, triples in triple_blocks(tokens, i + 1, skip_group(tokens, i) - 1):
@@ -190,10 +219,16 @@ def label_match(gold: str, gold_names: list[list[str]], generated: str | None) -
     gold_order = gold_structure.readings[0]
     names = [{label_key(n) for n in gold_names[i]} for i in gold_order]
     labels = [p.label for p in find_placeholders(generated)]
-    assert max(gold_order, default=-1) < len(gold_names), f"{len(gold_names)} gold items, more gold placeholders"
-    return any(all(any(label_key(wording) in wanted for wording in split_wordings(labels[i]))
-                   for i, wanted in zip(reading, names))
-               for reading in generated_structure.readings)
+    assert max(gold_order, default=-1) < len(gold_names), (
+        f"{len(gold_names)} gold items, more gold placeholders"
+    )
+    return any(
+        all(
+            any(label_key(wording) in wanted for wording in split_wordings(labels[i]))
+            for i, wanted in zip(reading, names)
+        )
+        for reading in generated_structure.readings
+    )
 
 
 # ---------------------------------------------------------------------------- gold skeleton
@@ -208,13 +243,16 @@ class GoldSkeleton:
 
 def gold_skeleton(sparql: str, lookup: Callable[[str], Item | None]) -> GoldSkeleton:
     """The gold query's skeleton with label placeholders, and the names each placeholder may carry."""
+
     def label(iri: str) -> str | None:
         item = lookup(iri)
         return item.label if item is not None else None
+
     skeletonized = skeletonize(sparql, label)
     items = [lookup(split_variant(iri)[0]) for iri in skeletonized.iris]
-    return GoldSkeleton(skeletonized.skeleton, [[item.label, *item.aliases] for item in items],
-                        skeletonized.unknown)
+    return GoldSkeleton(
+        skeletonized.skeleton, [[item.label, *item.aliases] for item in items], skeletonized.unknown
+    )
 
 
 # ---------------------------------------------------------------------------- question shape
@@ -252,15 +290,19 @@ def shape(sparql: str) -> str:
         return "other"
     if not triples:
         return "other"
-    if _intermediate_variable(tokens, brace, triples) or any(_full_steps(tokens, verb) > 1 for _, verb, _ in triples):
+    if _intermediate_variable(tokens, brace, triples) or any(
+        _full_steps(tokens, verb) > 1 for _, verb, _ in triples
+    ):
         return "two-hop"
     return "intersection" if len(triples) > 1 else "one triple"
 
 
 def _intermediate_variable(tokens, brace: int, triples) -> bool:
     """Does a variable that the query does not select link two triple patterns (as subject or object)?"""
+
     def variable(span):  # its name without the sigil: $x is ?x
         return tokens[span[0]].text[1:] if span[1] - span[0] == 1 and tokens[span[0]].kind == "var" else None
+
     head = tokens[:brace]  # SELECT ... up to the WHERE group
     if any(t.text == "*" for t in head):  # everything is selected: a chain is an object that is a subject
         subjects = {variable(s) for s, _, _ in triples} - {None}
@@ -298,23 +340,39 @@ def _variant(token, prefixes: dict[str, str]) -> str | None:
 # ---------------------------------------------------------------------------- one question, a benchmark
 
 
-def score_sample(sample: dict, lookup: Callable[[str], Item | None],
-                 generate: Callable[[str], list[tuple[str, float]]]) -> dict:
+def score_sample(
+    sample: dict, lookup: Callable[[str], Item | None], generate: Callable[[str], list[tuple[str, float]]]
+) -> dict:
     """One benchmark record -> its skeleton-score record: id, question, shape, gold_skeleton, gold_names,
     unknown, status ("scored" or "unskeletonisable"), skeletons (kept, with scores), generated (the top-1
     or None), structure_match, label_match. `generate(question)` returns the kept skeletons, best first,
     with scores; it is not called when the gold query cannot be skeletonised."""
     gold = gold_skeleton(sample["sparql"], lookup)
-    record = {"id": sample["id"], "question": sample["question"], "shape": shape(sample["sparql"]),
-              "gold_skeleton": gold.skeleton, "gold_names": gold.names, "unknown": gold.unknown}
+    record = {
+        "id": sample["id"],
+        "question": sample["question"],
+        "shape": shape(sample["sparql"]),
+        "gold_skeleton": gold.skeleton,
+        "gold_names": gold.names,
+        "unknown": gold.unknown,
+    }
     if gold.unknown:  # an IRI without a label: there is no gold skeleton to compare with
-        return record | {"status": "unskeletonisable", "skeletons": None, "generated": None,
-                         "structure_match": None, "label_match": None}
+        return record | {
+            "status": "unskeletonisable",
+            "skeletons": None,
+            "generated": None,
+            "structure_match": None,
+            "label_match": None,
+        }
     skeletons = generate(sample["question"])
     generated = skeletons[0][0] if skeletons else None
-    return record | {"status": "scored", "skeletons": [list(s) for s in skeletons], "generated": generated,
-                     "structure_match": structure_match(gold.skeleton, generated),
-                     "label_match": label_match(gold.skeleton, gold.names, generated)}
+    return record | {
+        "status": "scored",
+        "skeletons": [list(s) for s in skeletons],
+        "generated": generated,
+        "structure_match": structure_match(gold.skeleton, generated),
+        "label_match": label_match(gold.skeleton, gold.names, generated),
+    }
 
 
 def summarize(records: list[dict]) -> dict:
@@ -323,24 +381,41 @@ def summarize(records: list[dict]) -> dict:
 
     def rates(group: list[dict]) -> dict:
         n = len(group)
-        return {"questions": n, "structure": sum(r["structure_match"] for r in group) / n if n else None,
-                "label": sum(r["label_match"] for r in group) / n if n else None}
-    return {"questions": len(records), "scored": len(scored),
-            "unskeletonisable": len(records) - len(scored),
-            "no_skeleton": sum(r["generated"] is None for r in scored),
-            "by_shape": {s: rates([r for r in scored if r["shape"] == s])
-                         for s in SHAPES if any(r["shape"] == s for r in scored)},
-            "all": rates(scored)}
+        return {
+            "questions": n,
+            "structure": sum(r["structure_match"] for r in group) / n if n else None,
+            "label": sum(r["label_match"] for r in group) / n if n else None,
+        }
+
+    return {
+        "questions": len(records),
+        "scored": len(scored),
+        "unskeletonisable": len(records) - len(scored),
+        "no_skeleton": sum(r["generated"] is None for r in scored),
+        "by_shape": {
+            s: rates([r for r in scored if r["shape"] == s])
+            for s in SHAPES
+            if any(r["shape"] == s for r in scored)
+        },
+        "all": rates(scored),
+    }
 
 
 def format_table(summary: dict) -> str:
     """The summary as a Markdown table (one row per shape present, then all), with the counts below."""
+
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}"
+
     rows = ["| shape | questions | structure match % | label match % |", "|---|---|---|---|"]
     by_shape = {**summary["by_shape"], "all": summary["all"]}
-    rows += [f"| {name} | {r['questions']} | {pct(r['structure'])} | {pct(r['label'])} |" for name, r in by_shape.items()]
-    rows.append(f"\n{summary['questions']} questions: {summary['scored']} scored, {summary['unskeletonisable']} "
-                f"not skeletonisable (an IRI without a label in the index), {summary['no_skeleton']} without "
-                f"a generated skeleton that parses (counted as misses)")
+    rows += [
+        f"| {name} | {r['questions']} | {pct(r['structure'])} | {pct(r['label'])} |"
+        for name, r in by_shape.items()
+    ]
+    rows.append(
+        f"\n{summary['questions']} questions: {summary['scored']} scored, {summary['unskeletonisable']} "
+        f"not skeletonisable (an IRI without a label in the index), {summary['no_skeleton']} without "
+        f"a generated skeleton that parses (counted as misses)"
+    )
     return "\n".join(rows)

@@ -31,6 +31,7 @@ starts a new one per question):
     result = client.query(query, deadline=time.monotonic() + 20)
     client.tally  # Tally(sent=3, answered=2, faults={'ServerError': 1}, first_fault='ServerError: ...')
 """
+
 import json
 import re
 import time
@@ -124,7 +125,9 @@ def parse_results(body: bytes | str) -> Result:
         doc = json.loads(body)
     except ValueError as e:
         text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body
-        raise InvalidResponse(f"invalid or truncated JSON ({e}); the answer ends with {text[-200:]!r}") from None
+        raise InvalidResponse(
+            f"invalid or truncated JSON ({e}); the answer ends with {text[-200:]!r}"
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("head"), dict):
         raise InvalidResponse(f"not a SPARQL JSON results document (no 'head' object): {str(doc)[:200]!r}")
     if "boolean" in doc:
@@ -144,13 +147,20 @@ def parse_results(body: bytes | str) -> Result:
         if not isinstance(row, dict):
             raise InvalidResponse(f"a binding row is not an object: {row!r}")
         for name, term in row.items():
-            if not (isinstance(term, dict) and isinstance(term.get("value"), str)
-                    and term.get("type") in ("uri", "literal", "typed-literal", "bnode")):
+            if not (
+                isinstance(term, dict)
+                and isinstance(term.get("value"), str)
+                and term.get("type") in ("uri", "literal", "typed-literal", "bnode")
+            ):
                 raise InvalidResponse(f"invalid RDF term for ?{name}: {term!r}")
         # SPARQL 1.0 servers say "typed-literal"; normalise so values compare equal across engines
-        rows.append({name: {k: v for k, v in term.items() if k in _TERM_KEYS}
-                     | ({"type": "literal"} if term["type"] == "typed-literal" else {})
-                     for name, term in row.items()})
+        rows.append(
+            {
+                name: {k: v for k, v in term.items() if k in _TERM_KEYS}
+                | ({"type": "literal"} if term["type"] == "typed-literal" else {})
+                for name, term in row.items()
+            }
+        )
     return Result(variables=variables, rows=rows)
 
 
@@ -168,9 +178,17 @@ class SparqlClient:
     `tally` counts every query sent (see Tally); replace it with a new Tally to count afresh.
     """
 
-    def __init__(self, url: str = defaults.ENDPOINT_URL, *, method: str = "post",
-                 connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0, retries: int = 2,
-                 backoff_s: float = 0.5, prefixes: dict[str, str] = PREFIXES):
+    def __init__(
+        self,
+        url: str = defaults.ENDPOINT_URL,
+        *,
+        method: str = "post",
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 60.0,
+        retries: int = 2,
+        backoff_s: float = 0.5,
+        prefixes: dict[str, str] = PREFIXES,
+    ):
         if method not in ("post", "get"):
             raise ValueError(f"method must be 'post' or 'get', not {method!r}")
         if not url.startswith(("http://", "https://")):
@@ -182,11 +200,13 @@ class SparqlClient:
         self.retries, self.backoff_s = retries, backoff_s
         self.tally = Tally()
         self.session = requests.Session()
-        self.session.headers.update({
-            "Accept": "application/sparql-results+json",
-            # the public Wikidata endpoint refuses requests without a descriptive User-Agent
-            "User-Agent": "grisp-reference/0.1 (SPARQL client; python-requests)",
-        })
+        self.session.headers.update(
+            {
+                "Accept": "application/sparql-results+json",
+                # the public Wikidata endpoint refuses requests without a descriptive User-Agent
+                "User-Agent": "grisp-reference/0.1 (SPARQL client; python-requests)",
+            }
+        )
 
     def query(self, sparql: str, deadline: float | None = None) -> Result:
         """Run a read-only query; returns a Result or raises a SparqlError subclass. With a `deadline`
@@ -217,16 +237,25 @@ class SparqlClient:
                 time.sleep(pause)
             attempts, left = attempt + 1, max(deadline - time.monotonic(), 1e-3)
             timeout = (min(self.timeout[0], left), min(self.timeout[1], left))
-            answer_by = min(deadline, time.monotonic() + timeout[0] + timeout[1])  # the whole answer, not each read
+            answer_by = min(
+                deadline, time.monotonic() + timeout[0] + timeout[1]
+            )  # the whole answer, not each read
             try:
                 if self.method == "post":
-                    response = self.session.post(self.url, data={"query": sparql}, timeout=timeout, stream=True)
+                    response = self.session.post(
+                        self.url, data={"query": sparql}, timeout=timeout, stream=True
+                    )
                 else:
-                    response = self.session.get(self.url, params={"query": sparql}, timeout=timeout, stream=True)
+                    response = self.session.get(
+                        self.url, params={"query": sparql}, timeout=timeout, stream=True
+                    )
                 body = read_body(response, answer_by)
             except (requests.ReadTimeout, urllib3.exceptions.ReadTimeoutError):
-                hint = ("the rest of the time budget" if timeout[1] < self.timeout[1]
-                        else "raise read_timeout_s or simplify the query")
+                hint = (
+                    "the rest of the time budget"
+                    if timeout[1] < self.timeout[1]
+                    else "raise read_timeout_s or simplify the query"
+                )
                 raise QueryTimeout(f"no answer from {self.url} within {timeout[1]:.3g} s ({hint})") from None
             except requests.ConnectTimeout:
                 error = EndpointUnreachable(f"connecting to {self.url} timed out after {timeout[0]:.3g} s")
@@ -236,10 +265,15 @@ class SparqlClient:
                     # connected, then reset or closed before the answer: retried like a refused connection
                     error = EndpointUnreachable(f"{self.url} dropped the connection without an answer ({e})")
                 else:
-                    error = EndpointUnreachable(f"cannot connect to {self.url} ({type(e).__name__}); is the "
-                                                "endpoint running? (local: python endpoint.py start)")
+                    error = EndpointUnreachable(
+                        f"cannot connect to {self.url} ({type(e).__name__}); is the "
+                        "endpoint running? (local: python endpoint.py start)"
+                    )
                 continue
-            except (requests.RequestException, urllib3.exceptions.HTTPError) as e:  # e.g. an answer cut off mid-stream
+            except (
+                requests.RequestException,
+                urllib3.exceptions.HTTPError,
+            ) as e:  # e.g. an answer cut off mid-stream
                 raise InvalidResponse(f"broken answer from {self.url}: {e}") from None
             message = body[:500].decode("utf-8", "replace").strip()
             status = response.status_code
@@ -252,15 +286,21 @@ class SparqlClient:
                 raise BadQuery(f"HTTP {status} from {self.url}: {message}")
             if status in (413, 414, 431):  # the same again on a retry
                 hint = "; method='post' sends the query in the body" if self.method == "get" else ""
-                raise ServerError(f"HTTP {status} from {self.url}: the request is too large for it{hint}: {message}")
+                raise ServerError(
+                    f"HTTP {status} from {self.url}: the request is too large for it{hint}: {message}"
+                )
             if status >= 400:  # 401, 403, 404, 405 ...: refused whatever the query, so not the query's fault
-                raise EndpointUnreachable(f"HTTP {status} from {self.url}: it refuses the request (check the URL's "
-                                          f"path and access to it): {message}")
+                raise EndpointUnreachable(
+                    f"HTTP {status} from {self.url}: it refuses the request (check the URL's "
+                    f"path and access to it): {message}"
+                )
             try:
                 return parse_results(body)
             except InvalidResponse as e:
                 if _TIMEOUT_TEXT.search(body[-300:].decode("utf-8", "replace")):
-                    raise QueryTimeout(f"the endpoint {self.url} cancelled the query (timeout): {e}") from None
+                    raise QueryTimeout(
+                        f"the endpoint {self.url} cancelled the query (timeout): {e}"
+                    ) from None
                 raise
         assert error is not None, f"no attempt was made (retries={self.retries})"
         raise type(error)(f"{error} (after {attempts} attempt{'s' if attempts > 1 else ''})")

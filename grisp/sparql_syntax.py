@@ -11,19 +11,30 @@ constraints.py and grisp/skeleton.py; the SPARQL grammar they share lives here. 
     compact("http://www.wikidata.org/prop/direct/P19")  # 'wdt:P19'
     with_prefixes("ASK { wd:Q1 ?p ?o }")  # 'PREFIX wd: <http://www.wikidata.org/entity/>\\nASK { ... }'
 """
+
 import re
 from typing import NamedTuple
 
 _WD = "http://www.wikidata.org/"
 PREFIXES: dict[str, str] = {
     # Wikidata entities, statements and the property variants (wdt, p, ps, pq, ...)
-    "wd": _WD + "entity/", "wds": _WD + "entity/statement/", "wdv": _WD + "value/",
-    "wdref": _WD + "reference/", "wdt": _WD + "prop/direct/", "wdtn": _WD + "prop/direct-normalized/",
-    "wdno": _WD + "prop/novalue/", "p": _WD + "prop/", "ps": _WD + "prop/statement/",
-    "psv": _WD + "prop/statement/value/", "psn": _WD + "prop/statement/value-normalized/",
-    "pq": _WD + "prop/qualifier/", "pqv": _WD + "prop/qualifier/value/",
-    "pqn": _WD + "prop/qualifier/value-normalized/", "pr": _WD + "prop/reference/",
-    "prv": _WD + "prop/reference/value/", "prn": _WD + "prop/reference/value-normalized/",
+    "wd": _WD + "entity/",
+    "wds": _WD + "entity/statement/",
+    "wdv": _WD + "value/",
+    "wdref": _WD + "reference/",
+    "wdt": _WD + "prop/direct/",
+    "wdtn": _WD + "prop/direct-normalized/",
+    "wdno": _WD + "prop/novalue/",
+    "p": _WD + "prop/",
+    "ps": _WD + "prop/statement/",
+    "psv": _WD + "prop/statement/value/",
+    "psn": _WD + "prop/statement/value-normalized/",
+    "pq": _WD + "prop/qualifier/",
+    "pqv": _WD + "prop/qualifier/value/",
+    "pqn": _WD + "prop/qualifier/value-normalized/",
+    "pr": _WD + "prop/reference/",
+    "prv": _WD + "prop/reference/value/",
+    "prn": _WD + "prop/reference/value-normalized/",
     # common vocabularies
     "wikibase": "http://wikiba.se/ontology#",
     "rdf": "http://www.w3.org/1999/02/22-rdf-syntax-ns#",
@@ -69,7 +80,9 @@ _TOKEN_RE = re.compile(
         |"(?:[^"\\\n\r]|\\.)*"|'(?:[^'\\\n\r]|\\.)*')
     |(?P<var>[?$]\w+)
     |(?P<bnode>_:\w(?:[\w.\-]*\w)?)
-    |(?P<pname>(?:[A-Za-z](?:[\w.\-]*[\w\-])?)?:""" + _PN_LOCAL + r""")
+    |(?P<pname>(?:[A-Za-z](?:[\w.\-]*[\w\-])?)?:"""
+    + _PN_LOCAL
+    + r""")
     |(?P<lang>@[A-Za-z]+(?:-[A-Za-z0-9]+)*)
     |(?P<number>\d+\.\d*[eE][+-]?\d+|\d*\.\d+(?:[eE][+-]?\d+)?|\d+(?:[eE][+-]?\d+)?)
     |(?P<word>[A-Za-z_]\w*)
@@ -117,11 +130,11 @@ def compact(iri: str, prefixes: dict[str, str] = PREFIXES) -> str:
     """
     best = None
     for name, namespace in prefixes.items():
-        local = iri[len(namespace):]
+        local = iri[len(namespace) :]
         if iri.startswith(namespace) and re.fullmatch(r"\w(?:[\w.\-]*[\w\-])?", local):
             if best is None or len(namespace) > len(prefixes[best]):
                 best = name
-    return f"{best}:{iri[len(prefixes[best]):]}" if best is not None else f"<{iri}>"
+    return f"{best}:{iri[len(prefixes[best]) :]}" if best is not None else f"<{iri}>"
 
 
 def expand(term: str, prefixes: dict[str, str] = PREFIXES) -> str:
@@ -176,6 +189,7 @@ def _decode_codepoint_escapes(query: str) -> str:
     def decode(match: re.Match) -> str:
         code = int(match.group(1) or match.group(2), 16)
         return chr(code) if code <= 0x10FFFF else match.group()
+
     return _CODEPOINT_ESCAPE.sub(decode, query)
 
 
@@ -287,8 +301,10 @@ def _term(tokens: list[Token], i: int) -> int:
         if i + 1 < len(tokens) and tokens[i + 1].kind == "lang":
             return i + 2
         return i + 3 if _at(tokens, i + 1, "^^") and i + 2 < len(tokens) else i + 1
-    if i < len(tokens) and (tokens[i].kind in ("var", "iri", "pname", "ph", "bnode", "number")
-                            or is_keyword(tokens[i], "TRUE", "FALSE")):
+    if i < len(tokens) and (
+        tokens[i].kind in ("var", "iri", "pname", "ph", "bnode", "number")
+        or is_keyword(tokens[i], "TRUE", "FALSE")
+    ):
         return i + 1
     raise Unsupported(f"no RDF term at token {i}")
 
@@ -324,7 +340,9 @@ def top_level_triples(tokens: list[Token], lo: int, hi: int) -> list[tuple[Span,
     return [triple for _, _, triples in triple_blocks(tokens, lo, hi) for triple in triples]
 
 
-def triple_blocks(tokens: list[Token], lo: int, hi: int) -> list[tuple[int, int, list[tuple[Span, Span, Span]]]]:
+def triple_blocks(
+    tokens: list[Token], lo: int, hi: int
+) -> list[tuple[int, int, list[tuple[Span, Span, Span]]]]:
     """The blocks of triple patterns directly inside the group tokens[lo:hi], as (start, end, triples):
     one block per subject, `s p o , o ; p o` (its `;` and `,` read out into one triple each), ending
     before its `.`; what top_level_triples skips is in no block."""
@@ -362,7 +380,12 @@ def triple_blocks(tokens: list[Token], lo: int, hi: int) -> list[tuple[int, int,
                     break
                 while _at(tokens, j, ";"):
                     j += 1
-                if j >= hi or _at(tokens, j, ".", "{", "}") or tokens[j].kind == "word" and tokens[j].text != "a":
+                if (
+                    j >= hi
+                    or _at(tokens, j, ".", "{", "}")
+                    or tokens[j].kind == "word"
+                    and tokens[j].text != "a"
+                ):
                     break
             blocks.append((i, j, triples))
             i = j

@@ -14,6 +14,7 @@ infer.py prints the events (`describe`), evaluate.py stores them, the tests read
 A listener (serve.py's live trace) is called with the event each time one is recorded and again, with
 the same dict, each time a note adds to it; if it raises (a cancelled question), the step stops there.
 """
+
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator

@@ -15,6 +15,7 @@ checkpoint, or from a portable copy on another machine) and the loop (docs/metho
     TrainingLoop(run, model, optimizer, params, pad_id, train_epoch, first_epoch, val, config, state, total).train()
 Tests: python -m pytest tests/test_train.py
 """
+
 import argparse
 import hashlib
 import json
@@ -37,8 +38,20 @@ from llm import cpu_speed
 # flags that may differ on --resume: they change neither the samples nor the schedule (a different
 # --micro-batch-size or precision changes float rounding, LoRA dropout's masks and peak memory: a run may
 # move to a machine of the other kind; --runs-dir: a run moved elsewhere)
-RESUMABLE_CHANGES = {"resume", "threads", "stop_after", "checkpoint_every", "keep_checkpoints", "device",
-                     "micro_batch_size", "runs_dir", "dtype", "portable_dir", "rewarm_steps", "accept_new_samples"}
+RESUMABLE_CHANGES = {
+    "resume",
+    "threads",
+    "stop_after",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "device",
+    "micro_batch_size",
+    "runs_dir",
+    "dtype",
+    "portable_dir",
+    "rewarm_steps",
+    "accept_new_samples",
+}
 # settings added after runs were saved, with the value that gives such a run's samples (a run saved without
 # one resumes with it)
 LATER_SETTINGS = {"mention": 0.0, "first_epoch": 0, "compose_shapes": "chain"}
@@ -60,7 +73,9 @@ class TrainState:
     evaluated_step: int | None = None  # step of the last validation
     checkpointed_step: int | None = None  # step of the last checkpoint
     best_step: int | None = None  # step of the best validation loss (best/)
-    rewarm_from: int | None = None  # continued from a portable copy at this step: fresh AdamW moments, lr re-warmed
+    rewarm_from: int | None = (
+        None  # continued from a portable copy at this step: fresh AdamW moments, lr re-warmed
+    )
 
 
 @dataclass
@@ -86,8 +101,8 @@ def plan_steps(lengths: list[int], batch_size: int, seed: int, epoch: int, pool:
     order = order[: len(order) - len(order) % batch_size]
     steps = []
     for start in range(0, len(order), pool * batch_size):
-        chunk = sorted(order[start:start + pool * batch_size], key=lambda i: lengths[i])
-        steps += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+        chunk = sorted(order[start : start + pool * batch_size], key=lambda i: lengths[i])
+        steps += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
     rng.shuffle(steps)
     return steps
 
@@ -121,7 +136,11 @@ def rewarm(step: int, rewarm_from: int | None, rewarm_steps: int) -> float:
 def portable_copy(args: argparse.Namespace) -> Path | None:
     """Where the run's portable copy lives (--portable-dir/NAME; one cut off mid-swap is put back), or None
     without --portable-dir."""
-    return checkpoint.recover_portable(Path(args.portable_dir).expanduser() / args.name) if args.portable_dir else None
+    return (
+        checkpoint.recover_portable(Path(args.portable_dir).expanduser() / args.name)
+        if args.portable_dir
+        else None
+    )
 
 
 def resume(run: Run, config: dict, model, optimizer) -> tuple[TrainState, str]:
@@ -136,10 +155,16 @@ def resume(run: Run, config: dict, model, optimizer) -> tuple[TrainState, str]:
         sys.exit(f"error: --resume but {run.run_dir} has no checkpoint{copy}; drop --resume to start the run")
     step_of = lambda path: json.loads((path / "state.json").read_text())["step"] if path else -1
     if step_of(portable) > step_of(local):
-        note = check_same_run(json.loads((portable / "config.json").read_text()), config, run.args.accept_new_samples)
+        note = check_same_run(
+            json.loads((portable / "config.json").read_text()), config, run.args.accept_new_samples
+        )
         return continue_portable(run, portable, model, local), f"portable copy {portable}{note}"
-    note = check_same_run(json.loads((local / "config.json").read_text()), config, run.args.accept_new_samples)
-    return TrainState(**checkpoint.load(local, model, optimizer, run.rank, run.device)), f"checkpoint {local}{note}"
+    note = check_same_run(
+        json.loads((local / "config.json").read_text()), config, run.args.accept_new_samples
+    )
+    return TrainState(
+        **checkpoint.load(local, model, optimizer, run.rank, run.device)
+    ), f"checkpoint {local}{note}"
 
 
 def check_same_run(saved: dict, config: dict, accept_new_samples: bool = False) -> str:
@@ -151,15 +176,22 @@ def check_same_run(saved: dict, config: dict, accept_new_samples: bool = False) 
     if changed:
         settings = ", ".join(f"{k}={config[k]} (was {saved.get(k)})" for k in sorted(changed))
         sys.exit(f"error: --resume with different settings: {settings}")
-    was, now = saved.get("data_sha256", config["data_sha256"]), config["data_sha256"]  # (older runs: unchecked)
+    was, now = (
+        saved.get("data_sha256", config["data_sha256"]),
+        config["data_sha256"],
+    )  # (older runs: unchecked)
     if was == now:
         return ""
     if not accept_new_samples:
-        sys.exit("error: --resume with the same settings but other samples than the run's (epoch 0 and validation, "
-                 "data_sha256): the data files, the code that makes samples, the search index or, with "
-                 "--endpoint, the endpoint's answers changed since the run started (--accept-new-samples "
-                 "continues with the new ones)")
-    print(f"warning: the samples changed (data_sha256 {was[:12]} -> {now[:12]}); continuing with the new ones")
+        sys.exit(
+            "error: --resume with the same settings but other samples than the run's (epoch 0 and validation, "
+            "data_sha256): the data files, the code that makes samples, the search index or, with "
+            "--endpoint, the endpoint's answers changed since the run started (--accept-new-samples "
+            "continues with the new ones)"
+        )
+    print(
+        f"warning: the samples changed (data_sha256 {was[:12]} -> {now[:12]}); continuing with the new ones"
+    )
     return f"; samples changed, accepted: data_sha256 {was[:12]} -> {now[:12]}"
 
 
@@ -179,8 +211,10 @@ def continue_portable(run: Run, portable: Path, model, local: Path | None = None
         for name in checkpoint.RUN_LOGS:
             if (portable / name).is_file():
                 shutil.copyfile(portable / name, run.run_dir / name)
-        print(f"continuing from the portable copy {portable} at step {state.step}: LoRA weights rounded to bf16, "
-              f"AdamW moments from zero, lr re-warmed over {run.args.rewarm_steps} steps")
+        print(
+            f"continuing from the portable copy {portable} at step {state.step}: LoRA weights rounded to bf16, "
+            f"AdamW moments from zero, lr re-warmed over {run.args.rewarm_steps} steps"
+        )
     return state
 
 
@@ -192,13 +226,25 @@ def start_run_dir(run: Run, config: dict, state: TrainState, source: str) -> Non
     print(json.dumps(config, indent=1))
     (run.run_dir / "config.json").write_text(json.dumps(config, indent=1))
     log_path = run.run_dir / "log.jsonl"  # drop lines of steps after the checkpoint we resume from
-    kept = [r for r in read_jsonl(log_path, appended=True) if r["step"] <= state.step] if run.args.resume else []
+    kept = (
+        [r for r in read_jsonl(log_path, appended=True) if r["step"] <= state.step] if run.args.resume else []
+    )
     write_jsonl(log_path, kept)
     if not run.args.resume:
         write_jsonl(run.run_dir / "stretches.jsonl", [])
-    log_stretch(run, {"event": "start", "step": state.step, "cpu": cpu_speed.cpu_name(),
-                      "native_bf16": cpu_speed.native_bf16(), "dtype": config["dtype"], "why": run.why_dtype,
-                      "threads": torch.get_num_threads(), "from": source})
+    log_stretch(
+        run,
+        {
+            "event": "start",
+            "step": state.step,
+            "cpu": cpu_speed.cpu_name(),
+            "native_bf16": cpu_speed.native_bf16(),
+            "dtype": config["dtype"],
+            "why": run.why_dtype,
+            "threads": torch.get_num_threads(),
+            "from": source,
+        },
+    )
 
 
 def log_stretch(run: Run, record: dict) -> None:
@@ -214,12 +260,26 @@ class TrainingLoop:
     """Epochs -> optimiser steps of batch_size samples -> micro-batches (gradient accumulation), with
     validation (keeping the best adapter), early stopping, checkpoints and log.jsonl lines."""
 
-    def __init__(self, run: Run, model, optimizer, params, pad_id: int, train_epoch, first_epoch: list[dict],
-                 val: list[dict], config: dict, state: TrainState, total_steps: int):
+    def __init__(
+        self,
+        run: Run,
+        model,
+        optimizer,
+        params,
+        pad_id: int,
+        train_epoch,
+        first_epoch: list[dict],
+        val: list[dict],
+        config: dict,
+        state: TrainState,
+        total_steps: int,
+    ):
         self.run, self.args, self.model, self.optimizer, self.params = run, run.args, model, optimizer, params
         self.pad_id, self.train_epoch, self.epoch_data = pad_id, train_epoch, {0: first_epoch}
         self.val, self.config, self.state, self.total_steps = val, config, state, total_steps
-        self.bar = tqdm(total=total_steps, initial=state.step, disable=run.rank != 0, desc="train", dynamic_ncols=True)
+        self.bar = tqdm(
+            total=total_steps, initial=state.step, disable=run.rank != 0, desc="train", dynamic_ncols=True
+        )
         self.seconds, self.tokens = [], 0  # of the steps run by this process
 
     def train(self) -> bool:
@@ -275,10 +335,19 @@ class TrainingLoop:
         lr *= rewarm(state.step, state.rewarm_from, args.rewarm_steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        mine = batch[run.rank::run.world]
+        mine = batch[run.rank :: run.world]
         total = sum(loss.units(s, args.loss_weighting) for s in batch)  # the whole batch's denominator
-        by_task = loss.backward_batch(self.model, mine, total, args.micro_batch_size, args.loss_weighting, self.pad_id,
-                                 run.device, run.autocast, run.world)
+        by_task = loss.backward_batch(
+            self.model,
+            mine,
+            total,
+            args.micro_batch_size,
+            args.loss_weighting,
+            self.pad_id,
+            run.device,
+            run.autocast,
+            run.world,
+        )
         step_loss = sum(value for value, _ in by_task.values()) / total  # this rank's part of the batch loss
         tokens = sum(len(s["ids"]) for s in mine)
         if args.clip_grad:
@@ -292,17 +361,32 @@ class TrainingLoop:
             dist.all_reduce(totals)
             step_loss, tokens = totals.tolist()
         seconds = time.time() - started
-        self.log({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr, "tokens": tokens,
-                  **{f"loss_{task}": value / n for task, (value, n) in by_task.items() if n},  # this rank's share
-                  "s_per_step": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1)})
-        self.bar.set_postfix(epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}")
+        self.log(
+            {
+                "step": state.step,
+                "epoch": epoch,
+                "loss": step_loss,
+                "lr": lr,
+                "tokens": tokens,
+                **{
+                    f"loss_{task}": value / n for task, (value, n) in by_task.items() if n
+                },  # this rank's share
+                "s_per_step": round(seconds, 3),
+                "tokens_per_s": round(tokens / seconds, 1),
+            }
+        )
+        self.bar.set_postfix(
+            epoch=epoch, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens / seconds:.0f}"
+        )
         self.bar.update()
         self.seconds.append(seconds)
         self.tokens += tokens
         if len(self.seconds) == 3 and run.rank == 0:  # the expected duration, measured on this machine now
             per_step = sum(self.seconds) / 3
-            self.bar.write(f"measured {per_step:.1f} s/step over 3 steps: the {self.total_steps - state.step} steps "
-                           f"left take ~{per_step * (self.total_steps - state.step) / 3600:.1f} h (plus validations)")
+            self.bar.write(
+                f"measured {per_step:.1f} s/step over 3 steps: the {self.total_steps - state.step} steps "
+                f"left take ~{per_step * (self.total_steps - state.step) / 3600:.1f} h (plus validations)"
+            )
 
     def validate(self) -> None:
         """Validation loss; a new best is saved as best/ and resets the early-stopping count."""
@@ -310,8 +394,15 @@ class TrainingLoop:
         state.evaluated_step = state.step
         if not self.val:
             return
-        result = loss.evaluate(self.model, self.val, self.args.micro_batch_size, self.pad_id, self.run.device,
-                               self.run.autocast, self.args.loss_weighting)
+        result = loss.evaluate(
+            self.model,
+            self.val,
+            self.args.micro_batch_size,
+            self.pad_id,
+            self.run.device,
+            self.run.autocast,
+            self.args.loss_weighting,
+        )
         improved = state.best_val is None or result["val_loss"] < state.best_val
         state.best_val = result["val_loss"] if improved else state.best_val
         state.bad_evals = 0 if improved else state.bad_evals + 1
@@ -320,24 +411,44 @@ class TrainingLoop:
         if self.run.rank == 0:
             self.bar.write(f"step {state.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in result.items()))
         if improved and self.run.rank == 0:
-            peft_format.save_adapter(checkpoint.unwrap(self.model), self.run.run_dir / "best", str(self.args.model_dir),
-                                     prompt_format=self.args.prompt_format)
+            peft_format.save_adapter(
+                checkpoint.unwrap(self.model),
+                self.run.run_dir / "best",
+                str(self.args.model_dir),
+                prompt_format=self.args.prompt_format,
+            )
 
     def checkpoint(self) -> None:
         self.state.checkpointed_step = self.state.step
-        saved = checkpoint.save(self.run.run_dir, self.model, self.optimizer, asdict(self.state), self.config,
-                                self.run.rank, self.run.world)
+        saved = checkpoint.save(
+            self.run.run_dir,
+            self.model,
+            self.optimizer,
+            asdict(self.state),
+            self.config,
+            self.run.rank,
+            self.run.world,
+        )
         if self.args.portable_dir and self.run.rank == 0:
             checkpoint.save_portable(saved, self.run.run_dir, portable_copy(self.args))
 
     def end_stretch(self, how: str) -> None:
         """The stretch's line in stretches.jsonl: where it stopped, how fast its steps went."""
         seconds = sum(self.seconds)
-        log_stretch(self.run, {"event": how, "step": self.state.step, "steps": len(self.seconds),
-                               "step_hours": round(seconds / 3600, 3),
-                               "tokens_per_s": round(self.tokens / seconds, 1) if seconds else None})
+        log_stretch(
+            self.run,
+            {
+                "event": how,
+                "step": self.state.step,
+                "steps": len(self.seconds),
+                "step_hours": round(seconds / 3600, 3),
+                "tokens_per_s": round(self.tokens / seconds, 1) if seconds else None,
+            },
+        )
         portable = portable_copy(self.args)
-        if portable and portable.is_dir() and self.run.rank == 0:  # the copy was made at the checkpoint just before
+        if (
+            portable and portable.is_dir() and self.run.rank == 0
+        ):  # the copy was made at the checkpoint just before
             shutil.copyfile(self.run.run_dir / "stretches.jsonl", portable / "stretches.jsonl")
 
     def log(self, record: dict) -> None:

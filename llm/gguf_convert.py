@@ -14,6 +14,7 @@ A file that is not a qwen2 GGUF model raises GGUFError with a message naming wha
     convert_gguf(Path("model.gguf"), Path("/tmp/qwen"))       # the directory must exist
     python get_model.py --gguf model.gguf --out /tmp/qwen      # the same from the command line
 """
+
 import re
 from pathlib import Path
 from typing import Any
@@ -27,14 +28,23 @@ from tqdm import tqdm
 from grisp.jsonl import write_atomic, write_json
 
 # The Qwen2 pre-tokenizer: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
-QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # GGUF tensor names -> Hugging Face Qwen2ForCausalLM keys (what model.py's modules are named after).
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-               "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-               "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-               "ffn_down": "mlp.down_proj"}
+BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 class GGUFError(Exception):
@@ -59,7 +69,8 @@ def gguf_config(reader: gguf.GGUFReader) -> dict[str, Any]:
     embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
     n_layers, ctx = int(meta(reader, "qwen2.block_count")), int(meta(reader, "qwen2.context_length"))
     return {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
         "hidden_size": int(meta(reader, "qwen2.embedding_length")),
         "intermediate_size": int(meta(reader, "qwen2.feed_forward_length")),
         "num_hidden_layers": n_layers,
@@ -69,9 +80,15 @@ def gguf_config(reader: gguf.GGUFReader) -> dict[str, Any]:
         "rms_norm_eps": float(str(np.float32(meta(reader, "qwen2.attention.layer_norm_rms_epsilon")))),
         "rope_theta": float(meta(reader, "qwen2.rope.freq_base")),
         "vocab_size": int(embd.shape[1]),  # GGUF shape [hidden, vocab] (reversed torch order)
-        "max_position_embeddings": ctx, "sliding_window": ctx, "max_window_layers": n_layers,
-        "use_sliding_window": False, "tie_word_embeddings": "output.weight" not in names,
-        "hidden_act": "silu", "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
+        "max_position_embeddings": ctx,
+        "sliding_window": ctx,
+        "max_window_layers": n_layers,
+        "use_sliding_window": False,
+        "tie_word_embeddings": "output.weight" not in names,
+        "hidden_act": "silu",
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
         "bos_token_id": int(meta(reader, "tokenizer.ggml.bos_token_id")),
         "eos_token_id": int(meta(reader, "tokenizer.ggml.eos_token_id")),
         "torch_dtype": "float32",
@@ -88,12 +105,20 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (v, d)
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
-                   p + "self_attn.q_proj.weight": (d, d), p + "self_attn.q_proj.bias": (d,),
-                   p + "self_attn.k_proj.weight": (kv, d), p + "self_attn.k_proj.bias": (kv,),
-                   p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.v_proj.bias": (kv,),
-                   p + "self_attn.o_proj.weight": (d, d), p + "mlp.gate_proj.weight": (f, d),
-                   p + "mlp.up_proj.weight": (f, d), p + "mlp.down_proj.weight": (d, f)}
+        shapes |= {
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+            p + "self_attn.q_proj.weight": (d, d),
+            p + "self_attn.q_proj.bias": (d,),
+            p + "self_attn.k_proj.weight": (kv, d),
+            p + "self_attn.k_proj.bias": (kv,),
+            p + "self_attn.v_proj.weight": (kv, d),
+            p + "self_attn.v_proj.bias": (kv,),
+            p + "self_attn.o_proj.weight": (d, d),
+            p + "mlp.gate_proj.weight": (f, d),
+            p + "mlp.up_proj.weight": (f, d),
+            p + "mlp.down_proj.weight": (d, f),
+        }
     return shapes
 
 
@@ -132,13 +157,26 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
         raise GGUFError("a GGUF merge is not 'left right'")
     normal, control, user = gguf.TokenType.NORMAL, gguf.TokenType.CONTROL, gguf.TokenType.USER_DEFINED
     vocab = {tok: i for i, (tok, ty) in enumerate(zip(tokens, types)) if ty == normal}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, continuing_subword_prefix="",
-                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
     tok.normalizer = normalizers.NFC()
     # Split text with the Qwen2 regex, then map each piece's bytes to printable characters (byte-level).
     byte_level = {"add_prefix_space": False, "trim_offsets": False, "use_regex": False}
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"), pre_tokenizers.ByteLevel(**byte_level)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(**byte_level),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()  # maps the printable characters back to bytes
     tok.post_processor = processors.ByteLevel(**byte_level)
     # Control tokens (<|im_start|>, <|endoftext|> ...) are special; user-defined ones (<tool_call>) are
@@ -151,20 +189,32 @@ def gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     return tok
 
 
-def tokenizer_configs(reader: gguf.GGUFReader, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def tokenizer_configs(
+    reader: gguf.GGUFReader, config: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """tokenizer_config.json and generation_config.json from the GGUF's special token ids."""
     tokens = meta(reader, "tokenizer.ggml.tokens")
     eos = config["eos_token_id"]
     pad = int(meta(reader, "tokenizer.ggml.padding_token_id", config["bos_token_id"]))
     tokenizer_config = {
-        "tokenizer_class": "Qwen2Tokenizer", "bos_token": None, "eos_token": tokens[eos], "pad_token": tokens[pad],
-        "unk_token": None, "add_bos_token": bool(meta(reader, "tokenizer.ggml.add_bos_token", False)),
-        "add_prefix_space": False, "clean_up_tokenization_spaces": False, "errors": "replace",
-        "split_special_tokens": False, "model_max_length": config["max_position_embeddings"],
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": tokens[eos],
+        "pad_token": tokens[pad],
+        "unk_token": None,
+        "add_bos_token": bool(meta(reader, "tokenizer.ggml.add_bos_token", False)),
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "split_special_tokens": False,
+        "model_max_length": config["max_position_embeddings"],
         "chat_template": meta(reader, "tokenizer.chat_template", ""),
     }
-    generation_config = {"bos_token_id": config["bos_token_id"], "pad_token_id": pad,
-                         "eos_token_id": [eos, pad] if pad != eos else eos}  # <|im_end|>, <|endoftext|>
+    generation_config = {
+        "bos_token_id": config["bos_token_id"],
+        "pad_token_id": pad,
+        "eos_token_id": [eos, pad] if pad != eos else eos,
+    }  # <|im_end|>, <|endoftext|>
     return tokenizer_config, generation_config
 
 
@@ -182,4 +232,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tensors = gguf_tensors(reader, config)
     print(f"writing {out_dir / 'model.safetensors'} ({sum(w.nbytes for w in tensors.values()) / 1e9:.2f} GB)")
     # metadata format "pt": transformers refuses safetensors files without it
-    write_atomic(out_dir / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    write_atomic(
+        out_dir / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"})
+    )

@@ -13,6 +13,7 @@ skeleton prompt, then copied into the beam rows), rerank.ModelReranker, local_ba
     logits = prompts.feed([token])     # one more token (decoding)
     beams = prompts.cache.copy_rows(torch.zeros(8, dtype=torch.long), room)   # 8 rows for beam search
 """
+
 from typing import Callable
 
 import torch
@@ -47,19 +48,21 @@ class PromptCache:
         self.ids = self.ids[:length]
 
     @torch.inference_mode()
-    def run(self, ids: list[int], check: Callable[[], None] | None = None,
-            vocab: torch.Tensor | None = None) -> torch.Tensor:
+    def run(
+        self, ids: list[int], check: Callable[[], None] | None = None, vocab: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logits [V] of the token after the prompt `ids` (with `vocab`: [K], those token ids' only, in
         float32; Transformer.forward); afterwards the cache holds `ids`. At least the last token runs:
         its logits are the answer."""
         assert ids, "an empty prompt has no next-token logits"
         self.tokens["prompt"] += len(ids)
         self.truncate(min(self.shared_start(ids), len(ids) - 1))
-        return self.feed(ids[len(self.ids):], check, vocab)
+        return self.feed(ids[len(self.ids) :], check, vocab)
 
     @torch.inference_mode()
-    def feed(self, ids: list[int], check: Callable[[], None] | None = None,
-             vocab: torch.Tensor | None = None) -> torch.Tensor:
+    def feed(
+        self, ids: list[int], check: Callable[[], None] | None = None, vocab: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Append `ids` (at least one) to the cached tokens; the logits [V] (or [K], `run`) after the last."""
         assert ids, "feed at least one token"
         if self.cache is None:
@@ -69,8 +72,10 @@ class PromptCache:
         for i in range(0, len(ids), self.chunk):
             if check is not None:
                 check()
-            part = ids[i:i + self.chunk]
-            logits = self.model(torch.tensor([part], device=device), cache=self.cache, logits_at=-1, vocab=vocab)[0]
+            part = ids[i : i + self.chunk]
+            logits = self.model(
+                torch.tensor([part], device=device), cache=self.cache, logits_at=-1, vocab=vocab
+            )[0]
             self.ids += part  # only what the cache really holds, should a later chunk fail
             self.tokens["computed"] += len(part)
         return logits

@@ -9,6 +9,7 @@ tests/test_agent_backends.py check them against transformers' tokenizer and temp
     tokenizer = Tokenizer(model_dir)
     ids = tokenizer.encode(chat_prompt([{"role": "user", "content": "Who directed Pulp Fiction?"}]))
 """
+
 import json
 import re
 from pathlib import Path
@@ -27,8 +28,9 @@ def as_text(content: str) -> str:
     return _CONTROL_TEXT.sub("<\u200b", content)
 
 
-def chat_prompt(messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                default_system: str = DEFAULT_SYSTEM) -> str:
+def chat_prompt(
+    messages: list[dict[str, str]], add_generation_prompt: bool = True, default_system: str = DEFAULT_SYSTEM
+) -> str:
     """Qwen's chat format, by hand: each turn is `<|im_start|>{role}\\n{content}<|im_end|>\\n`; a system
     turn with `default_system` comes first unless the messages start with one; the generation prompt
     `<|im_start|>assistant\\n` asks the model to answer."""
@@ -46,14 +48,18 @@ def qwen_tool_prompt(messages: list[dict], tools: list[dict], add_generation_pro
     rendering of the template shipped with the model): the tool signatures go into the system turn,
     an assistant's calls become `<tool_call>` blocks, tool results `<tool_response>` blocks of a user turn.
     Without tools only the system turn differs (no signatures); the turns are written the same way."""
-    system = as_text(messages[0]["content"]) if messages and messages[0]["role"] == "system" else DEFAULT_SYSTEM
+    system = (
+        as_text(messages[0]["content"]) if messages and messages[0]["role"] == "system" else DEFAULT_SYSTEM
+    )
     if tools:
         signatures = "".join("\n" + json.dumps(t, ensure_ascii=False) for t in tools)
-        out = [f"<|im_start|>system\n{system}\n\n# Tools\n\nYou may call one or more functions to assist with the "
-               f"user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-               f"{signatures}\n</tools>\n\nFor each function call, return a json object with function name and "
-               f"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, "
-               f"\"arguments\": <args-json-object>}}\n</tool_call><|im_end|>\n"]
+        out = [
+            f"<|im_start|>system\n{system}\n\n# Tools\n\nYou may call one or more functions to assist with the "
+            f"user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+            f"{signatures}\n</tools>\n\nFor each function call, return a json object with function name and "
+            f'arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{{"name": <function-name>, '
+            f'"arguments": <args-json-object>}}\n</tool_call><|im_end|>\n'
+        ]
     else:
         out = [f"<|im_start|>system\n{system}<|im_end|>\n"]
     for i, m in enumerate(messages):
@@ -63,12 +69,20 @@ def qwen_tool_prompt(messages: list[dict], tools: list[dict], add_generation_pro
         if role == "tool":
             opens = i == 0 or messages[i - 1]["role"] != "tool"
             closes = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
-            out.append(("<|im_start|>user" if opens else "") + f"\n<tool_response>\n{content}\n</tool_response>"
-                       + ("<|im_end|>\n" if closes else ""))
+            out.append(
+                ("<|im_start|>user" if opens else "")
+                + f"\n<tool_response>\n{content}\n</tool_response>"
+                + ("<|im_end|>\n" if closes else "")
+            )
         elif role == "assistant" and m.get("tool_calls"):
-            calls = "".join('\n<tool_call>\n{"name": "' + as_text(c["function"]["name"]) + '", "arguments": '
-                            + as_text(json.dumps(json.loads(c["function"]["arguments"] or "{}"), ensure_ascii=False))
-                            + "}\n</tool_call>" for c in m["tool_calls"])
+            calls = "".join(
+                '\n<tool_call>\n{"name": "'
+                + as_text(c["function"]["name"])
+                + '", "arguments": '
+                + as_text(json.dumps(json.loads(c["function"]["arguments"] or "{}"), ensure_ascii=False))
+                + "}\n</tool_call>"
+                for c in m["tool_calls"]
+            )
             out.append("<|im_start|>assistant" + (f"\n{content}" if content else "") + calls + "<|im_end|>\n")
         else:
             out.append(f"<|im_start|>{role}\n{content}<|im_end|>\n")
@@ -88,11 +102,14 @@ class Tokenizer:
             raise FileNotFoundError(f"{model_dir / 'tokenizer.json'} is missing (run `python get_model.py`)")
         self.tokenizer = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.im_start_id, self.im_end_id, self.endoftext_id = (
-            self.special_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
+            self.special_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+        )
         config = {}  # generation_config.json overrides config.json, as in transformers
         for name in ("config.json", "generation_config.json"):
             if (model_dir / name).exists():
-                config.update({k: v for k, v in json.loads((model_dir / name).read_text()).items() if v is not None})
+                config.update(
+                    {k: v for k, v in json.loads((model_dir / name).read_text()).items() if v is not None}
+                )
         eos = config.get("eos_token_id", [])
         self.eos_ids = sorted({*(eos if isinstance(eos, list) else [eos]), self.im_end_id})
         self.pad_id = config.get("pad_token_id", self.endoftext_id)

@@ -4,6 +4,7 @@ chat backend, calls / replies written briefly, and a tiny text encoder for examp
     kg = demo_kg(demo_endpoint)                       # demo endpoint + prefix-only index (built once per session)
     backend = Scripted([reply(call("search_entity", kg="wikidata", query="pulp fiction")), ...])
 """
+
 import copy
 import functools
 import tempfile
@@ -40,7 +41,7 @@ def bag_of_words(texts):
     return out
 
 
-_ids = iter(range(10 ** 9))
+_ids = iter(range(10**9))
 
 
 def call(name: str, **args) -> ToolCall:
@@ -61,7 +62,12 @@ class Scripted:
         self.replies, self.asked = list(replies), []
 
     def chat(self, messages, tools, deadline=None, tool_choice=None):
-        self.asked.append({"messages": copy.deepcopy(messages), "tools": [t["function"]["name"] for t in tools],
-                           "tool_choice": tool_choice})
+        self.asked.append(
+            {
+                "messages": copy.deepcopy(messages),
+                "tools": [t["function"]["name"] for t in tools],
+                "tool_choice": tool_choice,
+            }
+        )
         turn = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
         return turn(messages) if callable(turn) else copy.deepcopy(turn)

@@ -7,6 +7,7 @@ precision is float32 there on every machine; `mock_native_bf16(True or False)` s
 oxigraph server on a free port over a store in a temporary directory; all are stopped at the end
 of the session. `demo_endpoint` is the URL of one over the demo KG `data/demo/kg.ttl`.
 """
+
 import socket
 import subprocess
 import sys
@@ -27,9 +28,12 @@ def float32_on_every_cpu():
     without it, so they give the same numbers on every machine; tests of bf16 ask for it (or mock the
     CPU). Yields the real reader of the CPU's flags."""
     from llm import cpu_speed
+
     machine_flags = cpu_speed.cpu_flags
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(cpu_speed, "cpu_flags", lambda cpuinfo=None: set() if cpuinfo is None else machine_flags(cpuinfo))
+        patch.setattr(
+            cpu_speed, "cpu_flags", lambda cpuinfo=None: set() if cpuinfo is None else machine_flags(cpuinfo)
+        )
         yield machine_flags
 
 
@@ -40,6 +44,7 @@ def mock_native_bf16(monkeypatch):
 
     def set_to(native: bool) -> None:
         monkeypatch.setattr(cpu_speed, "native_bf16", lambda flags=None: native)
+
     return set_to
 
 
@@ -48,6 +53,7 @@ def slow_tests_run_as_the_machine_would(request, monkeypatch, float32_on_every_c
     """A slow test (the real model, loaded in the test) runs the precision this machine ships with."""
     if request.node.get_closest_marker("slow") is not None:
         from llm import cpu_speed
+
         monkeypatch.setattr(cpu_speed, "cpu_flags", float32_on_every_cpu)
 
 
@@ -102,6 +108,16 @@ def demo_search_index(demo_endpoint, tmp_path_factory) -> Path:
     """The demo index exactly as demo.sh builds it (embedding search for properties included), built from
     the demo endpoint into a temporary directory: for the slow tests of the README's answers."""
     out = tmp_path_factory.mktemp("demo-search-index")
-    subprocess.run([sys.executable, str(defaults.REPO_DIR / "build_index.py"), "--endpoint", demo_endpoint,
-                    "--out", str(out)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(defaults.REPO_DIR / "build_index.py"),
+            "--endpoint",
+            demo_endpoint,
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return out

@@ -9,6 +9,7 @@ validation, the server) is the real code.
     with running(make_app(grisp, {...}, Options(), [])) as url: requests.get(url + "/api/config")
     with slowed(backend.model, 0.05): ...                  # a slow model turn (cancel, time limits)
 """
+
 import json
 import socket
 import subprocess
@@ -36,8 +37,20 @@ KNOXVILLE = "http://www.wikidata.org/entity/Q185582"
 def scripted_grisp(tmp_path_factory, endpoint_url: str, script: dict[str, list[str]]) -> Grisp:
     """A Grisp over a tiny random model and an index of the endpoint's KG, generation scripted."""
     index = tmp_path_factory.mktemp("index")
-    subprocess.run([sys.executable, str(defaults.REPO_DIR / "build_index.py"), "--endpoint", endpoint_url,
-                    "--out", str(index), "--embed", "none"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(defaults.REPO_DIR / "build_index.py"),
+            "--endpoint",
+            endpoint_url,
+            "--out",
+            str(index),
+            "--embed",
+            "none",
+        ],
+        check=True,
+        capture_output=True,
+    )
     grisp = Grisp(make_model_dir(tmp_path_factory.mktemp("tiny")), None, index, endpoint_url, Options())
     grisp.skeleton_stream = ScriptedSkeletons(grisp, script)
     return grisp
@@ -49,8 +62,15 @@ class ScriptedSkeletons:
     for a question with "hold" in it, `hold` seconds more after them (time to watch the live page).
     `cancelled` counts the runs the server stopped at a forward."""
 
-    def __init__(self, grisp: Grisp, script: dict[str, list[str]], forwards: int = 2, slow_forwards: int = 600,
-                 pause: float = 0.05, hold: float = 2.0):
+    def __init__(
+        self,
+        grisp: Grisp,
+        script: dict[str, list[str]],
+        forwards: int = 2,
+        slow_forwards: int = 600,
+        pause: float = 0.05,
+        hold: float = 2.0,
+    ):
         self.grisp, self.script, self.forwards, self.slow_forwards = grisp, script, forwards, slow_forwards
         self.pause, self.hold = pause, hold
         self.cancelled = 0
@@ -66,7 +86,9 @@ class ScriptedSkeletons:
             raise
         script = self.script.get(question, [])
         for number, skeleton in enumerate(script):
-            trace.append({"event": "skeleton", "skeleton": skeleton, "score": -1.0 - number, "verdict": "kept"})
+            trace.append(
+                {"event": "skeleton", "skeleton": skeleton, "score": -1.0 - number, "verdict": "kept"}
+            )
             if listener is not None:
                 listener(trace[-1])
             if "hold" in question and number == len(script) - 1:
@@ -96,8 +118,9 @@ def free_port() -> int:
 def running(app) -> Iterator[str]:
     """Serve `app` with uvicorn on a free local port in a thread; yields its base URL."""
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                          timeout_graceful_shutdown=2))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=2)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

@@ -1,4 +1,5 @@
 """Tests for the bench scripts' argument handling and round order (no model, no timing)."""
+
 import argparse
 import subprocess
 import sys
@@ -44,16 +45,22 @@ def test_e2e_a_sides_own_precision_is_resolved_and_needs_the_flag(monkeypatch, m
     mock_native_bf16(True)
     monkeypatch.setattr(bench_e2e, "takes_precision", lambda code: True)
     version = bench_e2e.side("new", Path("/code"), "--precision auto", e2e_args())
-    assert version["flags"][-2:] == ["--precision", "bfloat16"] and version["precision"].startswith("bfloat16")
+    assert version["flags"][-2:] == ["--precision", "bfloat16"] and version["precision"].startswith(
+        "bfloat16"
+    )
     monkeypatch.setattr(bench_e2e, "takes_precision", lambda code: False)
-    with pytest.raises(SystemExit, match="no such flag"):  # it failed only at the first chunk, after the header
+    with pytest.raises(
+        SystemExit, match="no such flag"
+    ):  # it failed only at the first chunk, after the header
         bench_e2e.side("old", Path("/old"), "--precision float32", e2e_args())
 
 
 def test_e2e_code_without_a_precision_flag_runs_float32_only(monkeypatch):
     monkeypatch.setattr(bench_e2e, "takes_precision", lambda code: False)
     version = bench_e2e.side("old", Path("/old"), "", e2e_args())
-    assert version["flags"] == ["--adapter", "/a/grisp-mix-0.5b"] and version["precision"].startswith("float32")
+    assert version["flags"] == ["--adapter", "/a/grisp-mix-0.5b"] and version["precision"].startswith(
+        "float32"
+    )
     with pytest.raises(SystemExit, match="no --precision flag"):
         bench_e2e.side("old", Path("/old"), "", e2e_args(precision="bfloat16"))
 
@@ -65,16 +72,24 @@ def test_e2e_chunk_bounds_rise_to_n_and_are_never_0(n, chunks):
     assert all(a < b for a, b in zip(bounds, bounds[1:]))
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--limit", "2", "--chunks", "4"], "2 questions cannot fill --chunks 4"),
-    (["--chunks", "0"], "--chunks 0"),
-    (["--limit", "0"], "--limit 0"),
-    (["--benchmark", "wwq-dev"], "give --limit N"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--limit", "2", "--chunks", "4"], "2 questions cannot fill --chunks 4"),
+        (["--chunks", "0"], "--chunks 0"),
+        (["--limit", "0"], "--limit 0"),
+        (["--benchmark", "wwq-dev"], "give --limit N"),
+    ],
+)
 def test_e2e_bad_arguments_are_refused_before_the_old_code_is_checked_out(tmp_path, flags, message):
     """(--old names no commit: a check that came after the checkout would report that instead.)"""
-    done = subprocess.run([sys.executable, "bench/bench_e2e.py", "--old", "no-such-rev", "--scratch", str(tmp_path),
-                           *flags], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "bench/bench_e2e.py", "--old", "no-such-rev", "--scratch", str(tmp_path), *flags],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().startswith("error:") and list(tmp_path.iterdir()) == []
 
@@ -89,6 +104,7 @@ def test_bench_model_names_the_precision_of_every_implementation():
 @pytest.mark.parametrize("bias", [False, True])
 def test_bench_matmul_times_split_linear_on_both_paths(bias):
     from bench.bench_matmul import random_linear
+
     linear = random_linear(8, 6, bias)
     x = torch.randn(5, 6)
     split = SplitLinear(linear, 2, max_rows=5)  # as bench_matmul makes it: the split path at these rows

@@ -1,4 +1,5 @@
 """Tests for benchmarks.py: the data cache and the benchmark loader (no downloads)."""
+
 import json
 
 import pytest
@@ -28,6 +29,7 @@ def test_named_benchmark_is_copied_from_the_shared_folder_into_the_cache(tmp_pat
 def test_download_failure_gives_a_clear_error(tmp_path, monkeypatch):
     def offline(url, timeout):
         raise requests.ConnectionError("no network")
+
     monkeypatch.setattr(benchmarks.requests, "get", offline)
     with pytest.raises(FileNotFoundError, match="download from .*val.jsonl failed"):
         benchmarks.load_benchmark("wwq-dev", data_dir=tmp_path / "c", shared_dir=tmp_path / "s")
@@ -40,6 +42,7 @@ def test_download_fills_the_cache(tmp_path, monkeypatch):
 
         def raise_for_status(self):
             pass
+
     monkeypatch.setattr(benchmarks.requests, "get", lambda url, timeout: Response())
     samples = benchmarks.load_benchmark("wwq-train", data_dir=tmp_path / "c", shared_dir=tmp_path / "s")
     assert samples[0]["id"] == "q1" and (tmp_path / "c" / "wwq" / "train.jsonl").exists()
@@ -84,7 +87,9 @@ def test_holdout_is_a_deterministic_disjoint_order_independent_fifth():
     shuffled = records[::-1][1000:] + records[::-1][:1000]
     assert {r["id"] for r in benchmarks.holdout(shuffled, "qald10-dev")[1]} == {r["id"] for r in dev}
     subset = records[::3]  # the same ids stay held out in any subset
-    assert {r["id"] for r in benchmarks.holdout(subset, "qald10-dev")[1]} == {r["id"] for r in dev} & {r["id"] for r in subset}
+    assert {r["id"] for r in benchmarks.holdout(subset, "qald10-dev")[1]} == {r["id"] for r in dev} & {
+        r["id"] for r in subset
+    }
     other_salt = benchmarks.holdout(records, "another-dev")[1]
     assert {r["id"] for r in other_salt} != {r["id"] for r in dev}
 
@@ -93,8 +98,17 @@ def test_holdout_is_a_deterministic_disjoint_order_independent_fifth():
 def qald(tmp_path, monkeypatch):
     """A small stand-in for extra/qald10_train.jsonl registered under the held-out name qald10."""
     path = tmp_path / "qald10_train.jsonl"
-    write_jsonl(path, [{"id": f"train_{i}", "question": f"where was X{i} born?",
-                        "sparql": f"SELECT ?x WHERE {{ wd:Q{i} wdt:P19 ?x }}"} for i in range(60)])
+    write_jsonl(
+        path,
+        [
+            {
+                "id": f"train_{i}",
+                "question": f"where was X{i} born?",
+                "sparql": f"SELECT ?x WHERE {{ wd:Q{i} wdt:P19 ?x }}",
+            }
+            for i in range(60)
+        ],
+    )
     monkeypatch.setitem(benchmarks.HELD_OUT, "qald10", (str(path), None, "qald10-dev"))
     monkeypatch.setattr(benchmarks, "TRAINING_MATERIAL", ("qald10-train",))
     return path
@@ -102,11 +116,13 @@ def qald(tmp_path, monkeypatch):
 
 def test_qald10_dev_and_train_are_the_two_parts_and_training_never_sees_dev(qald):
     from grisp import samples
+
     dev = benchmarks.load_benchmark("qald10-dev")
     train = benchmarks.load_benchmark("qald10-train")
     assert dev and train and len(dev) + len(train) == 60
     assert ([r["id"] for r in train], [r["id"] for r in dev]) == tuple(
-        [r["id"] for r in part] for part in benchmarks.holdout(benchmarks.read_jsonl(qald), "qald10-dev"))
+        [r["id"] for r in part] for part in benchmarks.holdout(benchmarks.read_jsonl(qald), "qald10-dev")
+    )
     # training loads records through benchmarks.load_training: the whole file gives only its train part
     for data in ("qald10", "qald10-train", str(qald)):
         assert [r["id"] for r in samples.load_records(data)] == [r["id"] for r in train]
@@ -116,19 +132,36 @@ def test_qald10_dev_and_train_are_the_two_parts_and_training_never_sees_dev(qald
 
 def test_qald10_dev_drops_the_questions_a_training_source_also_asks(qald, tmp_path, monkeypatch, capsys):
     held = [r["id"] for r in benchmarks.holdout(benchmarks.read_jsonl(qald), "qald10-dev")[1]]
-    assert len(held) >= 3 and len(benchmarks.load_benchmark("qald10-dev")) == len(held)  # nothing repeated yet
+    assert len(held) >= 3 and len(benchmarks.load_benchmark("qald10-dev")) == len(
+        held
+    )  # nothing repeated yet
     a, b, c = held[:3]
     i, j = int(a.split("_")[1]), int(b.split("_")[1])
     # another source asks a's question in other words' case and punctuation, and b's query written otherwise
     other = tmp_path / "other.jsonl"
-    write_jsonl(other, [
-        {"id": "o1", "question": f"Where was x{i} born", "sparql": "SELECT ?y WHERE { wd:Q999 wdt:P19 ?y }"},
-        {"id": "o2", "question": "a question of its own", "paraphrases": [],
-         "sparql": f"PREFIX e: <http://www.wikidata.org/entity/> select $place where {{ e:Q{j} "
-                   "<http://www.wikidata.org/prop/direct/P19> ?place . }"},
-        {"id": "o3", "question": "another one", "paraphrases": [f"where was X{int(c.split('_')[1])} born?"],
-         "sparql": "ASK { wd:Q998 wdt:P19 wd:Q997 }"},
-    ])
+    write_jsonl(
+        other,
+        [
+            {
+                "id": "o1",
+                "question": f"Where was x{i} born",
+                "sparql": "SELECT ?y WHERE { wd:Q999 wdt:P19 ?y }",
+            },
+            {
+                "id": "o2",
+                "question": "a question of its own",
+                "paraphrases": [],
+                "sparql": f"PREFIX e: <http://www.wikidata.org/entity/> select $place where {{ e:Q{j} "
+                "<http://www.wikidata.org/prop/direct/P19> ?place . }",
+            },
+            {
+                "id": "o3",
+                "question": "another one",
+                "paraphrases": [f"where was X{int(c.split('_')[1])} born?"],
+                "sparql": "ASK { wd:Q998 wdt:P19 wd:Q997 }",
+            },
+        ],
+    )
     monkeypatch.setattr(benchmarks, "TRAINING_MATERIAL", ("qald10-train", str(other)))
     dev = [r["id"] for r in benchmarks.load_benchmark("qald10-dev")]
     assert dev == [r for r in held if r not in (a, b, c)]
@@ -142,6 +175,7 @@ def test_qald10_dev_drops_the_questions_a_training_source_also_asks(qald, tmp_pa
 
 def test_training_never_reads_an_evaluation_set(tmp_path):
     from grisp import samples
+
     demo = benchmarks.defaults.DEMO_DIR / "questions.jsonl"
     for name in ("demo", str(demo), "wwq-dev", "wwq-dev-kg", "wwq-dev-full"):
         with pytest.raises(ValueError, match="is the evaluation set .* no training run may see"):
@@ -175,13 +209,20 @@ def test_record_without_a_gold_query_is_refused(tmp_path):
 def test_the_tune_and_report_halves_are_stable_and_disjoint():
     """The split is a pure function of the question id, fixed once: these ids keep their halves forever (a
     changed rule would move questions that a choice has looked at into the reported half)."""
-    assert [benchmarks.half(i) for i in ("WebQTrn-3129", "WebQTrn-3130", "WebQTrn-3131", "WebQTrn-3137")] == \
-        ["report", "tune", "report", "tune"]
+    assert [benchmarks.half(i) for i in ("WebQTrn-3129", "WebQTrn-3130", "WebQTrn-3131", "WebQTrn-3137")] == [
+        "report",
+        "tune",
+        "report",
+        "tune",
+    ]
     ids = [f"WebQTrn-{n}" for n in range(2000)]
     tune = {i for i in ids if benchmarks.half(i) == "tune"}
     assert 0.45 < len(tune) / len(ids) < 0.55
     assert benchmarks.halved("wwq-dev-real-tune") == ("wwq-dev-real", "tune")
-    assert benchmarks.halved("wwq-dev-report") == ("wwq-dev", "report") and benchmarks.halved("qald10-dev") is None
+    assert (
+        benchmarks.halved("wwq-dev-report") == ("wwq-dev", "report")
+        and benchmarks.halved("qald10-dev") is None
+    )
     assert benchmarks.evaluation_set("wwq-dev-kg-report") == "wwq-dev-kg"  # no training run may read a half
 
 

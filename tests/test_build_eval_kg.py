@@ -1,4 +1,5 @@
 """Tests for tools/build_eval_kg.py on a tiny fake dev file and item cache."""
+
 import argparse
 import json
 import subprocess
@@ -12,8 +13,7 @@ import endpoint
 from grisp import benchmarks, defaults, metrics
 from tools import build_eval_kg
 
-PREFIXES = ("PREFIX wdt: <http://www.wikidata.org/prop/direct/> "
-            "PREFIX wd: <http://www.wikidata.org/entity/> ")
+PREFIXES = "PREFIX wdt: <http://www.wikidata.org/prop/direct/> PREFIX wd: <http://www.wikidata.org/entity/> "
 WD, WDT = build_eval_kg.WD, build_eval_kg.WDT
 
 
@@ -22,33 +22,54 @@ def uri(qid: str) -> dict:
 
 
 def question(qid: str, body: str, answers: list[dict], var: str = "x") -> dict:
-    return {"id": qid, "question": f"question {qid}?", "paraphrases": [],
-            "sparql": f"{PREFIXES}SELECT DISTINCT ?{var} WHERE {{ {body} }}",
-            "info": {"results": [{var: a} for a in answers]}}
+    return {
+        "id": qid,
+        "question": f"question {qid}?",
+        "paraphrases": [],
+        "sparql": f"{PREFIXES}SELECT DISTINCT ?{var} WHERE {{ {body} }}",
+        "info": {"results": [{var: a} for a in answers]},
+    }
 
 
 DEV = [
     question("object", "wd:Q1 wdt:P19 ?x .", [uri("Q2")]),
     question("subject", "?x wdt:P26 wd:Q3 .", [uri("Q4"), uri("Q5")]),
     question("two-hops", "wd:Q1 wdt:P19 ?p . ?p wdt:P17 ?x .", [uri("Q9")]),
-    question("literal", "wd:Q1 wdt:P569 ?x .", [{
-        "type": "literal", "value": "1961-08-04T00:00:00Z",
-        "datatype": "http://www.w3.org/2001/XMLSchema#dateTime"}]),
+    question(
+        "literal",
+        "wd:Q1 wdt:P569 ?x .",
+        [
+            {
+                "type": "literal",
+                "value": "1961-08-04T00:00:00Z",
+                "datatype": "http://www.w3.org/2001/XMLSchema#dateTime",
+            }
+        ],
+    ),
     # q6's pattern also matches q5's triple (Q6 P40 Q7): q6 gets an extra answer and is dropped
     question("kept", "wd:Q6 wdt:P40 ?x .", [uri("Q7")]),
     question("conflict", "?x wdt:P40 wd:Q7 .", [uri("Q8")]),
     question("no-label", "wd:Q99 wdt:P19 ?x .", [uri("Q2")]),
     question("full-iris", f"<{WD}Q1> <{WDT}P27> ?y", [uri("Q30")], var="y"),
 ]
-ITEMS = [{"id": i, "label": f"label {i}", "aliases": [f"alias {i}"] if i == "Q1" else [],
-          "description": "a person" if i == "Q1" else None, "count": 1}
-         for i in ["Q1", "Q2", "Q3", "Q4", "Q6", "Q7", "Q30", "P19", "P26", "P27", "P40", "P569"]]
+ITEMS = [
+    {
+        "id": i,
+        "label": f"label {i}",
+        "aliases": [f"alias {i}"] if i == "Q1" else [],
+        "description": "a person" if i == "Q1" else None,
+        "count": 1,
+    }
+    for i in ["Q1", "Q2", "Q3", "Q4", "Q6", "Q7", "Q30", "P19", "P26", "P27", "P40", "P569"]
+]
 
 
 # the training material the popularity is counted in (instead of benchmarks.TRAINING_MATERIAL): it asks
 # about Q50, a namesake of the dev questions' Q1, twice, and gives P19's answer Q2 once
-TRAINING = [question("train-1", "wd:Q50 wdt:P19 ?x .", [uri("Q2")]),
-            question("train-2", "wd:Q50 <http://www.wikidata.org/prop/P19> ?s .", [])]
+TRAINING = [
+    question("train-1", "wd:Q50 wdt:P19 ?x .", [uri("Q2")]),
+    question("train-2", "wd:Q50 <http://www.wikidata.org/prop/P19> ?s .", []),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -65,9 +86,19 @@ def build(tmp_path, items=ITEMS, setting="closed", extra_kg=None, name="kg", pop
     write_jsonl(tmp_path / "dev.jsonl", DEV)
     write_jsonl(tmp_path / f"{name}-items.jsonl", items)
     out = tmp_path / name
-    build_eval_kg.main(argparse.Namespace(
-        setting=setting, benchmark=str(tmp_path / "dev.jsonl"), items=str(tmp_path / f"{name}-items.jsonl"),
-        extra_kg=extra_kg, out=str(out), verify=False, store=None, port=None, popularity=popularity))
+    build_eval_kg.main(
+        argparse.Namespace(
+            setting=setting,
+            benchmark=str(tmp_path / "dev.jsonl"),
+            items=str(tmp_path / f"{name}-items.jsonl"),
+            extra_kg=extra_kg,
+            out=str(out),
+            verify=False,
+            store=None,
+            port=None,
+            popularity=popularity,
+        )
+    )
     return out
 
 
@@ -113,12 +144,23 @@ def test_kg_answers_every_covered_gold_query_exactly(built):
         assert sorted(answers) == sorted(metrics.from_bindings(sample["info"]["results"]).rows)
     # labels, aliases, descriptions and the property link are in the graph
     q1 = ox.NamedNode(WD + "Q1")
-    assert ox.Literal("label Q1", language="en") in {q.object for q in store.quads_for_pattern(
-        q1, ox.NamedNode(build_eval_kg.RDFS_LABEL), None)}
+    assert ox.Literal("label Q1", language="en") in {
+        q.object for q in store.quads_for_pattern(q1, ox.NamedNode(build_eval_kg.RDFS_LABEL), None)
+    }
     assert len(list(store.quads_for_pattern(q1, ox.NamedNode(build_eval_kg.SKOS_ALT_LABEL), None))) == 1
     assert len(list(store.quads_for_pattern(q1, ox.NamedNode(build_eval_kg.SCHEMA_DESCRIPTION), None))) == 1
-    assert len(list(store.quads_for_pattern(ox.NamedNode(WD + "P19"), ox.NamedNode(
-        build_eval_kg.WIKIBASE_DIRECT_CLAIM), ox.NamedNode(WDT + "P19")))) == 1
+    assert (
+        len(
+            list(
+                store.quads_for_pattern(
+                    ox.NamedNode(WD + "P19"),
+                    ox.NamedNode(build_eval_kg.WIKIBASE_DIRECT_CLAIM),
+                    ox.NamedNode(WDT + "P19"),
+                )
+            )
+        )
+        == 1
+    )
     # the dropped questions' triples stay in the KG
     assert len(list(store.quads_for_pattern(ox.NamedNode(WD + "Q99"), None, None))) == 1
 
@@ -149,13 +191,18 @@ def test_items_file_lists_the_labelled_items(built):
 def test_popularity_is_counted_in_the_training_material_only(tmp_path):
     """The item cache counts validation data too (every record here has count 1, the dev items included):
     the index of an evaluation KG ranks by what training saw, so a dev answer is not first for being one."""
+
     def counts(out):
         return {r["id"]: r["count"] for r in map(json.loads, (out / "items.jsonl").read_text().splitlines())}
+
     trained = counts(build(tmp_path, items=ITEMS_FULL, setting="full", name="full"))
-    assert trained["Q50"] == 2 and trained["P19"] == 2 and trained["Q2"] == 1  # queries (any variant) and answers
+    assert (
+        trained["Q50"] == 2 and trained["P19"] == 2 and trained["Q2"] == 1
+    )  # queries (any variant) and answers
     assert trained["Q1"] == trained["Q3"] == trained["P26"] == 0  # asked about only in dev
     assert counts(build(tmp_path, items=ITEMS_FULL, setting="full", name="old", popularity="items")) == {
-        i["id"]: i["count"] for i in ITEMS_FULL}
+        i["id"]: i["count"] for i in ITEMS_FULL
+    }
     assert json.loads((tmp_path / "full" / "stats.json").read_text())["popularity"] == "training"
 
 
@@ -195,7 +242,10 @@ def test_full_setting_labels_every_item_and_adds_the_extra_kg(full, tmp_path):
     store = load_store(full)
 
     def objects(item_id, predicate):
-        return {q.object for q in store.quads_for_pattern(ox.NamedNode(WD + item_id), ox.NamedNode(predicate), None)}
+        return {
+            q.object
+            for q in store.quads_for_pattern(ox.NamedNode(WD + item_id), ox.NamedNode(predicate), None)
+        }
 
     for item in ITEMS_FULL:  # every record of the item cache, mentioned or not
         assert objects(item["id"], build_eval_kg.RDFS_LABEL) == {ox.Literal(item["label"], language="en")}
@@ -203,8 +253,12 @@ def test_full_setting_labels_every_item_and_adds_the_extra_kg(full, tmp_path):
         assert objects(item["id"], build_eval_kg.SKOS_ALT_LABEL) == aliases
         assert len(objects(item["id"], build_eval_kg.SCHEMA_DESCRIPTION)) == (item["description"] is not None)
         if item["id"].startswith("P"):  # what constraint queries and the resolver use of a property
-            assert objects(item["id"], build_eval_kg.WIKIBASE_DIRECT_CLAIM) == {ox.NamedNode(WDT + item["id"])}
-            assert objects(item["id"], build_eval_kg.RDF_TYPE) == {ox.NamedNode(build_eval_kg.WIKIBASE_PROPERTY)}
+            assert objects(item["id"], build_eval_kg.WIKIBASE_DIRECT_CLAIM) == {
+                ox.NamedNode(WDT + item["id"])
+            }
+            assert objects(item["id"], build_eval_kg.RDF_TYPE) == {
+                ox.NamedNode(build_eval_kg.WIKIBASE_PROPERTY)
+            }
     extra = [q.triple for q in ox.parse(path=str(tmp_path / "extra.ttl"), format=ox.RdfFormat.TURTLE)]
     assert all(ox.Quad(t.subject, t.predicate, t.object) in store for t in extra)
     lines = (full / "kg.nt").read_text().splitlines()
@@ -221,7 +275,8 @@ def test_full_setting_keeps_gold_answers_exact(full):
     for sample in covered:
         document = store.query(sample["sparql"]).serialize(format=ox.QueryResultsFormat.JSON)
         assert sorted(metrics.from_json(json.loads(document)).rows) == sorted(
-            metrics.from_bindings(sample["info"]["results"]).rows)
+            metrics.from_bindings(sample["info"]["results"]).rows
+        )
     stats = json.loads((full / "stats.json").read_text())
     assert (stats["setting"], stats["changed_by_extra_kg"], stats["conflicting"]) == ("full", ["object"], 1)
     assert (stats["covered"], stats["unlabelled_topic"], stats["label_records"]) == (4, 1, len(ITEMS_FULL))
@@ -233,8 +288,12 @@ def test_full_setting_keeps_gold_answers_exact(full):
 def test_difficulty_counts_what_the_readme_quotes(tmp_path, monkeypatch):
     """stats.json's difficulty: memory (dev queries in the training material, however written), property
     distractors (topics with one wdt: property in the KG) and namesakes (the gold one first by which count)."""
-    subject_rewritten = {"id": "train-3", "question": "who?", "info": {},
-                         "sparql": f"SELECT DISTINCT ?who WHERE {{ ?who <{WDT}P26> <{WD}Q3> }}"}
+    subject_rewritten = {
+        "id": "train-3",
+        "question": "who?",
+        "info": {},
+        "sparql": f"SELECT DISTINCT ?who WHERE {{ ?who <{WDT}P26> <{WD}Q3> }}",
+    }
     monkeypatch.setattr(build_eval_kg, "training_records", lambda: TRAINING + [subject_rewritten])
     (tmp_path / "extra.ttl").write_text(EXTRA_KG)
     out = build(tmp_path, items=ITEMS_FULL, setting="full", extra_kg=[str(tmp_path / "extra.ttl")])
@@ -268,8 +327,13 @@ def test_each_setting_is_a_benchmark_name(tmp_path, monkeypatch, name, setting):
 
 
 def run_script(*args):
-    return subprocess.run([sys.executable, "tools/build_eval_kg.py", *args], cwd=defaults.REPO_DIR,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "tools/build_eval_kg.py", *args],
+        cwd=defaults.REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_help_exits_zero():
@@ -286,9 +350,19 @@ def test_missing_benchmark_exits_with_a_message(tmp_path):
 def test_missing_extra_kg_exits_with_a_message(tmp_path):
     write_jsonl(tmp_path / "dev.jsonl", DEV)
     write_jsonl(tmp_path / "items.jsonl", ITEMS)
-    result = run_script("--setting", "full", "--benchmark", str(tmp_path / "dev.jsonl"), "--items",
-                        str(tmp_path / "items.jsonl"), "--extra-kg", str(tmp_path / "nope.ttl"),
-                        "--out", str(tmp_path / "o"), "--no-verify")
+    result = run_script(
+        "--setting",
+        "full",
+        "--benchmark",
+        str(tmp_path / "dev.jsonl"),
+        "--items",
+        str(tmp_path / "items.jsonl"),
+        "--extra-kg",
+        str(tmp_path / "nope.ttl"),
+        "--out",
+        str(tmp_path / "o"),
+        "--no-verify",
+    )
     assert result.returncode != 0
     assert "nope.ttl" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "o").exists()
@@ -299,7 +373,17 @@ def test_a_bad_port_is_refused_before_the_build(tmp_path, port):
     """--port 0 was replaced by the setting's port; 70000 failed only at the check after the build."""
     write_jsonl(tmp_path / "dev.jsonl", DEV)
     write_jsonl(tmp_path / "items.jsonl", ITEMS)
-    result = run_script("--benchmark", str(tmp_path / "dev.jsonl"), "--items", str(tmp_path / "items.jsonl"),
-                        "--out", str(tmp_path / "o"), "--store", str(tmp_path / "s"), "--port", port)
+    result = run_script(
+        "--benchmark",
+        str(tmp_path / "dev.jsonl"),
+        "--items",
+        str(tmp_path / "items.jsonl"),
+        "--out",
+        str(tmp_path / "o"),
+        "--store",
+        str(tmp_path / "s"),
+        "--port",
+        port,
+    )
     assert result.returncode != 0 and f"port {port} is not a TCP port" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "o").exists()

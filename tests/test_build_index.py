@@ -98,18 +98,16 @@ def test_build_from_items_jsonl_and_reuse(tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"] == {"entity": 3, "property": 1}
     assert manifest["settings"]["items"] == str(items.resolve()) and "numpy" in manifest["versions"]
-    assert manifest["source"] == {"items_sha256": hashlib.sha256(items.read_bytes()).hexdigest(),
-                                  "bytes": items.stat().st_size}
+    assert manifest["source"] == {
+        "items_sha256": hashlib.sha256(items.read_bytes()).hexdigest(),
+        "bytes": items.stat().st_size,
+    }
 
     indices = load_indices(out)
     hits = indices.search("entity", "douglas", k=5)
     assert [h.id for h in hits] == [WD + "Q2", WD + "Q1", "http://example.org/x"]  # popularity ties
-    assert (
-        hits[1].aliases == ["DNA"] and hits[1].description == "writer" and hits[1].popularity == 5
-    )
-    assert (
-        indices.search("property", "birth", k=5)[0].id == WD + "P19"
-    )  # prefix: no embedding built
+    assert hits[1].aliases == ["DNA"] and hits[1].description == "writer" and hits[1].popularity == 5
+    assert indices.search("property", "birth", k=5)[0].id == WD + "P19"  # prefix: no embedding built
     assert indices.item(WD + "P19").aliases == ["born in"]
 
     again = run("--items", str(items), "--out", str(out), "--embed", "none")
@@ -123,19 +121,25 @@ def test_build_from_items_jsonl_and_reuse(tmp_path):
 
 
 def write_items(path: Path, names: list[str]) -> Path:
-    path.write_text("".join(json.dumps({"id": f"Q{i}", "label": name, "count": 1}) + "\n"
-                            for i, name in enumerate(names, start=1)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": f"Q{i}", "label": name, "count": 1}) + "\n"
+            for i, name in enumerate(names, start=1)
+        )
+    )
     return path
 
 
 def test_a_build_cut_short_leaves_no_index_and_mixed_parts_are_refused(tmp_path, monkeypatch):
     import build_index
+
     items = write_items(tmp_path / "items.jsonl", ["alpha", "beta", "gamma"])
     build_index.build(tmp_path / "index", items=items, embed="none")
     write_items(items, ["delta", "epsilon"])  # an edited items file, then a rebuild that dies half way
 
     def crash(*args, **kwargs):
         raise RuntimeError("killed")
+
     monkeypatch.setattr(build_index.PrefixIndex, "build", crash)
     with pytest.raises(RuntimeError, match="killed"):
         build_index.build(tmp_path / "index", items=items, embed="none")
@@ -144,7 +148,9 @@ def test_a_build_cut_short_leaves_no_index_and_mixed_parts_are_refused(tmp_path,
     monkeypatch.undo()
     # a manifest over parts of two builds (copied by hand, say): rows would name other items
     build_index.build(tmp_path / "index", items=items, embed="none")
-    build_index.build(tmp_path / "other", items=write_items(tmp_path / "other.jsonl", ["a", "b", "c"]), embed="none")
+    build_index.build(
+        tmp_path / "other", items=write_items(tmp_path / "other.jsonl", ["a", "b", "c"]), embed="none"
+    )
     shutil.rmtree(tmp_path / "index" / "entities" / "prefix")
     shutil.copytree(tmp_path / "other" / "entities" / "prefix", tmp_path / "index" / "entities" / "prefix")
     with pytest.raises(ValueError, match="entity parts of the index .* disagree"):
@@ -157,13 +163,16 @@ def test_an_embedding_no_longer_asked_for_is_removed(tmp_path):
     assert run("--items", str(items), "--out", str(tmp_path / "index")).returncode == 0  # properties embedded
     assert load_indices(tmp_path / "index").default_method("property") == "embedding"
     assert run("--items", str(items), "--out", str(tmp_path / "index"), "--embed", "none").returncode == 0
-    assert not (tmp_path / "index" / "properties" / "embedding").exists()  # of the same items, removed all the same
+    assert not (
+        tmp_path / "index" / "properties" / "embedding"
+    ).exists()  # of the same items, removed all the same
     indices = load_indices(tmp_path / "index")
     assert indices.default_method("property") == "prefix" and indices.manifest["settings"]["embed"] == "none"
 
 
 def test_the_default_wikidata_index_follows_its_items_file(tmp_path, monkeypatch, capsys):
     import build_index
+
     items = write_items(tmp_path / "items.jsonl", ["alpha", "beta"])
     monkeypatch.setattr(build_index.defaults, "WIKIDATA_INDEX_DIR", tmp_path / "index")
     monkeypatch.setattr(build_index.benchmarks, "cached_file", lambda relative: items)
@@ -185,7 +194,9 @@ def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path, capsys):
     """Indices from before the float64 encoder (no `vectors_from` in their config) embed again, in
     build_index.py and, for the default Wikidata index, in open_index; another index is used with a warning."""
     items = tmp_path / "items.jsonl"
-    items.write_text(json.dumps({"id": "P19", "label": "place of birth", "aliases": ["born in"], "count": 3}) + "\n")
+    items.write_text(
+        json.dumps({"id": "P19", "label": "place of birth", "aliases": ["born in"], "count": 3}) + "\n"
+    )
     out = tmp_path / "index"
     assert run("--items", str(items), "--out", str(out)).returncode == 0
     part = out / "properties" / "embedding"
@@ -200,7 +211,9 @@ def test_an_embedding_of_float32_vectors_is_rebuilt(tmp_path, capsys):
     assert "holds float32 encoder vectors" in capsys.readouterr().err
     old = run("--items", str(items), "--out", str(out))
     reused = [line for line in old.stdout.splitlines() if line.startswith("reusing")]
-    assert old.returncode == 0 and len(reused) == 4 and not any(line.endswith("/embedding") for line in reused)
+    assert (
+        old.returncode == 0 and len(reused) == 4 and not any(line.endswith("/embedding") for line in reused)
+    )
     assert EmbeddingIndex.is_current(part)
 
 
@@ -220,19 +233,27 @@ def test_a_prefix_index_of_another_normalisation_is_rebuilt(tmp_path, capsys):
     assert "another text normalisation" in capsys.readouterr().err
     again = run("--items", str(items), "--out", str(out), "--embed", "none")
     reused = [line for line in again.stdout.splitlines() if line.startswith("reusing")]
-    assert again.returncode == 0 and len(reused) == 3 and not any(line.endswith("entities/prefix") for line in reused)
-    assert PrefixIndex.is_current(part) and load_indices(out).search("entity", "marie curie")[0].id.endswith("Q1")
+    assert (
+        again.returncode == 0
+        and len(reused) == 3
+        and not any(line.endswith("entities/prefix") for line in reused)
+    )
+    assert PrefixIndex.is_current(part) and load_indices(out).search("entity", "marie curie")[0].id.endswith(
+        "Q1"
+    )
     assert "another text normalisation" not in capsys.readouterr().err
 
 
 def test_paged_fetch_goes_on_past_a_server_that_caps_its_results():
-    rows = [{"item": {"type": "uri", "value": f"http://x/{i}"}, "value": {"type": "literal", "value": str(i)}}
-            for i in range(7)]
+    rows = [
+        {"item": {"type": "uri", "value": f"http://x/{i}"}, "value": {"type": "literal", "value": str(i)}}
+        for i in range(7)
+    ]
 
     class Capped:  # at most 2 rows whatever the LIMIT, as Virtuoso's ResultSetMaxRows
         def query(self, text: str) -> SimpleNamespace:
             limit, offset = map(int, re.search(r"LIMIT (\d+) OFFSET (\d+)", text).groups())
-            return SimpleNamespace(rows=rows[offset:offset + min(limit, 2)])
+            return SimpleNamespace(rows=rows[offset : offset + min(limit, 2)])
 
     pairs = fetch_pairs(Capped(), "labels", "SELECT ?item ?value WHERE { ?item ?p ?value }", page_size=5)
     assert [iri for iri, _ in pairs] == [f"http://x/{i}" for i in range(7)]
@@ -245,16 +266,12 @@ def test_build_from_wikidata_endpoint(oxigraph_server, tmp_path):
     result = run("--endpoint", oxigraph_server(kg), "--out", str(out), "--page-size", "3")
     assert result.returncode == 0, result.stderr
     indices = load_indices(out)
-    entities = {
-        indices.item(WD + q).id for q in ["Q104123", "Q351718", "Q3772", "Q185582", "Q999", "Q5"]
-    }
+    entities = {indices.item(WD + q).id for q in ["Q104123", "Q351718", "Q3772", "Q185582", "Q999", "Q5"]}
     assert len(entities) == 6 and indices.manifest["counts"] == {"entity": 6, "property": 4}
 
     pulp = indices.search("entity", "pulp fiction", k=5)
     assert [h.id for h in pulp] == [WD + "Q104123", WD + "Q351718"]  # tie broken by sitelinks
-    assert (
-        pulp[0].label == "Pulp Fiction" and pulp[0].aliases == ["PF"] and pulp[0].popularity == 80
-    )
+    assert pulp[0].label == "Pulp Fiction" and pulp[0].aliases == ["PF"] and pulp[0].popularity == 80
     assert pulp[0].description == "1994 film by Quentin Tarantino"
     assert indices.item(WD + "Q999").label == "Q999"  # no label: local name
 
@@ -304,7 +321,9 @@ def test_build_from_generic_endpoint(oxigraph_server, tmp_path):
     indices = load_indices(out)
     alice = indices.item("http://example.org/alice")
     assert alice.label == "Alice" and alice.aliases == ["Ally"] and alice.description == "a person"
-    organization = indices.item("http://example.org/org")  # en before en-gb before untagged, whatever their order
+    organization = indices.item(
+        "http://example.org/org"
+    )  # en before en-gb before untagged, whatever their order
     assert organization.label == "Organization" and organization.aliases == ["Organisation", "Org"]
     assert organization.description == "an organized group"
     assert indices.item("http://example.org/ACME_Corp").label == "ACME Corp"
@@ -319,11 +338,7 @@ def test_build_from_generic_endpoint(oxigraph_server, tmp_path):
 def test_help_and_bad_input(tmp_path):
     assert run("--help").returncode == 0
     missing = run("--items", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "o"))
-    assert (
-        missing.returncode != 0
-        and "nope.jsonl" in missing.stderr
-        and "Traceback" not in missing.stderr
-    )
+    assert missing.returncode != 0 and "nope.jsonl" in missing.stderr and "Traceback" not in missing.stderr
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"id": "Q1", "label": "ok"}\n{"id": "Q2"\n')
     bad = run("--items", str(broken), "--out", str(tmp_path / "o"), "--embed", "none")
@@ -332,5 +347,7 @@ def test_help_and_bad_input(tmp_path):
     down = run("--endpoint", url, "--out", str(tmp_path / "o"))
     assert down.returncode != 0 and url in down.stderr and "Traceback" not in down.stderr
     assert run("--out", str(tmp_path / "o")).returncode != 0  # no source
-    empty = run("--endpoint", url, "--page-size", "0", "--out", str(tmp_path / "o"))  # refused before any fetch
+    empty = run(
+        "--endpoint", url, "--page-size", "0", "--out", str(tmp_path / "o")
+    )  # refused before any fetch
     assert empty.returncode != 0 and "--page-size 0" in empty.stderr and "Traceback" not in empty.stderr

@@ -1,5 +1,6 @@
 """Precision, coverage and declining (grisp/coverage.py), and the confidence rule (grisp/confidence.py),
 on hand-made records whose numbers are worked out by hand."""
+
 import pytest
 
 from grisp import confidence, coverage
@@ -8,19 +9,26 @@ from grisp import confidence, coverage
 def record(f1, confidence_value=None, declined=False, guess_f1=None, lacks=(), retried=False):
     """An evaluate.py record: answered (a query), declined (a guess, no query) or without any query."""
     has_guess = confidence_value is not None
-    return {"f1": f1, "sparql": "Q" if has_guess and not declined else None, "guess": "Q" if has_guess else None,
-            "confidence": confidence_value, "declined": declined, "guess_f1": guess_f1, "index_lacks": list(lacks),
-            "retried": retried}
+    return {
+        "f1": f1,
+        "sparql": "Q" if has_guess and not declined else None,
+        "guess": "Q" if has_guess else None,
+        "confidence": confidence_value,
+        "declined": declined,
+        "guess_f1": guess_f1,
+        "index_lacks": list(lacks),
+        "retried": retried,
+    }
 
 
 RUN = [
-    record(1.0, 0.99),                                       # right, sure
-    record(0.5, 0.9),                                        # half right
-    record(0.0, 0.3, lacks=["Q1"], retried=True),            # wrong, on a question the index cannot name
-    record(0.0, 0.2, declined=True, guess_f1=1.0),           # declined, although the guess was right
-    record(0.0, None),                                       # no query found (dead end)
-    record(0.0, None, lacks=["Q2"]),                         # nothing found, rightly
-    record(None, 0.95),                                      # gold empty: not scored, left out of everything
+    record(1.0, 0.99),  # right, sure
+    record(0.5, 0.9),  # half right
+    record(0.0, 0.3, lacks=["Q1"], retried=True),  # wrong, on a question the index cannot name
+    record(0.0, 0.2, declined=True, guess_f1=1.0),  # declined, although the guess was right
+    record(0.0, None),  # no query found (dead end)
+    record(0.0, None, lacks=["Q2"]),  # nothing found, rightly
+    record(None, 0.95),  # gold empty: not scored, left out of everything
 ]
 
 
@@ -55,7 +63,9 @@ def test_tied_confidences_enter_together():
 
 def test_without_retry_takes_the_retry_answers_back():
     records = coverage.without_retry(RUN)
-    assert coverage.summary(records)["answered"] == 2 and records[2]["guess"] is None and records[2]["f1"] == 0.0
+    assert (
+        coverage.summary(records)["answered"] == 2 and records[2]["guess"] is None and records[2]["f1"] == 0.0
+    )
     assert records[0] is RUN[0]
 
 
@@ -64,4 +74,6 @@ def test_the_confidence_is_the_mean_choice_probability_and_declines_below_the_th
     assert confidence.confidence(choices) == pytest.approx(0.65)
     assert confidence.confidence([{"p": None}]) == 1.0 and confidence.confidence([]) == 1.0  # no re-ranking
     assert confidence.confidence([{"p": 0.2}, {"p": None}]) == 0.2  # only the re-ranked ones count
-    assert confidence.decide(0.4, 0.5) and not confidence.decide(0.5, 0.5) and not confidence.decide(None, 0.5)
+    assert (
+        confidence.decide(0.4, 0.5) and not confidence.decide(0.5, 0.5) and not confidence.decide(None, 0.5)
+    )

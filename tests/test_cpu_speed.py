@@ -6,6 +6,7 @@ training (pick_dtype) and inference (pick_precision) alike.
 Tiny random models from tests/tiny.py, tied and untied lm_head. (LoRA layers on this path:
 tests/test_lora.py.)
 """
+
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ def test_prepare_for_inference_is_exact_and_leaves_wrapped_layers(model_dir, spl
     assert isinstance(model.lm_head, SplitLinear) == split
     torch.testing.assert_close(model(x), before, atol=1e-5, rtol=0)
     cache = model.new_cache(2)
-    steps = [model(x[:, :4], cache=cache)] + [model(x[:, t:t + 1], cache=cache) for t in range(4, 9)]
+    steps = [model(x[:, :4], cache=cache)] + [model(x[:, t : t + 1], cache=cache) for t in range(4, 9)]
     torch.testing.assert_close(torch.cat(steps, dim=1), before, atol=1e-5, rtol=0)
 
 
@@ -90,7 +91,9 @@ def test_int8_quantises_all_but_down_proj_and_stays_close(model_dir):
 
 
 # ---------------------------------------------------------------------------- precision per machine
-EPYC = "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+EPYC = (
+    "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+)
 AVX2 = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\nflags\t\t: fpu sse2 avx2 fma avx512f\n"
 GRAVITON = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\nCPU implementer\t: 0x41\n"
 
@@ -112,8 +115,10 @@ def test_auto_precision_follows_the_cpu(mock_native_bf16, native, expected):
     assert cpu_speed.pick_dtype("bfloat16", torch.device("cpu"))[0] == torch.bfloat16
 
 
-@pytest.mark.parametrize("capability, expected", [((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16),
-                                                  ((7, 5), torch.float32), ((7, 0), torch.float32)])
+@pytest.mark.parametrize(
+    "capability, expected",
+    [((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16), ((7, 5), torch.float32), ((7, 0), torch.float32)],
+)
 def test_auto_precision_on_a_gpu_follows_its_compute_capability(monkeypatch, capability, expected):
     # a T4 (7.5) or V100 (7.0) has no native bf16 matmuls: auto took bf16 on every GPU
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
@@ -123,10 +128,13 @@ def test_auto_precision_on_a_gpu_follows_its_compute_capability(monkeypatch, cap
 
 def test_int8_is_refused_off_the_cpu():
     from grisp import pipeline
+
     for device in ("cuda", "mps"):
         with pytest.raises(ValueError, match="int8 runs on a CPU only"):
             cpu_speed.pick_precision("int8", torch.device(device))
-        with pytest.raises(pipeline.GrispError, match="int8 runs on a CPU only"):  # a clean message in infer/serve
+        with pytest.raises(
+            pipeline.GrispError, match="int8 runs on a CPU only"
+        ):  # a clean message in infer/serve
             pipeline._precision("int8", torch.device(device))
 
 
@@ -147,24 +155,33 @@ def adapter_dir(tmp_path_factory) -> Path:
     """An adapter on every linear layer of the untied tiny model whose B is far from 0 (it changes the output)."""
     import lora
     from grisp import peft_format
+
     model_dir = make_model_dir(tmp_path_factory.mktemp("tiny-for-adapter"))
     model = M.Transformer.from_pretrained(model_dir)
     torch.manual_seed(0)  # lora_A's initialisation
     lora.inject_lora(model, r=4, alpha=8)
     with torch.no_grad():
         for layer in lora.lora_layers(model).values():
-            layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=torch.Generator().manual_seed(1)) * 0.3)
+            layer.lora_B.copy_(
+                torch.randn(layer.lora_B.shape, generator=torch.Generator().manual_seed(1)) * 0.3
+            )
     return peft_format.save_adapter(model, tmp_path_factory.mktemp("adapter") / "adapter"), model_dir
 
 
 def test_bfloat16_weights_are_the_float32_merge_rounded_once(adapter_dir):
     from grisp.peft_format import load_for_inference
+
     adapter, model_dir = adapter_dir
     in_float32 = load_for_inference(model_dir, adapter, "float32").state_dict()
     in_bfloat16 = load_for_inference(model_dir, adapter, "bfloat16").state_dict()
     assert in_bfloat16.keys() == in_float32.keys()
-    for name, weight in in_bfloat16.items():  # merging in bf16 would round the base and the LoRA product apart
-        assert weight.dtype == torch.bfloat16 and torch.equal(weight, in_float32[name].to(torch.bfloat16)), name
+    for (
+        name,
+        weight,
+    ) in in_bfloat16.items():  # merging in bf16 would round the base and the LoRA product apart
+        assert weight.dtype == torch.bfloat16 and torch.equal(weight, in_float32[name].to(torch.bfloat16)), (
+            name
+        )
 
 
 @torch.no_grad()
@@ -173,12 +190,15 @@ def test_bfloat16_picks_the_float32_token_wherever_float32_is_clear(adapter_dir)
     rounding of float32's, and its next token (prefill and cached decoding) is float32's wherever
     float32's best token leads the second by more than that rounding."""
     from grisp.peft_format import load_for_inference
+
     adapter, model_dir = adapter_dir
     in_float32, in_bfloat16 = (load_for_inference(model_dir, adapter, p) for p in ("float32", "bfloat16"))
     ids = tokens(4, 24, seed=3)
     expected, got = in_float32(ids), in_bfloat16(ids).float()  # [B, T, V]
     error = (got - expected).abs().max()
-    assert error < 0.1 * expected.abs().max()  # bf16 keeps 8 bits: ~0.4% per rounding, dozens in a row (here ~4%)
+    assert (
+        error < 0.1 * expected.abs().max()
+    )  # bf16 keeps 8 bits: ~0.4% per rounding, dozens in a row (here ~4%)
     top2 = expected.topk(2, dim=-1).values
     clear = top2[..., 0] - top2[..., 1] > 2 * (got - expected).abs().amax(-1)  # [B, T]
     print(f"bf16 logits off by {error:.3f} at most; {clear.float().mean():.0%} of positions are clear")
@@ -187,8 +207,11 @@ def test_bfloat16_picks_the_float32_token_wherever_float32_is_clear(adapter_dir)
     # cached decoding: the KV cache is bf16 too, the steps see the same logits as the full pass
     cache = in_bfloat16.new_cache(4, 24)
     assert cache.k.dtype == torch.bfloat16
-    steps = torch.cat([in_bfloat16(ids[:, :8], cache=cache)] + [in_bfloat16(ids[:, t:t + 1], cache=cache)
-                                                                  for t in range(8, 24)], dim=1).float()
+    steps = torch.cat(
+        [in_bfloat16(ids[:, :8], cache=cache)]
+        + [in_bfloat16(ids[:, t : t + 1], cache=cache) for t in range(8, 24)],
+        dim=1,
+    ).float()
     torch.testing.assert_close(steps, got, atol=2 * float(error), rtol=0)
 
 

@@ -1,4 +1,5 @@
 """tools/dead_ends.py: a dead end is sorted by where the first skeleton ran out of alternatives."""
+
 from tools import dead_ends
 
 WD, WDT = "http://www.wikidata.org/entity/", "http://www.wikidata.org/prop/direct/"
@@ -7,6 +8,7 @@ PROPERTIES = {"member of sports team": {"P54"}, "drafted by": {"P647"}}
 
 class FakeClient:
     """Answers every constraint query with the given candidate properties."""
+
     def __init__(self, candidates):
         self.candidates, self.queries = candidates, []
 
@@ -17,14 +19,20 @@ class FakeClient:
 
 def trace(entity="Q25369", property_name="member of sports team"):
     """Kobe Bryant resolved, then the property placeholder with its constraint query."""
-    return [{"event": "resolve", "skeleton": "s", "number": 0, "placeholders": 2},
-            {"event": "placeholder", "placeholder": "<iri>Kobe Bryant</iri>", "kind": "entity"},
-            {"event": "choose", "placeholder": "<iri>Kobe Bryant</iri>", "iri": WD + entity},
-            {"event": "placeholder", "placeholder": f"<iri>{property_name} (wdt)</iri>", "kind": "property",
-             "constraint": f"SELECT DISTINCT ?candidate WHERE {{ wd:{entity} ?candidate ?x . }}"},
-            {"event": "backtrack", "to": "<iri>Kobe Bryant</iri>", "left": 0},
-            {"event": "resolve", "skeleton": "t", "number": 1, "placeholders": 1},
-            {"event": "placeholder", "placeholder": "<iri>Lakers</iri>", "kind": "entity"}]
+    return [
+        {"event": "resolve", "skeleton": "s", "number": 0, "placeholders": 2},
+        {"event": "placeholder", "placeholder": "<iri>Kobe Bryant</iri>", "kind": "entity"},
+        {"event": "choose", "placeholder": "<iri>Kobe Bryant</iri>", "iri": WD + entity},
+        {
+            "event": "placeholder",
+            "placeholder": f"<iri>{property_name} (wdt)</iri>",
+            "kind": "property",
+            "constraint": f"SELECT DISTINCT ?candidate WHERE {{ wd:{entity} ?candidate ?x . }}",
+        },
+        {"event": "backtrack", "to": "<iri>Kobe Bryant</iri>", "left": 0},
+        {"event": "resolve", "skeleton": "t", "number": 1, "placeholders": 1},
+        {"event": "placeholder", "placeholder": "<iri>Lakers</iri>", "kind": "entity"},
+    ]
 
 
 def classify(events, candidates=("P647",), answered=("Q25369", "P647")):

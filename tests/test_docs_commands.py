@@ -1,5 +1,6 @@
 """Every `python SCRIPT.py --flag` (or `python -m pkg.module --flag`) in the code blocks of README.md and
 docs/*.md names a flag that the script's --help lists, so the documented commands stay true."""
+
 import functools
 import re
 import shlex
@@ -68,7 +69,9 @@ def documented_flags():
                     if arg in SEPARATORS:
                         break
                     if arg.startswith("--") and len(arg) > 2:
-                        found[script][(arg.split("=")[0], subcommand)].append(f"{doc.relative_to(ROOT)}:{number}")
+                        found[script][(arg.split("=")[0], subcommand)].append(
+                            f"{doc.relative_to(ROOT)}:{number}"
+                        )
                     elif subcommand is None and re.fullmatch(r"[a-z][a-z-]*", arg):
                         subcommand = arg
     return found
@@ -79,7 +82,9 @@ FLAGS = documented_flags()
 
 @functools.cache
 def help_text(argv):
-    run = subprocess.run([sys.executable, *argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, *argv, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     return run.stdout + run.stderr
 
 

@@ -1,5 +1,6 @@
 """endpoint.py: a real oxigraph server loads a tiny KG, answers, reuses or reloads its store, and
 reports bad input (missing or invalid RDF, busy port) clearly."""
+
 import socket
 import subprocess
 import sys
@@ -103,8 +104,9 @@ def test_a_server_that_dies_at_start_is_reported_though_another_answers(tmp_path
     # the port was free when checked, then another program took it: its answers are not our server's
     kg = tmp_path / "kg.ttl"
     kg.write_text(KG)
-    monkeypatch.setattr(endpoint, "load_store",
-                        lambda files, store_dir: Path(store_dir).mkdir(parents=True, exist_ok=True))
+    monkeypatch.setattr(
+        endpoint, "load_store", lambda files, store_dir: Path(store_dir).mkdir(parents=True, exist_ok=True)
+    )
     monkeypatch.setattr(endpoint, "oxigraph_binary", lambda: "false")  # exits at once
     monkeypatch.setattr(endpoint, "_answers", lambda url: True)
     with pytest.raises(endpoint.EndpointError, match="did not come up"):
@@ -177,7 +179,7 @@ def test_two_starts_at_once_launch_one_server(tmp_path, monkeypatch):
             proc.wait()
 
 
-@pytest.mark.parametrize("text", ['{"pid": 12', "", '{"url": "x"}', '[1]'])
+@pytest.mark.parametrize("text", ['{"pid": 12', "", '{"url": "x"}', "[1]"])
 def test_a_broken_server_record_counts_as_no_server(tmp_path, text):
     (tmp_path / "server.json").write_text(text)
     assert endpoint.stop(tmp_path) is False and endpoint.status(tmp_path) is None
@@ -188,19 +190,24 @@ def test_a_cut_off_stamp_means_load_again(tmp_path):
     kg, store = tmp_path / "kg.ttl", tmp_path / "store"
     kg.write_text(KG)
     assert endpoint.load_store([kg], store) is True
-    (store / "stamp.json").write_text('{"files": [')  # a load killed while writing its stamp (before: crashed every start)
+    (store / "stamp.json").write_text(
+        '{"files": ['
+    )  # a load killed while writing its stamp (before: crashed every start)
     assert endpoint.load_store([kg], store) is True and endpoint.load_store([kg], store) is False
 
 
 def test_a_server_that_exits_just_before_stop_is_no_error(tmp_path, monkeypatch):
     (tmp_path / "server.json").write_text('{"pid": 12, "url": "http://127.0.0.1:1/query"}')
-    monkeypatch.setattr(endpoint, "_server_info", lambda store: {"pid": 2 ** 22 + 12345, "url": "x"})  # no such pid
+    monkeypatch.setattr(
+        endpoint, "_server_info", lambda store: {"pid": 2**22 + 12345, "url": "x"}
+    )  # no such pid
     assert endpoint.stop(tmp_path) is False and not (tmp_path / "server.json").exists()
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "endpoint.py"), *args],
-                          capture_output=True, text=True, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(REPO / "endpoint.py"), *args], capture_output=True, text=True, cwd=REPO
+    )
 
 
 def test_cli_help_and_clear_errors(tmp_path):
@@ -208,7 +215,10 @@ def test_cli_help_and_clear_errors(tmp_path):
     done = run_script("start", "--data", str(tmp_path / "nope.ttl"), "--store", str(tmp_path / "s"))
     assert done.returncode != 0
     assert "nope.ttl does not exist" in done.stderr and "Traceback" not in done.stderr
-    for port in ("70000", "0"):  # refused before the store is loaded (70000 was an OverflowError, 0 a minute's wait)
+    for port in (
+        "70000",
+        "0",
+    ):  # refused before the store is loaded (70000 was an OverflowError, 0 a minute's wait)
         done = run_script("start", "--port", port, "--store", str(tmp_path / "s"), "--wait-s", "5")
         assert done.returncode != 0 and f"port {port} is not a TCP port" in done.stderr
         assert "Traceback" not in done.stderr and not (tmp_path / "s" / "db").exists()

@@ -7,6 +7,7 @@ that the run ends within the time budget plus a small margin. The tiny model wri
 parses, so the tests hand the pipeline the skeleton a trained model writes for the question
 (`Grisp.skeleton_stream` is replaced); everything after it is real: resolver, HTTP client, messages.
 """
+
 import argparse
 import json
 import runpy
@@ -39,7 +40,9 @@ SKELETON = "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> 
 ANSWER = "SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x . }"
 BUDGET = 3.0  # --time-budget of every run: small, so that the tests stay fast
 MARGIN = 1.5  # seconds on top of the budget: loading the tiny model and the index, the start-up ASK
-ROW = json.dumps({"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri", "value": "http://e/1"}}]}})
+ROW = json.dumps(
+    {"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri", "value": "http://e/1"}}]}}
+)
 
 
 class FaultyEndpoint:
@@ -58,15 +61,21 @@ class FaultyEndpoint:
                 query = parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())["query"][0]
                 outer.requests.append(query)
                 if (ask and query.strip() == "ASK { }") or healthy(query):
-                    real = requests.post(real_url, data={"query": query},
-                                         headers={"Accept": "application/sparql-results+json"}, timeout=30)
+                    real = requests.post(
+                        real_url,
+                        data={"query": query},
+                        headers={"Accept": "application/sparql-results+json"},
+                        timeout=30,
+                    )
                     return self.answer(real.status_code, real.content)
                 if fault == "500":
                     return self.answer(500, b"internal error", "text/plain")
                 if fault == "truncated":
                     return self.answer(200, ROW[:40].encode())
                 if fault == "html":
-                    return self.answer(200, b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html")
+                    return self.answer(
+                        200, b"<html><body><h1>502 Bad Gateway</h1></body></html>", "text/html"
+                    )
                 if fault == "hang":
                     outer.release.wait(60)
                     return
@@ -126,11 +135,32 @@ def infer(tiny_model, demo_index, tmp_path, monkeypatch, capsys):  # noqa: F811 
     Transformer.from_pretrained(tiny_model)  # torch's one-time start-up (seconds) is not the run's time
 
     def run(endpoint_url: str, skeleton: str = SKELETON):
-        monkeypatch.setattr(Grisp, "skeleton_stream", lambda self, question, trace, listener=None: iter([(skeleton, -1.0)]))
-        monkeypatch.setattr(sys, "argv", ["infer.py", QUESTION, "--model-dir", str(tiny_model), "--adapter", "none",
-                                          "--index", str(demo_index), "--endpoint", endpoint_url,
-                                          "--no-rerank", "--top-k", "3", "--time-budget", str(BUDGET),
-                                          "--json", str(tmp_path / "answer.json")])
+        monkeypatch.setattr(
+            Grisp, "skeleton_stream", lambda self, question, trace, listener=None: iter([(skeleton, -1.0)])
+        )
+        monkeypatch.setattr(
+            sys,
+            "argv",
+            [
+                "infer.py",
+                QUESTION,
+                "--model-dir",
+                str(tiny_model),
+                "--adapter",
+                "none",
+                "--index",
+                str(demo_index),
+                "--endpoint",
+                endpoint_url,
+                "--no-rerank",
+                "--top-k",
+                "3",
+                "--time-budget",
+                str(BUDGET),
+                "--json",
+                str(tmp_path / "answer.json"),
+            ],
+        )
         capsys.readouterr()
         start = time.monotonic()
         with pytest.raises(SystemExit) as exit:
@@ -155,9 +185,15 @@ def test_http_500_on_every_query_is_an_endpoint_fault(faulty, infer):
     # the constraint query and the final query, each tried 3 times (the retries fit in the budget)
     assert "no answer: the endpoint" in err and "answered HTTP 5xx for 2 of 2 queries" in err
     assert "first error: ServerError: HTTP 500" in err and "internal error" in err
-    assert out.strip().splitlines()[-1].startswith("timings:"), "an unchecked query from a broken endpoint is no answer"
+    assert out.strip().splitlines()[-1].startswith("timings:"), (
+        "an unchecked query from a broken endpoint is no answer"
+    )
     assert saved["failure"] == "endpoint_error" and saved["exit_code"] == 3 and saved["sparql"] is None
-    assert saved["queries"] == 2 and saved["queries_answered"] == 0 and saved["endpoint_faults"] == {"ServerError": 2}
+    assert (
+        saved["queries"] == 2
+        and saved["queries_answered"] == 0
+        and saved["endpoint_faults"] == {"ServerError": 2}
+    )
     assert saved["verified"] is None
     # the trace still shows what happened: the final query was accepted by the reference's rule
     assert [e["ok"] for e in saved["trace"] if e["event"] == "validate"] == [True]
@@ -172,8 +208,9 @@ def test_invalid_answers_are_named_as_endpoint_faults(faulty, infer, fault):
     assert n == 6 and saved["endpoint_faults"] == {"InvalidResponse": n} and saved["queries_answered"] == 0
     assert f"sent invalid JSON or a broken answer for {n} of {n} queries" in err
     assert "no skeleton resolved" not in err, "an endpoint fault is not a dead end of the method"
-    assert {"truncated": "invalid or truncated JSON", "html": "<html>",
-            "reset": "Connection reset by peer"}[fault] in err
+    assert {"truncated": "invalid or truncated JSON", "html": "<html>", "reset": "Connection reset by peer"}[
+        fault
+    ] in err
     assert saved["failure"] == "endpoint_error" and saved["sparql"] is None
     assert out.strip().splitlines()[-1].startswith("timings:"), "no query is printed after the trace"
 
@@ -189,7 +226,10 @@ def test_a_hanging_endpoint_cannot_outlast_the_time_budget(faulty, infer):
 def test_a_connection_reset_before_any_answer_ends_the_question(faulty, infer):
     code, out, err, saved, seconds = infer(faulty("reset-early").url)
     assert code == 3 and seconds < BUDGET + MARGIN
-    assert "could not be reached or refused the request for 1 of 1 queries" in err and "dropped the connection" in err
+    assert (
+        "could not be reached or refused the request for 1 of 1 queries" in err
+        and "dropped the connection" in err
+    )
     assert saved["trace"][-1]["event"] == "endpoint_lost" and "endpoint lost" in out
 
 
@@ -212,7 +252,9 @@ def test_final_query_failing_on_a_working_endpoint_is_unverified(faulty, infer, 
     assert "warning: unverified answer" in err
     assert saved["verified"] is False and saved["exit_code"] == 4 and saved["failure"] is None
     assert saved["queries_answered"] >= 1 and saved["result"] is None
-    expected = {"500": ("ServerError", "HTTP 500"), "hang": ("QueryTimeout", "the rest of the time budget")}[fault]
+    expected = {"500": ("ServerError", "HTTP 500"), "hang": ("QueryTimeout", "the rest of the time budget")}[
+        fault
+    ]
     assert expected[0] in saved["error"] and expected[1] in saved["error"]
     if fault == "hang":
         assert seconds > BUDGET - 0.5, "the final query was cut at the end of the budget"
@@ -222,8 +264,10 @@ def test_a_healthy_endpoint_verifies_and_a_dead_end_is_the_methods_failure(fault
     code, out, err, saved, seconds = infer(faulty("500", healthy=lambda query: True).url)
     assert code == 0 and ANSWER in out and "Quentin Tarantino" not in err
     assert saved["verified"] is True and saved["endpoint_faults"] == {} and saved["error"] is None
-    code, out, err, saved, seconds = infer(faulty("500", healthy=lambda query: True).url,
-                                           "SELECT ?x WHERE { <iri>zzzz qqqq</iri> <iri>director (wdt)</iri> ?x . }")
+    code, out, err, saved, seconds = infer(
+        faulty("500", healthy=lambda query: True).url,
+        "SELECT ?x WHERE { <iri>zzzz qqqq</iri> <iri>director (wdt)</iri> ?x . }",
+    )
     assert code == 1 and "no skeleton resolved" in err and saved["failure"] == "dead_end"
 
 
@@ -233,42 +277,104 @@ def test_a_healthy_endpoint_verifies_and_a_dead_end_is_the_methods_failure(fault
 def test_help_documents_the_exit_codes():
     out = run_infer("--help")
     assert out.returncode == 0 and "Exit codes:" in out.stdout
-    for code in ("0  answered", "1  no answer, the method failed", "2  bad input or setup",
-                 "3  no answer, the endpoint failed", "4  answered but unverified"):
+    for code in (
+        "0  answered",
+        "1  no answer, the method failed",
+        "2  bad input or setup",
+        "3  no answer, the endpoint failed",
+        "4  answered but unverified",
+    ):
         assert code in out.stdout
 
 
 def test_no_traceback_from_the_process(faulty, tiny_model, demo_index):  # noqa: F811 (fixtures)
     # the same run as a separate process: its exit code and whole stderr, as a user sees them
     server = faulty("html")
-    give_skeleton = (f"from grisp import pipeline; import runpy; "
-                     f"pipeline.Grisp.skeleton_stream = lambda self, q, trace, listener=None: iter([({SKELETON!r}, -1.0)]); "
-                     f"runpy.run_path({str(defaults.REPO_DIR / 'infer.py')!r}, run_name='__main__')")
-    out = subprocess.run([sys.executable, "-c", give_skeleton, QUESTION, "--model-dir", str(tiny_model),
-                          "--adapter", "none", "--index", str(demo_index), "--endpoint", server.url,
-                          "--no-rerank", "--top-k", "3", "--time-budget", str(BUDGET), "--quiet"],
-                         capture_output=True, text=True, timeout=120, cwd=defaults.REPO_DIR)
+    give_skeleton = (
+        f"from grisp import pipeline; import runpy; "
+        f"pipeline.Grisp.skeleton_stream = lambda self, q, trace, listener=None: iter([({SKELETON!r}, -1.0)]); "
+        f"runpy.run_path({str(defaults.REPO_DIR / 'infer.py')!r}, run_name='__main__')"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            give_skeleton,
+            QUESTION,
+            "--model-dir",
+            str(tiny_model),
+            "--adapter",
+            "none",
+            "--index",
+            str(demo_index),
+            "--endpoint",
+            server.url,
+            "--no-rerank",
+            "--top-k",
+            "3",
+            "--time-budget",
+            str(BUDGET),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=defaults.REPO_DIR,
+    )
     assert out.returncode == 3 and out.stdout == "" and "Traceback" not in out.stderr
     assert out.stderr.startswith("no answer: the endpoint") and "for 6 of 6 queries" in out.stderr
 
 
-def test_evaluate_counts_endpoint_faults_apart_from_the_method(faulty, demo_endpoint, tiny_model, demo_index,  # noqa: F811
-                                                               tmp_path):
+def test_evaluate_counts_endpoint_faults_apart_from_the_method(
+    faulty,
+    demo_endpoint,
+    tiny_model,
+    demo_index,  # noqa: F811
+    tmp_path,
+):
     # the pipeline talks to a faulty endpoint, scoring to the healthy one: the gold query runs, the
     # question is scored, and its miss is the endpoint's, not a dead end or a wrong answer
     bench = tmp_path / "bench.jsonl"
-    bench.write_text(json.dumps({"id": "pf", "question": QUESTION, "sparql": ANSWER, "paraphrases": [], "info": {}}) + "\n")
-    pipeline = Grisp(tiny_model, None, demo_index, faulty("truncated").url,
-                           Options(rerank=False, top_k=3, time_budget=BUDGET))
-    args = dict(benchmark=str(bench), out=str(tmp_path / "run"), limit=None, score_only=None, endpoint=demo_endpoint,
-                index=demo_index, query_timeout=10.0, model_dir=tiny_model, adapter="none", device="cpu",
-                ablation="none", oracle_skeleton=True, num_beams=None, num_skeletons=None, top_k=None,
-                time_budget=None, seed=None, beam_ranking=None, skeletons_from=None)
+    bench.write_text(
+        json.dumps({"id": "pf", "question": QUESTION, "sparql": ANSWER, "paraphrases": [], "info": {}}) + "\n"
+    )
+    pipeline = Grisp(
+        tiny_model,
+        None,
+        demo_index,
+        faulty("truncated").url,
+        Options(rerank=False, top_k=3, time_budget=BUDGET),
+    )
+    args = dict(
+        benchmark=str(bench),
+        out=str(tmp_path / "run"),
+        limit=None,
+        score_only=None,
+        endpoint=demo_endpoint,
+        index=demo_index,
+        query_timeout=10.0,
+        model_dir=tiny_model,
+        adapter="none",
+        device="cpu",
+        ablation="none",
+        oracle_skeleton=True,
+        num_beams=None,
+        num_skeletons=None,
+        top_k=None,
+        time_budget=None,
+        seed=None,
+        beam_ranking=None,
+        skeletons_from=None,
+    )
     summary = evaluate.main(argparse.Namespace(**args), pipeline=pipeline)
     assert summary["scored"] == 1 and summary["f1"] == 0.0
     assert summary["failures"]["endpoint_error"] == 1 and summary["failures"]["dead_end"] == 0
-    assert summary["endpoint"] == {"questions_failed": 1, "unverified_answers": 0, "queries": 6,
-                                   "faulty_queries": {"InvalidResponse": 6}}
+    assert summary["endpoint"] == {
+        "questions_failed": 1,
+        "unverified_answers": 0,
+        "queries": 6,
+        "faulty_queries": {"InvalidResponse": 6},
+    }
     [record] = map(json.loads, (tmp_path / "run" / "predictions.jsonl").open())
     assert record["failure"] == record["pipeline_failure"] == "endpoint_error" and record["verified"] is None
     assert record["endpoint_faults"] == {"InvalidResponse": 6} and "InvalidResponse" in record["error"]

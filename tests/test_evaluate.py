@@ -1,4 +1,5 @@
 """Tests for evaluate.py: a fake pipeline against a real oxigraph server over a tiny KG."""
+
 import argparse
 import json
 import os
@@ -39,8 +40,14 @@ class Answer:  # the fields of grisp.Answer that evaluate.py reads
 
 # id -> (gold query, what the fake pipeline answers)
 CASES = {
-    "exact": (BORN, Answer(BORN, timings={"search": 0.5}, trace=[
-        {"step": "pick", "iri": "wd:Q1", "alternatives": ["wd:Q1", "wd:Q9"]}])),
+    "exact": (
+        BORN,
+        Answer(
+            BORN,
+            timings={"search": 0.5},
+            trace=[{"step": "pick", "iri": "wd:Q1", "alternatives": ["wd:Q1", "wd:Q9"]}],
+        ),
+    ),
     # predicts only one of two gold rows: TP = 1, FN = 1, FP = 0 -> F1 = 2/3
     "partial": (SPOUSES, Answer(SPOUSES.replace("}", "FILTER(?x = wd:Q4) }"), backtracks=2)),
     "no-skeleton": (BORN, Answer(None, failure="no_skeleton")),
@@ -74,18 +81,40 @@ def endpoint_url(oxigraph_server, tmp_path_factory):
 @pytest.fixture
 def bench(tmp_path):
     path = tmp_path / "bench.jsonl"
-    path.write_text("".join(json.dumps({"id": qid, "question": f"question {qid}?", "sparql": gold,
-                                        "paraphrases": [], "info": {}}) + "\n"
-                            for qid, (gold, _) in CASES.items()))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {"id": qid, "question": f"question {qid}?", "sparql": gold, "paraphrases": [], "info": {}}
+            )
+            + "\n"
+            for qid, (gold, _) in CASES.items()
+        )
+    )
     return path
 
 
 def make_args(bench, out, endpoint_url, **changes):
-    args = dict(benchmark=str(bench), out=str(out), limit=None, score_only=None, endpoint=endpoint_url,
-                index=defaults.DEMO_INDEX_DIR, query_timeout=10.0, model_dir=defaults.MODEL_DIR,
-                adapter=str(defaults.ADAPTER_DIR), device="cpu", ablation="none", oracle_skeleton=False,
-                num_beams=None, num_skeletons=None, top_k=None, time_budget=None, seed=None, beam_ranking=None,
-                skeletons_from=None)
+    args = dict(
+        benchmark=str(bench),
+        out=str(out),
+        limit=None,
+        score_only=None,
+        endpoint=endpoint_url,
+        index=defaults.DEMO_INDEX_DIR,
+        query_timeout=10.0,
+        model_dir=defaults.MODEL_DIR,
+        adapter=str(defaults.ADAPTER_DIR),
+        device="cpu",
+        ablation="none",
+        oracle_skeleton=False,
+        num_beams=None,
+        num_skeletons=None,
+        top_k=None,
+        time_budget=None,
+        seed=None,
+        beam_ranking=None,
+        skeletons_from=None,
+    )
     return argparse.Namespace(**{**args, **changes})
 
 
@@ -95,9 +124,22 @@ def check_handcrafted_summary(summary):
     assert summary["skipped"] == {"gold_empty": 1, "gold_failed": 1}
     assert summary["f1"] == pytest.approx((1 + 2 / 3 + 0 + 0 + 1) / 5)
     assert summary["em"] == pytest.approx(2 / 5)
-    assert summary["failures"] == {"no_skeleton": 1, "dead_end": 1, "timeout": 0, "error": 0, "endpoint_error": 0, "declined": 0,
-                                   "wrong_answer": 1, "correct": 2}
-    assert summary["endpoint"] == {"questions_failed": 0, "unverified_answers": 0, "queries": 0, "faulty_queries": {}}
+    assert summary["failures"] == {
+        "no_skeleton": 1,
+        "dead_end": 1,
+        "timeout": 0,
+        "error": 0,
+        "endpoint_error": 0,
+        "declined": 0,
+        "wrong_answer": 1,
+        "correct": 2,
+    }
+    assert summary["endpoint"] == {
+        "questions_failed": 0,
+        "unverified_answers": 0,
+        "queries": 0,
+        "faulty_queries": {},
+    }
     assert summary["backtracks_per_sample"] == pytest.approx(6 / 7)
     assert summary["samples_with_backtracks"] == 3
 
@@ -109,16 +151,21 @@ def test_run_scores_a_handcrafted_benchmark(bench, tmp_path, endpoint_url):
     assert summary["timings_mean"] == {"search": pytest.approx(0.5 / 7)}
     records = {r["id"]: r for r in map(json.loads, (tmp_path / "run" / "predictions.jsonl").open())}
     assert records["exact"]["answers"]["results"]["bindings"] == [
-        {"x": {"type": "uri", "value": "http://www.wikidata.org/entity/Q2"}}]
+        {"x": {"type": "uri", "value": "http://www.wikidata.org/entity/Q2"}}
+    ]
     assert records["exact"]["trace"] == [{"step": "pick", "iri": "wd:Q1"}]  # lists dropped
     assert records["ask"]["answers"] == {"head": {}, "boolean": True}
-    assert records["gold-fails"]["gold_status"] == "failed" and "BadQuery" in records["gold-fails"]["gold_error"]
+    assert (
+        records["gold-fails"]["gold_status"] == "failed" and "BadQuery" in records["gold-fails"]["gold_error"]
+    )
     assert records["partial"]["failure"] == "wrong_answer" and records["exact"]["failure"] is None
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["f1"] == summary["f1"] and saved["config"]["ablation"] == "none"
 
 
-def test_a_run_records_the_machine_load_and_warns_when_busy(bench, tmp_path, endpoint_url, monkeypatch, capsys):
+def test_a_run_records_the_machine_load_and_warns_when_busy(
+    bench, tmp_path, endpoint_url, monkeypatch, capsys
+):
     monkeypatch.setattr(evaluate.os, "getloadavg", lambda: (2.345, 1.0, 0.5))
     evaluate.main(make_args(bench, tmp_path / "busy", endpoint_url), pipeline=FakePipeline())
     assert "the machine is busy (load 2.3" in capsys.readouterr().err
@@ -162,46 +209,87 @@ def test_a_resumed_run_answers_again_the_questions_that_changed(bench, tmp_path,
     samples = {s["id"]: s for s in map(json.loads, bench.read_text().splitlines())}
     samples["partial"]["question"] = "question partial, reworded?"
     samples["gold-empty"]["sparql"] = BORN  # its gold query corrected: now it has an answer
-    samples["exact"]["sparql"] = "PREFIX wdt: <http://www.wikidata.org/prop/direct/> SELECT ?y WHERE {wd:Q1 wdt:P19 ?y.}"
-    samples["dead-end"]["question"] = "question dead-end, reworded?"  # an old record: compared by its question
+    samples["exact"]["sparql"] = (
+        "PREFIX wdt: <http://www.wikidata.org/prop/direct/> SELECT ?y WHERE {wd:Q1 wdt:P19 ?y.}"
+    )
+    samples["dead-end"]["question"] = (
+        "question dead-end, reworded?"  # an old record: compared by its question
+    )
     samples["ask"]["sparql"] = BORN  # an old record without question: trusted
     bench.write_text("".join(json.dumps(s) + "\n" for s in samples.values()))
     capsys.readouterr()
     pipeline = FakePipeline()
-    pipeline.answers |= {"question partial, reworded?": CASES["partial"][1],
-                         "question dead-end, reworded?": CASES["dead-end"][1]}
+    pipeline.answers |= {
+        "question partial, reworded?": CASES["partial"][1],
+        "question dead-end, reworded?": CASES["dead-end"][1],
+    }
     summary = evaluate.main(make_args(bench, run, endpoint_url), pipeline=pipeline)
-    assert pipeline.asked == ["question partial, reworded?", "question dead-end, reworded?", "question gold-empty?"]
+    assert pipeline.asked == [
+        "question partial, reworded?",
+        "question dead-end, reworded?",
+        "question gold-empty?",
+    ]
     out = capsys.readouterr().out
-    assert "3 questions changed since they were answered (question or gold query), run again: partial, dead-end, " \
-           "gold-empty" in out
-    assert "warning: 2 earlier answers were recorded before their gold query was: compared by question only " \
-           "(1 without one: trusted as they are)" in out
+    assert (
+        "3 questions changed since they were answered (question or gold query), run again: partial, dead-end, "
+        "gold-empty" in out
+    )
+    assert (
+        "warning: 2 earlier answers were recorded before their gold query was: compared by question only "
+        "(1 without one: trusted as they are)" in out
+    )
     records = [json.loads(line) for line in predictions.open()]
     assert sorted(r["id"] for r in records) == sorted(CASES)  # each once: the old answers are gone
     assert summary["scored"] == 6 and summary["skipped"]["gold_empty"] == 0  # gold-empty's new answer counts
     assert next(r for r in records if r["id"] == "partial")["question"] == "question partial, reworded?"
 
 
-def test_redo_failed_runs_again_the_questions_an_endpoint_fault_decided(bench, tmp_path, endpoint_url, capsys):
+def test_redo_failed_runs_again_the_questions_an_endpoint_fault_decided(
+    bench, tmp_path, endpoint_url, capsys
+):
     """Before: a question the endpoint failed (resolution, predicted or gold query) stayed failed in a resumed run."""
     run = tmp_path / "run"
     evaluate.main(make_args(bench, run, endpoint_url), pipeline=FakePipeline())
     predictions = run / "predictions.jsonl"
     faults = {  # as a run over a faulty endpoint records them
-        "exact": {"sparql": None, "pipeline_failure": "endpoint_error", "failure": "endpoint_error", "f1": 0.0,
-                  "em": False, "error": "ServerError: 503"},  # resolution failed by the endpoint
-        "partial": {"pred_error": "QueryTimeout: read timed out", "failure": "endpoint_error", "f1": 0.0},  # scoring
-        "ask": {"gold_status": "failed", "gold_error": "ServerError: 502", "f1": None, "em": None, "failure": None}}
+        "exact": {
+            "sparql": None,
+            "pipeline_failure": "endpoint_error",
+            "failure": "endpoint_error",
+            "f1": 0.0,
+            "em": False,
+            "error": "ServerError: 503",
+        },  # resolution failed by the endpoint
+        "partial": {
+            "pred_error": "QueryTimeout: read timed out",
+            "failure": "endpoint_error",
+            "f1": 0.0,
+        },  # scoring
+        "ask": {
+            "gold_status": "failed",
+            "gold_error": "ServerError: 502",
+            "f1": None,
+            "em": None,
+            "failure": None,
+        },
+    }
     records = [r | faults.get(r["id"], {}) for r in map(json.loads, predictions.open())]
     predictions.write_text("".join(json.dumps(r) + "\n" for r in records))
     pipeline = FakePipeline()  # without the flag they are final: two endpoint errors, one gold query failed
     summary = evaluate.main(make_args(bench, run, endpoint_url), pipeline=pipeline)
-    assert pipeline.asked == [] and summary["failures"]["endpoint_error"] == 2 and summary["skipped"]["gold_failed"] == 2
+    assert (
+        pipeline.asked == []
+        and summary["failures"]["endpoint_error"] == 2
+        and summary["skipped"]["gold_failed"] == 2
+    )
     capsys.readouterr()
     pipeline = FakePipeline()
     summary = evaluate.main(make_args(bench, run, endpoint_url, redo_failed=True), pipeline=pipeline)
-    assert pipeline.asked == ["question exact?", "question partial?", "question ask?"]  # not gold-fails: malformed
+    assert pipeline.asked == [
+        "question exact?",
+        "question partial?",
+        "question ask?",
+    ]  # not gold-fails: malformed
     assert "3 questions an endpoint fault decided, run again (--redo-failed)" in capsys.readouterr().out
     check_handcrafted_summary(summary)  # as if the endpoint had never failed
     assert len(predictions.read_text().splitlines()) == 7
@@ -212,8 +300,9 @@ def test_redo_failed_runs_again_the_questions_an_endpoint_fault_decided(bench, t
 def test_resume_refuses_other_settings(bench, tmp_path, endpoint_url):
     evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=1), pipeline=FakePipeline())
     with pytest.raises(ValueError, match="other settings \\(ablation, options\\)"):
-        evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, ablation="no-rerank"),
-                      pipeline=FakePipeline())
+        evaluate.main(
+            make_args(bench, tmp_path / "run", endpoint_url, ablation="no-rerank"), pipeline=FakePipeline()
+        )
 
 
 def test_a_run_of_other_code_goes_on_only_when_accepted(bench, tmp_path, endpoint_url, monkeypatch, capsys):
@@ -222,54 +311,92 @@ def test_a_run_of_other_code_goes_on_only_when_accepted(bench, tmp_path, endpoin
     evaluate.main(make_args(bench, run, endpoint_url, limit=1), pipeline=FakePipeline())
     first = json.loads((run / "config.json").read_text())["code"]
     assert first == evaluate.code_version() and len(first["fingerprint"]) == 64
-    evaluate.main(make_args(bench, run, endpoint_url, limit=2), pipeline=FakePipeline())  # the same code goes on
+    evaluate.main(
+        make_args(bench, run, endpoint_url, limit=2), pipeline=FakePipeline()
+    )  # the same code goes on
     edited = {"fingerprint": "b" * 64, "commit": None}
     monkeypatch.setattr(evaluate, "code_version", lambda: dict(edited))
-    with pytest.raises(ValueError, match=f"{run} holds answers of other code \\(fingerprint {first['fingerprint'][:12]}, "
-                                         f"this code bbbbbbbbbbbb\\): use another --out for the new code, or pass "
-                                         f"--accept-other-code"):
+    with pytest.raises(
+        ValueError,
+        match=f"{run} holds answers of other code \\(fingerprint {first['fingerprint'][:12]}, "
+        f"this code bbbbbbbbbbbb\\): use another --out for the new code, or pass "
+        f"--accept-other-code",
+    ):
         evaluate.main(make_args(bench, run, endpoint_url, limit=3), pipeline=FakePipeline())
-    with pytest.raises(ValueError, match="other settings \\(ablation, options, code\\)"):  # the flag accepts code alone
-        evaluate.main(make_args(bench, run, endpoint_url, ablation="no-rerank", accept_other_code=True),
-                      pipeline=FakePipeline())
+    with pytest.raises(
+        ValueError, match="other settings \\(ablation, options, code\\)"
+    ):  # the flag accepts code alone
+        evaluate.main(
+            make_args(bench, run, endpoint_url, ablation="no-rerank", accept_other_code=True),
+            pipeline=FakePipeline(),
+        )
     capsys.readouterr()
     pipeline = FakePipeline()
     evaluate.main(make_args(bench, run, endpoint_url, limit=3, accept_other_code=True), pipeline=pipeline)
     assert pipeline.asked == ["question no-skeleton?"]
-    assert f"warning: {run} goes on with other code ({first['fingerprint'][:12]} -> bbbbbbbbbbbb)" in capsys.readouterr().out
+    assert (
+        f"warning: {run} goes on with other code ({first['fingerprint'][:12]} -> bbbbbbbbbbbb)"
+        in capsys.readouterr().out
+    )
     spans = edited | {"fingerprints": [first["fingerprint"], "b" * 64]}
     assert json.loads((run / "config.json").read_text())["code"] == spans
-    evaluate.main(make_args(bench, run, endpoint_url, limit=4), pipeline=FakePipeline())  # the new code goes on
+    evaluate.main(
+        make_args(bench, run, endpoint_url, limit=4), pipeline=FakePipeline()
+    )  # the new code goes on
     assert json.loads((run / "config.json").read_text())["code"] == spans
     # a run from before runs recorded their code (say, rows of an older protocol at the same --out) goes
     # on only when accepted (before: with a warning alone), and records the code from then on
     config = json.loads((run / "config.json").read_text())
     del config["code"]
     (run / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="was started before runs recorded their code, so its answers may come "
-                                         "from other code: use another --out, or pass --accept-other-code"):
+    with pytest.raises(
+        ValueError,
+        match="was started before runs recorded their code, so its answers may come "
+        "from other code: use another --out, or pass --accept-other-code",
+    ):
         evaluate.main(make_args(bench, run, endpoint_url, limit=5), pipeline=FakePipeline())
-    evaluate.main(make_args(bench, run, endpoint_url, limit=5, accept_other_code=True), pipeline=FakePipeline())
+    evaluate.main(
+        make_args(bench, run, endpoint_url, limit=5, accept_other_code=True), pipeline=FakePipeline()
+    )
     assert "was started before runs recorded their code" in capsys.readouterr().out
     assert json.loads((run / "config.json").read_text())["code"] == edited
     # the command line: a one-line error before any model loads (its one question is answered)
     monkeypatch.undo()
-    evaluate.main(make_args(bench, tmp_path / "script", endpoint_url, limit=1, precision="float32"),
-                  pipeline=FakePipeline())
+    evaluate.main(
+        make_args(bench, tmp_path / "script", endpoint_url, limit=1, precision="float32"),
+        pipeline=FakePipeline(),
+    )
     config = json.loads((tmp_path / "script" / "config.json").read_text())
     (tmp_path / "script" / "config.json").write_text(json.dumps(config | {"code": edited}))
-    result = run_script("--benchmark", str(bench), "--endpoint", endpoint_url, "--out", str(tmp_path / "script"),
-                        "--limit", "1", "--precision", "float32")
+    result = run_script(
+        "--benchmark",
+        str(bench),
+        "--endpoint",
+        endpoint_url,
+        "--out",
+        str(tmp_path / "script"),
+        "--limit",
+        "1",
+        "--precision",
+        "float32",
+    )
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {tmp_path / 'script'} holds answers of other "
-                                                              f"code (fingerprint bbbbbbbbbbbb, this code ")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: {tmp_path / 'script'} holds answers of other code (fingerprint bbbbbbbbbbbb, this code "
+        )
+    )
     assert "--accept-other-code" in run_script("--help").stdout
 
 
 def test_a_start_that_failed_binds_nothing_and_a_repeated_answer_counts_once(bench, tmp_path, endpoint_url):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"benchmark": "elsewhere", "ablation": "no-rerank"}))  # no answers
+    (run / "config.json").write_text(
+        json.dumps({"benchmark": "elsewhere", "ablation": "no-rerank"})
+    )  # no answers
     summary = evaluate.main(make_args(bench, run, endpoint_url), pipeline=FakePipeline())
     check_handcrafted_summary(summary)
     predictions = run / "predictions.jsonl"  # two processes on one --out: one question answered twice
@@ -280,30 +407,55 @@ def test_a_start_that_failed_binds_nothing_and_a_repeated_answer_counts_once(ben
 def test_an_adapter_changed_under_the_same_path_is_another_setting(bench, tmp_path, endpoint_url):
     adapter = tmp_path / "adapter"
     shutil.copytree(defaults.ADAPTER_DIR, adapter)
-    evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=1, adapter=str(adapter)), pipeline=FakePipeline())
+    evaluate.main(
+        make_args(bench, tmp_path / "run", endpoint_url, limit=1, adapter=str(adapter)),
+        pipeline=FakePipeline(),
+    )
     weights = adapter / "adapter_model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1  # retrained in place, say
     weights.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="other settings \\(contents\\)"):
-        evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, adapter=str(adapter)), pipeline=FakePipeline())
+        evaluate.main(
+            make_args(bench, tmp_path / "run", endpoint_url, adapter=str(adapter)), pipeline=FakePipeline()
+        )
     with pytest.raises(ValueError, match="the adapter's files"):
-        evaluate.main(make_args(bench, tmp_path / "ablation", endpoint_url, ablation="no-rerank", limit=1,
-                                adapter=str(adapter), skeletons_from=str(tmp_path / "run")), pipeline=FakePipeline())
+        evaluate.main(
+            make_args(
+                bench,
+                tmp_path / "ablation",
+                endpoint_url,
+                ablation="no-rerank",
+                limit=1,
+                adapter=str(adapter),
+                skeletons_from=str(tmp_path / "run"),
+            ),
+            pipeline=FakePipeline(),
+        )
 
 
 def test_an_index_rebuilt_under_the_same_path_is_another_setting(bench, tmp_path, endpoint_url):
     import build_index
+
     items = tmp_path / "items.jsonl"
     items.write_text(json.dumps({"id": "Q1", "label": "alpha", "count": 1}) + "\n")
     build_index.build(tmp_path / "index", items=items, embed="none")
-    evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=1, index=tmp_path / "index"), pipeline=FakePipeline())
+    evaluate.main(
+        make_args(bench, tmp_path / "run", endpoint_url, limit=1, index=tmp_path / "index"),
+        pipeline=FakePipeline(),
+    )
     build_index.build(tmp_path / "index", items=items, embed="none")  # reused: the same index
-    evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, limit=2, index=tmp_path / "index"), pipeline=FakePipeline())
+    evaluate.main(
+        make_args(bench, tmp_path / "run", endpoint_url, limit=2, index=tmp_path / "index"),
+        pipeline=FakePipeline(),
+    )
     items.write_text(json.dumps({"id": "Q1", "label": "alpha beta", "count": 1}) + "\n")
     build_index.build(tmp_path / "index", items=items, embed="none")  # rebuilt from an edited file
     with pytest.raises(ValueError, match="other settings \\(contents\\)"):
-        evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, index=tmp_path / "index"), pipeline=FakePipeline())
+        evaluate.main(
+            make_args(bench, tmp_path / "run", endpoint_url, index=tmp_path / "index"),
+            pipeline=FakePipeline(),
+        )
 
 
 def test_runs_of_another_kind_are_neither_resumed_nor_reused(bench, tmp_path, endpoint_url):
@@ -316,33 +468,69 @@ def test_runs_of_another_kind_are_neither_resumed_nor_reused(bench, tmp_path, en
         with pytest.raises(ValueError, match="other settings"):  # its records are not this kind's
             evaluate.main(make_args(bench, other, endpoint_url, limit=1), pipeline=FakePipeline())
         with pytest.raises(ValueError, match=f"other settings \\({next(iter(kind))}\\)"):
-            evaluate.main(make_args(bench, tmp_path / "new", endpoint_url, ablation="no-rerank", limit=1,
-                                    skeletons_from=str(other)), pipeline=FakePipeline())
+            evaluate.main(
+                make_args(
+                    bench,
+                    tmp_path / "new",
+                    endpoint_url,
+                    ablation="no-rerank",
+                    limit=1,
+                    skeletons_from=str(other),
+                ),
+                pipeline=FakePipeline(),
+            )
 
 
 def test_a_run_records_the_retry_where_it_can_act(bench, tmp_path, endpoint_url):
     """Runs from before the retry saved no "retry": resuming one with the retry on (the default) is refused."""
+
     def config(run):
         return json.loads((tmp_path / run / "config.json").read_text())["options"]
-    evaluate.main(make_args(bench, tmp_path / "paper", endpoint_url, limit=1, no_retry=True), pipeline=FakePipeline())
+
+    evaluate.main(
+        make_args(bench, tmp_path / "paper", endpoint_url, limit=1, no_retry=True), pipeline=FakePipeline()
+    )
     assert config("paper")["retry"] is False
     with pytest.raises(ValueError, match="other settings \\(options\\)"):
         evaluate.main(make_args(bench, tmp_path / "paper", endpoint_url, limit=1), pipeline=FakePipeline())
     evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=1), pipeline=FakePipeline())
     assert config("full")["retry"] is True
-    evaluate.main(make_args(bench, tmp_path / "plain", endpoint_url, limit=1, ablation="no-rerank"),
-                  pipeline=FakePipeline())
-    assert "retry" not in config("plain")  # nothing to retry without re-ranking: such runs from before stay valid
+    evaluate.main(
+        make_args(bench, tmp_path / "plain", endpoint_url, limit=1, ablation="no-rerank"),
+        pipeline=FakePipeline(),
+    )
+    assert "retry" not in config(
+        "plain"
+    )  # nothing to retry without re-ranking: such runs from before stay valid
 
 
 def test_oracle_mode_feeds_the_gold_skeleton_with_index_labels(bench, tmp_path, endpoint_url):
     items = tmp_path / "items.jsonl"
-    items.write_text("".join(json.dumps(r) + "\n" for r in [
-        {"id": "Q1", "label": "Douglas Adams", "aliases": [], "description": "writer", "count": 1},
-        {"id": "P19", "label": "place of birth", "aliases": [], "description": "", "count": 1}]))
-    built = subprocess.run([sys.executable, "build_index.py", "--items", str(items), "--out",
-                            str(tmp_path / "index"), "--embed", "none"],
-                           cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    items.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {"id": "Q1", "label": "Douglas Adams", "aliases": [], "description": "writer", "count": 1},
+                {"id": "P19", "label": "place of birth", "aliases": [], "description": "", "count": 1},
+            ]
+        )
+    )
+    built = subprocess.run(
+        [
+            sys.executable,
+            "build_index.py",
+            "--items",
+            str(items),
+            "--out",
+            str(tmp_path / "index"),
+            "--embed",
+            "none",
+        ],
+        cwd=defaults.REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert built.returncode == 0, built.stderr
 
     class OraclePipeline(FakePipeline):
@@ -352,9 +540,11 @@ def test_oracle_mode_feeds_the_gold_skeleton_with_index_labels(bench, tmp_path, 
         def answer_from_skeletons(self, question, skeletons):
             self.asked.append((question, skeletons))
             return Answer(BORN)
+
     pipeline = OraclePipeline()
-    args = make_args(bench, tmp_path / "run", endpoint_url, oracle_skeleton=True, limit=1,
-                     index=tmp_path / "index")
+    args = make_args(
+        bench, tmp_path / "run", endpoint_url, oracle_skeleton=True, limit=1, index=tmp_path / "index"
+    )
     summary = evaluate.main(args, pipeline=pipeline)
     [(question, [skeleton])] = pipeline.asked
     assert question == "question exact?"
@@ -362,13 +552,21 @@ def test_oracle_mode_feeds_the_gold_skeleton_with_index_labels(bench, tmp_path, 
     assert "wd:" not in skeleton and summary["f1"] == 1.0
 
 
-def test_a_rerank_adapter_reranks_the_skeletons_of_the_run_adapter(bench, tmp_path, endpoint_url, monkeypatch):
+def test_a_rerank_adapter_reranks_the_skeletons_of_the_run_adapter(
+    bench, tmp_path, endpoint_url, monkeypatch
+):
     """--rerank-adapter: the pipeline gets a second adapter for re-ranking; the run records it, and the
     skeletons reused from a run of --adapter stay acceptable (they are --adapter's)."""
+
     class Generating(FakePipeline):
         def answer(self, question):
-            return Answer(BORN, skeletons=[(f"skeleton of {question}", -1.5)], timings={"generate": 5.0},
-                          trace=[{"event": "skeleton", "skeleton": "S", "verdict": "kept"}])
+            return Answer(
+                BORN,
+                skeletons=[(f"skeleton of {question}", -1.5)],
+                timings={"generate": 5.0},
+                trace=[{"event": "skeleton", "skeleton": "S", "verdict": "kept"}],
+            )
+
     evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=1), pipeline=Generating())
     made = {}
 
@@ -380,53 +578,121 @@ def test_a_rerank_adapter_reranks_the_skeletons_of_the_run_adapter(bench, tmp_pa
         def answer_from_skeletons(self, question, skeletons, trace=None):
             next(iter(skeletons))
             return Answer(BORN, trace=trace or [], timings={"resolve": 0.3})
+
     from grisp import pipeline
+
     monkeypatch.setattr(pipeline, "Grisp", Resolving)
     rerank_adapter = tmp_path / "rerank-adapter"
-    evaluate.main(make_args(bench, tmp_path / "reranked", endpoint_url, limit=1, rerank_adapter=str(rerank_adapter),
-                            skeletons_from=str(tmp_path / "full")))
+    evaluate.main(
+        make_args(
+            bench,
+            tmp_path / "reranked",
+            endpoint_url,
+            limit=1,
+            rerank_adapter=str(rerank_adapter),
+            skeletons_from=str(tmp_path / "full"),
+        )
+    )
     assert made == {"adapter": str(defaults.ADAPTER_DIR), "rerank_adapter": str(rerank_adapter)}
     config = json.loads((tmp_path / "reranked" / "config.json").read_text())
     assert config["rerank_adapter"] == str(rerank_adapter) and config["adapter"] == str(defaults.ADAPTER_DIR)
     with pytest.raises(ValueError, match=r"holds a run with other settings \(rerank_adapter\)"):
-        evaluate.main(make_args(bench, tmp_path / "reranked", endpoint_url, limit=1,
-                                skeletons_from=str(tmp_path / "full")))
+        evaluate.main(
+            make_args(
+                bench, tmp_path / "reranked", endpoint_url, limit=1, skeletons_from=str(tmp_path / "full")
+            )
+        )
 
 
-def test_skeletons_of_other_code_are_reused_only_when_accepted(bench, tmp_path, endpoint_url, monkeypatch, capsys):
+def test_skeletons_of_other_code_are_reused_only_when_accepted(
+    bench, tmp_path, endpoint_url, monkeypatch, capsys
+):
     """Before: --skeletons-from compared the settings but not the code, so an ablation could resolve the
     skeletons an older generate.py or model.py made and report them as this code's."""
+
     class Generating(FakePipeline):
         def answer(self, question):
             self.asked.append(question)
-            return Answer(BORN, skeletons=[(f"skeleton of {question}", -1.5)], timings={"generate": 5.0},
-                          trace=[{"event": "skeleton", "skeleton": "S", "verdict": "kept"}])
+            return Answer(
+                BORN,
+                skeletons=[(f"skeleton of {question}", -1.5)],
+                timings={"generate": 5.0},
+                trace=[{"event": "skeleton", "skeleton": "S", "verdict": "kept"}],
+            )
 
         def answer_from_skeletons(self, question, skeletons, trace=None):
             self.asked.append((question, [next(iter(skeletons))]))
             return Answer(BORN, trace=trace or [], timings={"resolve": 0.3})
+
     evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=1), pipeline=Generating())
     source = json.loads((tmp_path / "full" / "config.json").read_text())["code"]["fingerprint"]
     monkeypatch.setattr(evaluate, "code_version", lambda: {"fingerprint": "c" * 64, "commit": None})
-    with pytest.raises(ValueError, match=f"its skeletons come from other code \\(fingerprint {source[:12]}, this code "
-                                         f"cccccccccccc\\): generate them here, or pass --accept-other-code"):
-        evaluate.main(make_args(bench, tmp_path / "no-rerank", endpoint_url, ablation="no-rerank", limit=1,
-                                skeletons_from=str(tmp_path / "full")), pipeline=Generating())
+    with pytest.raises(
+        ValueError,
+        match=f"its skeletons come from other code \\(fingerprint {source[:12]}, this code "
+        f"cccccccccccc\\): generate them here, or pass --accept-other-code",
+    ):
+        evaluate.main(
+            make_args(
+                bench,
+                tmp_path / "no-rerank",
+                endpoint_url,
+                ablation="no-rerank",
+                limit=1,
+                skeletons_from=str(tmp_path / "full"),
+            ),
+            pipeline=Generating(),
+        )
     capsys.readouterr()
     pipeline = Generating()
-    evaluate.main(make_args(bench, tmp_path / "no-rerank", endpoint_url, ablation="no-rerank", limit=1,
-                            skeletons_from=str(tmp_path / "full"), accept_other_code=True), pipeline=pipeline)
-    assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]  # reused, not generated
+    evaluate.main(
+        make_args(
+            bench,
+            tmp_path / "no-rerank",
+            endpoint_url,
+            ablation="no-rerank",
+            limit=1,
+            skeletons_from=str(tmp_path / "full"),
+            accept_other_code=True,
+        ),
+        pipeline=pipeline,
+    )
+    assert pipeline.asked == [
+        ("question exact?", [("skeleton of question exact?", -1.5)])
+    ]  # reused, not generated
     assert "reusing skeletons of other code" in capsys.readouterr().out
     # a source run from before runs recorded their code: reused only when accepted, with a warning
     config_path = tmp_path / "full" / "config.json"
-    config_path.write_text(json.dumps({k: v for k, v in json.loads(config_path.read_text()).items() if k != "code"}))
-    with pytest.raises(ValueError, match="was run before runs recorded their code, so its skeletons may come"):
-        evaluate.main(make_args(bench, tmp_path / "older", endpoint_url, ablation="no-rerank", limit=1,
-                                skeletons_from=str(tmp_path / "full")), pipeline=Generating())
+    config_path.write_text(
+        json.dumps({k: v for k, v in json.loads(config_path.read_text()).items() if k != "code"})
+    )
+    with pytest.raises(
+        ValueError, match="was run before runs recorded their code, so its skeletons may come"
+    ):
+        evaluate.main(
+            make_args(
+                bench,
+                tmp_path / "older",
+                endpoint_url,
+                ablation="no-rerank",
+                limit=1,
+                skeletons_from=str(tmp_path / "full"),
+            ),
+            pipeline=Generating(),
+        )
     pipeline = Generating()
-    evaluate.main(make_args(bench, tmp_path / "older", endpoint_url, ablation="no-rerank", limit=1,
-                            skeletons_from=str(tmp_path / "full"), accept_other_code=True), pipeline=pipeline)
+    evaluate.main(
+        make_args(
+            bench,
+            tmp_path / "older",
+            endpoint_url,
+            ablation="no-rerank",
+            limit=1,
+            skeletons_from=str(tmp_path / "full"),
+            accept_other_code=True,
+        ),
+        pipeline=pipeline,
+    )
     assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]
     assert "was run before runs recorded their code" in capsys.readouterr().out
 
@@ -435,17 +701,33 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     class Generating(FakePipeline):
         def answer(self, question):
             self.asked.append(question)
-            return Answer(BORN, skeletons=[(f"skeleton of {question}", -1.5)], timings={"generate": 5.0},
-                          trace=[{"event": "skeleton", "skeleton": "S", "verdict": "kept"}, {"event": "pick"}])
+            return Answer(
+                BORN,
+                skeletons=[(f"skeleton of {question}", -1.5)],
+                timings={"generate": 5.0},
+                trace=[{"event": "skeleton", "skeleton": "S", "verdict": "kept"}, {"event": "pick"}],
+            )
+
     evaluate.main(make_args(bench, tmp_path / "full", endpoint_url, limit=2), pipeline=Generating())
 
     class Resolving(Generating):
         def answer_from_skeletons(self, question, skeletons, trace=None):
-            self.asked.append((question, [next(iter(skeletons))]))  # the first resolves: no more are asked for
-            return Answer(BORN, trace=(trace or []) + [{"event": "resolved"}], timings={"search": 0.25, "resolve": 0.3})
+            self.asked.append(
+                (question, [next(iter(skeletons))])
+            )  # the first resolves: no more are asked for
+            return Answer(
+                BORN, trace=(trace or []) + [{"event": "resolved"}], timings={"search": 0.25, "resolve": 0.3}
+            )
+
     pipeline = Resolving()
-    args = make_args(bench, tmp_path / "no-rerank", endpoint_url, ablation="no-rerank", limit=3,
-                     skeletons_from=str(tmp_path / "full"))
+    args = make_args(
+        bench,
+        tmp_path / "no-rerank",
+        endpoint_url,
+        ablation="no-rerank",
+        limit=3,
+        skeletons_from=str(tmp_path / "full"),
+    )
     evaluate.main(args, pipeline=pipeline)
     (question, skeletons), _, third = pipeline.asked
     assert question == "question exact?" and skeletons == [("skeleton of question exact?", -1.5)]
@@ -456,16 +738,36 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     assert [step["event"] for step in records[0]["trace"]] == ["skeleton", "resolved"]
     # skeletons from other generation settings (here greedy instead of beam search) are refused
     with pytest.raises(ValueError, match="other settings \\(beam_search\\)"):
-        evaluate.main(make_args(bench, tmp_path / "greedy", endpoint_url, ablation="no-beam-search",
-                                skeletons_from=str(tmp_path / "full")), pipeline=Resolving())
+        evaluate.main(
+            make_args(
+                bench,
+                tmp_path / "greedy",
+                endpoint_url,
+                ablation="no-beam-search",
+                skeletons_from=str(tmp_path / "full"),
+            ),
+            pipeline=Resolving(),
+        )
     with pytest.raises(FileNotFoundError, match="no evaluation run there"):
-        evaluate.main(make_args(bench, tmp_path / "x", endpoint_url, skeletons_from=str(tmp_path / "nothing")),
-                      pipeline=Resolving())
+        evaluate.main(
+            make_args(bench, tmp_path / "x", endpoint_url, skeletons_from=str(tmp_path / "nothing")),
+            pipeline=Resolving(),
+        )
     # the same adapter named by a relative path from another directory is the same setting
     monkeypatch.chdir(tmp_path)
     relative = os.path.relpath(defaults.ADAPTER_DIR, tmp_path)
-    evaluate.main(make_args(bench, tmp_path / "relative", endpoint_url, ablation="no-rerank", limit=1,
-                            adapter=relative, skeletons_from=str(tmp_path / "full")), pipeline=Resolving())
+    evaluate.main(
+        make_args(
+            bench,
+            tmp_path / "relative",
+            endpoint_url,
+            ablation="no-rerank",
+            limit=1,
+            adapter=relative,
+            skeletons_from=str(tmp_path / "full"),
+        ),
+        pipeline=Resolving(),
+    )
     config = json.loads((tmp_path / "relative" / "config.json").read_text())
     assert config["adapter"] == str(defaults.ADAPTER_DIR)
 
@@ -474,14 +776,32 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
     same_questions = tmp_path / "other-kg.jsonl"
     same_questions.write_text(bench.read_text())
     pipeline = Resolving()
-    evaluate.main(make_args(same_questions, tmp_path / "other-kg", endpoint_url, limit=1,
-                            skeletons_from=str(tmp_path / "full")), pipeline=pipeline)
+    evaluate.main(
+        make_args(
+            same_questions,
+            tmp_path / "other-kg",
+            endpoint_url,
+            limit=1,
+            skeletons_from=str(tmp_path / "full"),
+        ),
+        pipeline=pipeline,
+    )
     assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]
     other_questions = tmp_path / "other-questions.jsonl"
     other_questions.write_text(bench.read_text().replace("question exact?", "who wrote it?"))
-    with pytest.raises(ValueError, match="question exact is 'question exact\\?', here it is 'who wrote it\\?'"):
-        evaluate.main(make_args(other_questions, tmp_path / "other-questions", endpoint_url, limit=1,
-                                skeletons_from=str(tmp_path / "full")), pipeline=Resolving())
+    with pytest.raises(
+        ValueError, match="question exact is 'question exact\\?', here it is 'who wrote it\\?'"
+    ):
+        evaluate.main(
+            make_args(
+                other_questions,
+                tmp_path / "other-questions",
+                endpoint_url,
+                limit=1,
+                skeletons_from=str(tmp_path / "full"),
+            ),
+            pipeline=Resolving(),
+        )
 
     # the earlier run stopped generating once its first skeleton resolved; an ablation whose first one
     # fails gets the next from a fresh generation, which repeats the recorded ones first (skipped)
@@ -494,29 +814,59 @@ def test_ablations_reuse_the_skeletons_an_earlier_run_generated(bench, tmp_path,
         def answer_from_skeletons(self, question, skeletons, trace=None):
             self.asked.append((question, list(skeletons)))  # all fail
             return Answer(BORN, trace=trace or [], timings={"resolve": 0.3})
+
     pipeline = NeedingMore()
-    evaluate.main(make_args(bench, tmp_path / "no-backtracking", endpoint_url, ablation="no-backtracking", limit=1,
-                            skeletons_from=str(tmp_path / "full")), pipeline=pipeline)
-    assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5), ("second", -2.0),
-                                                   ("third", -2.5)])]
+    evaluate.main(
+        make_args(
+            bench,
+            tmp_path / "no-backtracking",
+            endpoint_url,
+            ablation="no-backtracking",
+            limit=1,
+            skeletons_from=str(tmp_path / "full"),
+        ),
+        pipeline=pipeline,
+    )
+    assert pipeline.asked == [
+        ("question exact?", [("skeleton of question exact?", -1.5), ("second", -2.0), ("third", -2.5)])
+    ]
     # its generation time: the recorded one's, plus the two past it (not the recorded one made again)
-    timings = json.loads((tmp_path / "no-backtracking" / "predictions.jsonl").read_text().splitlines()[0])["timings"]
-    recorded = json.loads((tmp_path / "full" / "predictions.jsonl").read_text().splitlines()[0])["timings"]["generate"]
+    timings = json.loads((tmp_path / "no-backtracking" / "predictions.jsonl").read_text().splitlines()[0])[
+        "timings"
+    ]
+    recorded = json.loads((tmp_path / "full" / "predictions.jsonl").read_text().splitlines()[0])["timings"][
+        "generate"
+    ]
     assert 0.59 < timings["generate"] - recorded < 0.8, (timings, recorded)  # 0.9 if the recorded one counted
 
     # an earlier run whose search gave every beam (8) but kept one: there is no other to generate here
     class Exhausted(Generating):
         def answer(self, question):
-            beams = [{"event": "skeleton", "skeleton": f"S{i}", "verdict": "duplicate" if i else "kept"} for i in range(8)]
-            return Answer(BORN, skeletons=[(f"skeleton of {question}", -1.5)], timings={"generate": 5.0}, trace=beams)
+            beams = [
+                {"event": "skeleton", "skeleton": f"S{i}", "verdict": "duplicate" if i else "kept"}
+                for i in range(8)
+            ]
+            return Answer(
+                BORN, skeletons=[(f"skeleton of {question}", -1.5)], timings={"generate": 5.0}, trace=beams
+            )
 
     class NothingMore(NeedingMore):
         def skeleton_stream(self, question, trace):
             raise AssertionError("the earlier search gave every beam: generating again is wasted")
+
     evaluate.main(make_args(bench, tmp_path / "full-8", endpoint_url, limit=1), pipeline=Exhausted())
     pipeline = NothingMore()
-    evaluate.main(make_args(bench, tmp_path / "no-backtracking-8", endpoint_url, ablation="no-backtracking", limit=1,
-                            skeletons_from=str(tmp_path / "full-8")), pipeline=pipeline)
+    evaluate.main(
+        make_args(
+            bench,
+            tmp_path / "no-backtracking-8",
+            endpoint_url,
+            ablation="no-backtracking",
+            limit=1,
+            skeletons_from=str(tmp_path / "full-8"),
+        ),
+        pipeline=pipeline,
+    )
     assert pipeline.asked == [("question exact?", [("skeleton of question exact?", -1.5)])]
 
 
@@ -531,8 +881,13 @@ def test_score_only_rescores_without_a_pipeline(bench, tmp_path, endpoint_url):
         record["f1"] = record["em"] = record["answers"] = None
     predictions.write_text("".join(json.dumps(r) + "\n" for r in records))
     # benchmark and endpoint come from the run's config.json
-    result = subprocess.run([sys.executable, "evaluate.py", "--score-only", str(predictions)],
-                            cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "evaluate.py", "--score-only", str(predictions)],
+        cwd=defaults.REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "F1 / EM            60.0 / 60.0" in result.stdout  # (1 + 1 + 0 + 0 + 1) / 5
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -540,7 +895,9 @@ def test_score_only_rescores_without_a_pipeline(bench, tmp_path, endpoint_url):
     rescored = {r["id"]: r for r in map(json.loads, predictions.open())}
     assert rescored["partial"]["em"] is True and rescored["exact"]["answers"] is not None
     # scoring a selection re-scores those records and keeps every other one in the file
-    summary = evaluate.main(make_args(bench, tmp_path, None, benchmark=None, limit=2, score_only=str(predictions)))
+    summary = evaluate.main(
+        make_args(bench, tmp_path, None, benchmark=None, limit=2, score_only=str(predictions))
+    )
     assert summary["samples"] == 2 and len(predictions.read_text().splitlines()) == 7
 
 
@@ -550,6 +907,7 @@ def test_failure_kind_of_single_records(endpoint_url):
     def kind(sparql, pipeline_failure):
         record = {"sparql": sparql, "pipeline_failure": pipeline_failure}
         return evaluate.score_record(record, BORN, client)["failure"]
+
     assert kind(None, None) == "error"  # no query and no reason
     assert kind(None, "timeout") == "timeout"
     assert kind(BORN, None) is None
@@ -563,7 +921,9 @@ def test_a_scored_record_knows_its_questions_shape(endpoint_url):
     record = evaluate.score_record({"sparql": BORN, "pipeline_failure": None}, BORN, client)
     assert record["shape"] == "one triple"
     ask = "PREFIX wd: <http://www.wikidata.org/entity/> ASK { wd:Q1 ?p ?o }"
-    assert evaluate.score_record({"sparql": None, "pipeline_failure": "dead_end"}, ask, client)["shape"] == "ask"
+    assert (
+        evaluate.score_record({"sparql": None, "pipeline_failure": "dead_end"}, ask, client)["shape"] == "ask"
+    )
 
 
 def test_a_declined_answer_scores_as_no_answer_and_its_guess_apart(endpoint_url):
@@ -577,8 +937,13 @@ def test_a_declined_answer_scores_as_no_answer_and_its_guess_apart(endpoint_url)
 def test_score_only_declines_anew_at_another_threshold(endpoint_url):
     """--score-only --min-confidence: the recorded choices give the confidence; below the threshold the
     answer is declined, above it the guess is answered again."""
-    record = {"sparql": BORN, "guess": BORN, "declined": False, "pipeline_failure": None,
-              "choices": [{"p": 0.9}, {"p": 0.3}]}
+    record = {
+        "sparql": BORN,
+        "guess": BORN,
+        "declined": False,
+        "pipeline_failure": None,
+        "choices": [{"p": 0.9}, {"p": 0.3}],
+    }
     evaluate.redecide(record, 0.5)
     assert record["confidence"] == 0.3 and record["declined"] and record["sparql"] is None
     assert record["pipeline_failure"] == "declined"
@@ -591,11 +956,24 @@ def test_score_only_declines_anew_at_another_threshold(endpoint_url):
 
 def test_summary_of_handmade_records():
     def record(f1, seconds, backtracks, failure=None, status="ok"):
-        return {"f1": f1, "em": None if f1 is None else f1 == 1.0, "seconds": seconds,
-                "backtracks": backtracks, "failure": failure, "gold_status": status,
-                "timings": {"search": seconds / 2}}
-    summary = evaluate.summarize([record(1.0, 1.0, 0), record(0.5, 2.0, 1, "wrong_answer"),
-                                  record(0.0, 6.0, 5, "dead_end"), record(None, 3.0, 0, status="empty")])
+        return {
+            "f1": f1,
+            "em": None if f1 is None else f1 == 1.0,
+            "seconds": seconds,
+            "backtracks": backtracks,
+            "failure": failure,
+            "gold_status": status,
+            "timings": {"search": seconds / 2},
+        }
+
+    summary = evaluate.summarize(
+        [
+            record(1.0, 1.0, 0),
+            record(0.5, 2.0, 1, "wrong_answer"),
+            record(0.0, 6.0, 5, "dead_end"),
+            record(None, 3.0, 0, status="empty"),
+        ]
+    )
     assert summary["f1"] == pytest.approx(0.5) and summary["em"] == pytest.approx(1 / 3)
     assert summary["seconds"] == {"median": 2.5, "mean": 3.0}
     assert summary["backtracks_per_sample"] == 1.5 and summary["samples_with_backtracks"] == 2
@@ -605,12 +983,30 @@ def test_summary_of_handmade_records():
 
 def test_summary_splits_f1_by_shape_in_skeleton_scores_order():
     def record(f1, shape):
-        return {"f1": f1, "em": f1 == 1.0, "seconds": 1.0, "backtracks": 0, "failure": None, "gold_status": "ok",
-                "shape": shape}
-    summary = evaluate.summarize([record(1.0, "one triple"), record(0.0, "one triple"), record(0.5, "two-hop"),
-                                  record(1.0, "ask"), {**record(None, "ask"), "gold_status": "empty"}])
-    assert summary["f1_by_shape"] == {"ask": {"scored": 1, "f1": 1.0}, "two-hop": {"scored": 1, "f1": 0.5},
-                                      "one triple": {"scored": 2, "f1": 0.5}}
+        return {
+            "f1": f1,
+            "em": f1 == 1.0,
+            "seconds": 1.0,
+            "backtracks": 0,
+            "failure": None,
+            "gold_status": "ok",
+            "shape": shape,
+        }
+
+    summary = evaluate.summarize(
+        [
+            record(1.0, "one triple"),
+            record(0.0, "one triple"),
+            record(0.5, "two-hop"),
+            record(1.0, "ask"),
+            {**record(None, "ask"), "gold_status": "empty"},
+        ]
+    )
+    assert summary["f1_by_shape"] == {
+        "ask": {"scored": 1, "f1": 1.0},
+        "two-hop": {"scored": 1, "f1": 0.5},
+        "one triple": {"scored": 2, "f1": 0.5},
+    }
     assert list(summary["f1_by_shape"]) == ["ask", "two-hop", "one triple"]
 
 
@@ -629,23 +1025,38 @@ def test_a_run_records_the_precision_that_runs_not_auto(tmp_path, mock_native_bf
     assert evaluate.pipeline_options(args)["precision"] == expected  # auto: as the CPU has it
     args = make_args(tmp_path, tmp_path, "http://x", device="cpu", precision="bfloat16")
     assert evaluate.pipeline_options(args)["precision"] == "bfloat16"  # asked for: as asked
-    assert evaluate.pipeline_options(make_args(tmp_path, tmp_path, "http://x"))["precision"] == expected  # default: auto
+    assert (
+        evaluate.pipeline_options(make_args(tmp_path, tmp_path, "http://x"))["precision"] == expected
+    )  # default: auto
 
 
 def run_script(*args):
-    return subprocess.run([sys.executable, "evaluate.py", *args], cwd=defaults.REPO_DIR,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "evaluate.py", *args],
+        cwd=defaults.REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_help_exits_zero():
     result = run_script("--help")
     assert result.returncode == 0 and "--oracle-skeleton" in result.stdout
-    assert "(default: None)" not in " ".join(result.stdout.split())  # a None default: the help says what unset means
+    assert "(default: None)" not in " ".join(
+        result.stdout.split()
+    )  # a None default: the help says what unset means
 
 
 def test_help_names_every_benchmark_name_it_takes():
-    result = subprocess.run([sys.executable, "evaluate.py", "--help"], cwd=defaults.REPO_DIR, capture_output=True,
-                            text=True, timeout=120, env={**os.environ, "COLUMNS": "1000"})  # no line breaks in names
+    result = subprocess.run(
+        [sys.executable, "evaluate.py", "--help"],
+        cwd=defaults.REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "1000"},
+    )  # no line breaks in names
     for name in ("qald7-train", "lcquad2-test", "simplequestions-val", "spinach-val"):  # the help lacked them
         assert name in result.stdout, name
     assert all(name in result.stdout for name in evaluate.benchmarks.NAMES)  # the list it is made from
@@ -662,15 +1073,32 @@ def test_bad_input_exits_with_a_message(bench, tmp_path, endpoint_url):
     with pytest.raises(ValueError, match="--limit must be positive"):
         evaluate.main(make_args(bench, tmp_path, endpoint_url, limit=0))
     # bad knobs: a message before the run directory is written (was a GrispError traceback after config.json)
-    for knob, value, message in [("num_beams", 0, "num_beams = 0 must be >= 1"), ("top_k", 50, "top_k = 50 must be in"),
-                                 ("time_budget", float("nan"), "time_budget = nan must be > 0"),
-                                 ("seed", -1, "seed = -1 must be in")]:
+    for knob, value, message in [
+        ("num_beams", 0, "num_beams = 0 must be >= 1"),
+        ("top_k", 50, "top_k = 50 must be in"),
+        ("time_budget", float("nan"), "time_budget = nan must be > 0"),
+        ("seed", -1, "seed = -1 must be in"),
+    ]:
         with pytest.raises(ValueError, match=message):
-            evaluate.main(make_args(bench, tmp_path / "run", endpoint_url, **{knob: value}), pipeline=FakePipeline())
+            evaluate.main(
+                make_args(bench, tmp_path / "run", endpoint_url, **{knob: value}), pipeline=FakePipeline()
+            )
     assert not (tmp_path / "run").exists()
-    result = run_script("--benchmark", str(bench), "--endpoint", endpoint_url, "--num-beams", "0",
-                        "--out", str(tmp_path / "run"))
-    assert result.returncode != 0 and "num_beams = 0 must be >= 1" in result.stderr and "Traceback" not in result.stderr
+    result = run_script(
+        "--benchmark",
+        str(bench),
+        "--endpoint",
+        endpoint_url,
+        "--num-beams",
+        "0",
+        "--out",
+        str(tmp_path / "run"),
+    )
+    assert (
+        result.returncode != 0
+        and "num_beams = 0 must be >= 1" in result.stderr
+        and "Traceback" not in result.stderr
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -687,13 +1115,44 @@ SKELETON_BENCH = {  # id -> (question, gold query)
 def tiny_index(tmp_path_factory):
     """An index of three items (Q1 with an alias) built from an items file, as build_index.py does."""
     tmp = tmp_path_factory.mktemp("skeleton-index")
-    (tmp / "items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
-        {"id": "Q1", "label": "Douglas Adams", "aliases": ["DNA"], "description": "writer", "count": 1},
-        {"id": "Q2", "label": "Cambridge", "aliases": [], "description": "city", "count": 1},
-        {"id": "P19", "label": "place of birth", "aliases": ["birthplace"], "description": "", "count": 1}]))
-    built = subprocess.run([sys.executable, "build_index.py", "--items", str(tmp / "items.jsonl"), "--out",
-                            str(tmp / "index"), "--embed", "none"],
-                           cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    (tmp / "items.jsonl").write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {
+                    "id": "Q1",
+                    "label": "Douglas Adams",
+                    "aliases": ["DNA"],
+                    "description": "writer",
+                    "count": 1,
+                },
+                {"id": "Q2", "label": "Cambridge", "aliases": [], "description": "city", "count": 1},
+                {
+                    "id": "P19",
+                    "label": "place of birth",
+                    "aliases": ["birthplace"],
+                    "description": "",
+                    "count": 1,
+                },
+            ]
+        )
+    )
+    built = subprocess.run(
+        [
+            sys.executable,
+            "build_index.py",
+            "--items",
+            str(tmp / "items.jsonl"),
+            "--out",
+            str(tmp / "index"),
+            "--embed",
+            "none",
+        ],
+        cwd=defaults.REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert built.returncode == 0, built.stderr
     return tmp / "index"
 
@@ -701,17 +1160,27 @@ def tiny_index(tmp_path_factory):
 @pytest.fixture
 def skeleton_bench(tmp_path):
     path = tmp_path / "skeleton-bench.jsonl"
-    path.write_text("".join(json.dumps({"id": qid, "question": q, "sparql": gold}) + "\n"
-                            for qid, (q, gold) in SKELETON_BENCH.items()))
+    path.write_text(
+        "".join(
+            json.dumps({"id": qid, "question": q, "sparql": gold}) + "\n"
+            for qid, (q, gold) in SKELETON_BENCH.items()
+        )
+    )
     return path
 
 
 class FakeGenerator:
     """grisp.Grisp.generator's interface: skeletons(question) -> (kept skeletons with scores, trace)."""
-    answers = {"where was douglas adams born?": [("SELECT ?x WHERE { <iri>DNA</iri> <iri>birthplace (wdt)</iri> ?x }", -0.5)],
-               # right structure, wrong object label
-               "was douglas adams born in cambridge?": [("ASK { <iri>Douglas Adams</iri> <iri>place of birth (wdt)</iri> "
-                                                         "<iri>Oxford</iri> }", -0.7)]}
+
+    answers = {
+        "where was douglas adams born?": [
+            ("SELECT ?x WHERE { <iri>DNA</iri> <iri>birthplace (wdt)</iri> ?x }", -0.5)
+        ],
+        # right structure, wrong object label
+        "was douglas adams born in cambridge?": [
+            ("ASK { <iri>Douglas Adams</iri> <iri>place of birth (wdt)</iri> <iri>Oxford</iri> }", -0.7)
+        ],
+    }
 
     def __init__(self):
         self.asked = []
@@ -729,17 +1198,23 @@ def test_skeleton_only_scores_generated_skeletons_without_an_endpoint(skeleton_b
     assert first.asked == ["where was douglas adams born?"] and summary["scored"] == 1
     # resumed: only the questions not done yet are generated; the unknown one is not generated at all
     second = FakeGenerator()
-    summary = evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True),
-                            pipeline=second)
+    summary = evaluate.main(
+        make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True), pipeline=second
+    )
     assert second.asked == ["was douglas adams born in cambridge?"]
     assert (summary["questions"], summary["scored"], summary["unskeletonisable"]) == (3, 2, 1)
     assert summary["all"] == {"questions": 2, "structure": 1.0, "label": 0.5}
-    assert summary["by_shape"] == {"ask": {"questions": 1, "structure": 1.0, "label": 0.0},
-                                   "one triple": {"questions": 1, "structure": 1.0, "label": 1.0}}
+    assert summary["by_shape"] == {
+        "ask": {"questions": 1, "structure": 1.0, "label": 0.0},
+        "one triple": {"questions": 1, "structure": 1.0, "label": 1.0},
+    }
     records = {r["id"]: r for r in map(json.loads, (out / "predictions.jsonl").open())}
     assert len(records) == 3
     born = records["born"]
-    assert born["gold_skeleton"] == "SELECT ?x WHERE { <iri>Douglas Adams</iri> <iri>place of birth (wdt)</iri> ?x }"
+    assert (
+        born["gold_skeleton"]
+        == "SELECT ?x WHERE { <iri>Douglas Adams</iri> <iri>place of birth (wdt)</iri> ?x }"
+    )
     assert born["generated"] == FakeGenerator.answers["where was douglas adams born?"][0][0]
     assert (born["structure_match"], born["label_match"], born["shape"]) == (True, True, "one triple")
     assert records["unknown"]["status"] == "unskeletonisable"
@@ -747,44 +1222,100 @@ def test_skeleton_only_scores_generated_skeletons_without_an_endpoint(skeleton_b
     saved = json.loads((out / "summary.json").read_text())
     assert saved["all"] == summary["all"] and saved["config"]["skeleton_only"] is True
     with pytest.raises(ValueError, match="other settings \\(options\\)"):
-        evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True, num_beams=2),
-                      pipeline=FakeGenerator())
+        evaluate.main(
+            make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True, num_beams=2),
+            pipeline=FakeGenerator(),
+        )
     with pytest.raises(ValueError, match="rerank change resolution: drop them"):
-        evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
-                                ablation="no-rerank"), pipeline=FakeGenerator())
+        evaluate.main(
+            make_args(
+                skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True, ablation="no-rerank"
+            ),
+            pipeline=FakeGenerator(),
+        )
 
 
 def test_shapes_select_the_questions_of_those_gold_shapes(skeleton_bench, tiny_index, tmp_path):
     out = tmp_path / "run"
     generator = FakeGenerator()
-    summary = evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
-                                      shapes="ask"), pipeline=generator)
+    summary = evaluate.main(
+        make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True, shapes="ask"),
+        pipeline=generator,
+    )
     assert generator.asked == ["was douglas adams born in cambridge?"] and summary["questions"] == 1
     assert json.loads((out / "config.json").read_text())["shapes"] == ["ask"]
     generator = FakeGenerator()  # the same run directory takes the other shapes' questions, as with --limit
-    summary = evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
-                                      shapes="one-triple,two-hop"), pipeline=generator)
-    assert generator.asked == ["where was douglas adams born?"] and summary["by_shape"].keys() == {"one triple"}
+    summary = evaluate.main(
+        make_args(
+            skeleton_bench,
+            out,
+            NO_ENDPOINT,
+            index=tiny_index,
+            skeleton_only=True,
+            shapes="one-triple,two-hop",
+        ),
+        pipeline=generator,
+    )
+    assert generator.asked == ["where was douglas adams born?"] and summary["by_shape"].keys() == {
+        "one triple"
+    }
     # its seconds are those of the selected questions, not of every record in the directory
     records = [json.loads(line) for line in (out / "predictions.jsonl").open()]
-    (out / "predictions.jsonl").write_text("".join(json.dumps(r | {"seconds": 100.0 if r["id"] == "ask" else 1.0}) + "\n"
-                                                   for r in records))
-    summary = evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
-                                      shapes="one-triple,two-hop"), pipeline=FakeGenerator())
+    (out / "predictions.jsonl").write_text(
+        "".join(json.dumps(r | {"seconds": 100.0 if r["id"] == "ask" else 1.0}) + "\n" for r in records)
+    )
+    summary = evaluate.main(
+        make_args(
+            skeleton_bench,
+            out,
+            NO_ENDPOINT,
+            index=tiny_index,
+            skeleton_only=True,
+            shapes="one-triple,two-hop",
+        ),
+        pipeline=FakeGenerator(),
+    )
     assert summary["seconds"] == {"median": 1.0, "mean": 1.0}
     with pytest.raises(ValueError, match="--shapes takes question shapes from ask, .*one-triple"):
-        evaluate.main(make_args(skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True,
-                                shapes="one triple"), pipeline=FakeGenerator())
+        evaluate.main(
+            make_args(
+                skeleton_bench, out, NO_ENDPOINT, index=tiny_index, skeleton_only=True, shapes="one triple"
+            ),
+            pipeline=FakeGenerator(),
+        )
 
 
 def test_skeleton_only_end_to_end_with_a_tiny_model(skeleton_bench, tiny_index, tmp_path):
     from tests.tiny import make_model_dir
+
     model = make_model_dir(tmp_path / "tiny")
-    result = subprocess.run([sys.executable, "evaluate.py", "--skeleton-only", "--benchmark", str(skeleton_bench),
-                             "--index", str(tiny_index), "--model-dir", str(model), "--adapter", "none",
-                             "--device", "cpu", "--ablation", "no-beam-search", "--out", str(tmp_path / "run"),
-                             "--endpoint", NO_ENDPOINT],
-                            cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "evaluate.py",
+            "--skeleton-only",
+            "--benchmark",
+            str(skeleton_bench),
+            "--index",
+            str(tiny_index),
+            "--model-dir",
+            str(model),
+            "--adapter",
+            "none",
+            "--device",
+            "cpu",
+            "--ablation",
+            "no-beam-search",
+            "--out",
+            str(tmp_path / "run"),
+            "--endpoint",
+            NO_ENDPOINT,
+        ],
+        cwd=defaults.REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert "| shape | questions | structure match % | label match % |" in result.stdout
     assert "3 questions: 2 scored, 1 not skeletonisable" in result.stdout
@@ -799,22 +1330,61 @@ def test_skeleton_only_bad_input_exits_with_a_message(skeleton_bench, tiny_index
     no_sparql.write_text(json.dumps({"id": "q1", "question": "who?"}) + "\n")
     result = run_script("--skeleton-only", "--benchmark", str(no_sparql), "--index", str(tiny_index))
     assert result.returncode != 0 and "lacks sparql" in result.stderr and "Traceback" not in result.stderr
-    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tmp_path / "no-index"))
+    result = run_script(
+        "--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tmp_path / "no-index")
+    )
     assert result.returncode != 0 and "no index at" in result.stderr and "build_index.py" in result.stderr
     assert "Traceback" not in result.stderr
-    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
-                        "--model-dir", str(tmp_path / "no-model"), "--out", str(tmp_path / "run"))
+    result = run_script(
+        "--skeleton-only",
+        "--benchmark",
+        str(skeleton_bench),
+        "--index",
+        str(tiny_index),
+        "--model-dir",
+        str(tmp_path / "no-model"),
+        "--out",
+        str(tmp_path / "run"),
+    )
     assert result.returncode != 0 and "get_model.py" in result.stderr and "Traceback" not in result.stderr
-    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
-                        "--num-beams", "0", "--out", str(tmp_path / "no-beams"))
-    assert result.returncode != 0 and "num_beams = 0 must be >= 1" in result.stderr and "Traceback" not in result.stderr
+    result = run_script(
+        "--skeleton-only",
+        "--benchmark",
+        str(skeleton_bench),
+        "--index",
+        str(tiny_index),
+        "--num-beams",
+        "0",
+        "--out",
+        str(tmp_path / "no-beams"),
+    )
+    assert (
+        result.returncode != 0
+        and "num_beams = 0 must be >= 1" in result.stderr
+        and "Traceback" not in result.stderr
+    )
     assert not (tmp_path / "no-beams").exists()  # checked before the run directory is written
-    result = run_script("--skeleton-only", "--benchmark", str(skeleton_bench), "--index", str(tiny_index),
-                        "--device", "bogus", "--out", str(tmp_path / "bogus"))
-    assert result.returncode != 0 and "unknown device 'bogus'" in result.stderr and "Traceback" not in result.stderr
+    result = run_script(
+        "--skeleton-only",
+        "--benchmark",
+        str(skeleton_bench),
+        "--index",
+        str(tiny_index),
+        "--device",
+        "bogus",
+        "--out",
+        str(tmp_path / "bogus"),
+    )
+    assert (
+        result.returncode != 0
+        and "unknown device 'bogus'" in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
-def test_an_endpoint_that_goes_away_stops_the_run_and_the_rerun_resumes(bench, tmp_path, endpoint_url, monkeypatch):
+def test_an_endpoint_that_goes_away_stops_the_run_and_the_rerun_resumes(
+    bench, tmp_path, endpoint_url, monkeypatch
+):
     # before: every later question was recorded as done with its gold unscored (gold_failed) and never redone
     real_query, gone = evaluate.sparql.SparqlClient.query, {"now": False}
 
@@ -822,17 +1392,21 @@ def test_an_endpoint_that_goes_away_stops_the_run_and_the_rerun_resumes(bench, t
         if gone["now"]:
             raise evaluate.sparql.EndpointUnreachable("connection refused")
         return real_query(self, *args, **kwargs)
+
     monkeypatch.setattr(evaluate.sparql.SparqlClient, "query", query)
 
     class Dying(FakePipeline):
         def answer(self, question):
             gone["now"] = len(self.asked) == 2  # the endpoint dies while the third question is answered
             return super().answer(question)
+
     with pytest.raises(evaluate.EndpointGone, match="rerun the same command"):
         evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=Dying())
     predictions = tmp_path / "run" / "predictions.jsonl"
     assert [json.loads(line)["id"] for line in predictions.open()] == list(CASES)[:2]
     gone["now"] = False  # started again: the same command resumes at the third question
     second = FakePipeline()
-    check_handcrafted_summary(evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=second))
+    check_handcrafted_summary(
+        evaluate.main(make_args(bench, tmp_path / "run", endpoint_url), pipeline=second)
+    )
     assert second.asked == [f"question {qid}?" for qid in list(CASES)[2:]]

@@ -2,6 +2,7 @@
 docstring to its last line, spans at most MAX_LINES lines. ruff has no rule that counts a function's
 lines (ruff.toml), so this test does. A function that grows past it is split along its seams, as
 grisp/generate.py's beam search is into prefill, candidates, select and decode_one_token."""
+
 import ast
 from pathlib import Path
 
@@ -13,15 +14,22 @@ KNOWN = {"tools/build_eval_kg.py:main", "grisp/resolve.py:Resolver.dfs"}
 
 def sources() -> list[Path]:
     """The project's Python files outside tests/ and hidden directories (a virtualenv, say)."""
-    return sorted(path for path in ROOT.rglob("*.py") if not any(
-        part == "tests" or part.startswith(".") for part in path.relative_to(ROOT).parts))
+    return sorted(
+        path
+        for path in ROOT.rglob("*.py")
+        if not any(part == "tests" or part.startswith(".") for part in path.relative_to(ROOT).parts)
+    )
 
 
 def body_lines(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     """The lines a function's body spans, its docstring left out."""
     body = function.body
-    if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    if (
+        len(body) > 1
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
         body = body[1:]
     return function.end_lineno - body[0].lineno + 1
 
@@ -48,9 +56,13 @@ def lengths(path: Path, root: Path = ROOT) -> dict[str, int]:
 def test_no_function_is_longer_than_max_lines():
     every = {name: n for path in sources() for name, n in lengths(path).items()}
     assert len(every) > 500, "the walk found too few functions: is ROOT the repository?"
-    offenders = sorted(((n, name) for name, n in every.items() if n > MAX_LINES and name not in KNOWN), reverse=True)
-    assert not offenders, (f"functions longer than {MAX_LINES} lines (split them along their seams): "
-                           + ", ".join(f"{name} ({n})" for n, name in offenders))
+    offenders = sorted(
+        ((n, name) for name, n in every.items() if n > MAX_LINES and name not in KNOWN), reverse=True
+    )
+    assert not offenders, (
+        f"functions longer than {MAX_LINES} lines (split them along their seams): "
+        + ", ".join(f"{name} ({n})" for n, name in offenders)
+    )
 
 
 def test_the_length_counts_the_body_without_the_docstring(tmp_path):

@@ -1,6 +1,7 @@
 """Beam search (generate.py) on a tiny random model: greedy equivalence, scores, cache reordering; and
 the chat command line (`python -m grisp.generate --chat ...`): clear errors, --help, an answer from a tiny
 model, and (slow) the real base model knows Paris."""
+
 import argparse
 import subprocess
 import sys
@@ -56,8 +57,17 @@ def test_width_one_equals_greedy(model):
 @pytest.mark.parametrize("sample", [False, True])
 def test_scores_are_summed_token_logprobs(model, sample):
     g = torch.Generator().manual_seed(0)
-    hyps = beam_search(model, PROMPT, EOS, num_beams=4, max_new_tokens=8, sample=sample,
-                       temperature=0.7, top_p=0.9, generator=g)
+    hyps = beam_search(
+        model,
+        PROMPT,
+        EOS,
+        num_beams=4,
+        max_new_tokens=8,
+        sample=sample,
+        temperature=0.7,
+        top_p=0.9,
+        generator=g,
+    )
     assert len(hyps) == 4
     for h in hyps:
         full = h.tokens + ([EOS[0]] if h.finished else [])
@@ -76,8 +86,18 @@ def test_deterministic_beams_are_distinct_and_sorted(model):
 def test_cache_reordering_equals_recomputing(model, sample):
     def run(use_cache):
         g = torch.Generator().manual_seed(3)
-        return beam_search(model, PROMPT, EOS, num_beams=5, max_new_tokens=10, sample=sample,
-                           temperature=0.5, top_p=0.95, generator=g, use_cache=use_cache)
+        return beam_search(
+            model,
+            PROMPT,
+            EOS,
+            num_beams=5,
+            max_new_tokens=10,
+            sample=sample,
+            temperature=0.5,
+            top_p=0.95,
+            generator=g,
+            use_cache=use_cache,
+        )
 
     cached, recomputed = run(True), run(False)
     assert [h.tokens for h in cached] == [h.tokens for h in recomputed]
@@ -85,10 +105,26 @@ def test_cache_reordering_equals_recomputing(model, sample):
 
 
 def test_sampling_is_seeded(model):
-    a = beam_search(model, PROMPT, EOS, num_beams=4, max_new_tokens=6, sample=True, temperature=2.0,
-                    generator=torch.Generator().manual_seed(1))
-    b = beam_search(model, PROMPT, EOS, num_beams=4, max_new_tokens=6, sample=True, temperature=2.0,
-                    generator=torch.Generator().manual_seed(1))
+    a = beam_search(
+        model,
+        PROMPT,
+        EOS,
+        num_beams=4,
+        max_new_tokens=6,
+        sample=True,
+        temperature=2.0,
+        generator=torch.Generator().manual_seed(1),
+    )
+    b = beam_search(
+        model,
+        PROMPT,
+        EOS,
+        num_beams=4,
+        max_new_tokens=6,
+        sample=True,
+        temperature=2.0,
+        generator=torch.Generator().manual_seed(1),
+    )
     assert [h.tokens for h in a] == [h.tokens for h in b]
 
 
@@ -120,7 +156,9 @@ def test_sampling_on_the_allowed_entries_draws_what_multinomial_draws():
     allowed = torch.randperm(4000, generator=g)[:300]  # any order, as beam search passes them
     dense = torch.zeros(4000).index_copy(0, allowed, torch.softmax(weights[allowed], dim=0))
     for seed in range(5):
-        ours = sample_without_replacement(weights[allowed], allowed, 4000, 16, torch.Generator().manual_seed(seed))
+        ours = sample_without_replacement(
+            weights[allowed], allowed, 4000, 16, torch.Generator().manual_seed(seed)
+        )
         theirs = torch.multinomial(dense, 16, generator=torch.Generator().manual_seed(seed))
         assert set(ours.tolist()) == set(theirs.tolist()) and set(ours.tolist()) <= set(allowed.tolist())
 
@@ -130,14 +168,25 @@ def hf_beam_search(model_dir, prompt, eos, num_beams, max_new_tokens, length_pen
     """transformers' own beam search (what the reference decodes with, length_penalty 1.0; 0.0 ranks by
     the sum): (tokens, score, finished) per returned sequence, best first."""
     from transformers import Qwen2ForCausalLM
+
     hf = Qwen2ForCausalLM.from_pretrained(model_dir).eval()
-    out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                      num_beams=num_beams, do_sample=False, max_new_tokens=max_new_tokens,
-                      num_return_sequences=num_beams, eos_token_id=eos, pad_token_id=0, length_penalty=length_penalty,
-                      early_stopping=False, output_scores=True, return_dict_in_generate=True)
+    out = hf.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        num_beams=num_beams,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        num_return_sequences=num_beams,
+        eos_token_id=eos,
+        pad_token_id=0,
+        length_penalty=length_penalty,
+        early_stopping=False,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
     result = []
     for sequence, score in zip(out.sequences, out.sequences_scores):
-        new = sequence[len(prompt):].tolist()
+        new = sequence[len(prompt) :].tolist()
         end = next((i for i, t in enumerate(new) if t in eos), None)
         result.append((new[:end], float(score), end is not None))
     return result
@@ -145,16 +194,29 @@ def hf_beam_search(model_dir, prompt, eos, num_beams, max_new_tokens, length_pen
 
 # end-of-turn ids chosen among tokens the tiny random model writes, so that hypotheses end at several
 # lengths (and, with width 4 or 5 below, every beam ends early: HF's stopping heuristic is exercised)
-HF_CASES = [([12, 22, 55, 104], 4, 15), ([12, 22, 55, 104], 5, 40), ([104, 106, 22], 4, 15), ([22, 104, 215], 3, 30)]
+HF_CASES = [
+    ([12, 22, 55, 104], 4, 15),
+    ([12, 22, 55, 104], 5, 40),
+    ([104, 106, 22], 4, 15),
+    ([22, 104, 215], 3, 30),
+]
 
 
 @pytest.mark.parametrize("eos, width, max_new_tokens", HF_CASES)
-def test_length_normalised_beam_search_equals_transformers(model, eos, width, max_new_tokens, tmp_path_factory):
+def test_length_normalised_beam_search_equals_transformers(
+    model, eos, width, max_new_tokens, tmp_path_factory
+):
     model_dir = make_model_dir(tmp_path_factory.mktemp("tiny"))  # the same seeded weights as `model`
-    ours = beam_search(model, PROMPT, eos, num_beams=width, max_new_tokens=max_new_tokens, ranking="length-normalised")
+    ours = beam_search(
+        model, PROMPT, eos, num_beams=width, max_new_tokens=max_new_tokens, ranking="length-normalised"
+    )
     theirs = hf_beam_search(model_dir, PROMPT, eos, width, max_new_tokens)
-    assert [(h.tokens, h.finished) for h in sorted(ours, key=lambda h: -h.score)] == [(t, f) for t, _, f in theirs]
-    assert [h.score for h in sorted(ours, key=lambda h: -h.score)] == pytest.approx([s for _, s, _ in theirs], abs=1e-4)
+    assert [(h.tokens, h.finished) for h in sorted(ours, key=lambda h: -h.score)] == [
+        (t, f) for t, _, f in theirs
+    ]
+    assert [h.score for h in sorted(ours, key=lambda h: -h.score)] == pytest.approx(
+        [s for _, s, _ in theirs], abs=1e-4
+    )
     finished = [h for h in ours if h.finished]
     if eos == [12, 22, 55, 104]:  # the cases are not trivial: several lengths, all ended before the limit
         assert len(finished) == width and len({len(h.tokens) for h in finished}) > 1
@@ -168,6 +230,7 @@ def processed_score(model, prompt, tokens, temperature, top_p, min_keep):
     then its own temperature and top-p warpers, no renormalisation), from one full forward pass; -inf if
     a token is outside its top-p set."""
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
+
     ids = torch.tensor([prompt + tokens])
     with torch.no_grad():
         logprobs = torch.log_softmax(model(ids)[0].float(), dim=-1)  # [T, V]
@@ -182,24 +245,42 @@ def processed_score(model, prompt, tokens, temperature, top_p, min_keep):
 
 
 @pytest.mark.parametrize("eos, width, max_new_tokens", HF_CASES)
-def test_sum_ranked_beam_search_equals_transformers_without_length_penalty(model, eos, width, max_new_tokens,
-                                                                           tmp_path_factory):
+def test_sum_ranked_beam_search_equals_transformers_without_length_penalty(
+    model, eos, width, max_new_tokens, tmp_path_factory
+):
     model_dir = make_model_dir(tmp_path_factory.mktemp("tiny"))
     ours = beam_search(model, PROMPT, eos, num_beams=width, max_new_tokens=max_new_tokens)
     theirs = hf_beam_search(model_dir, PROMPT, eos, width, max_new_tokens, length_penalty=0.0)
-    assert [(h.tokens, h.finished) for h in sorted(ours, key=lambda h: -h.score)] == [(t, f) for t, _, f in theirs]
-    assert [h.score for h in sorted(ours, key=lambda h: -h.score)] == pytest.approx([s for _, s, _ in theirs], abs=1e-4)
+    assert [(h.tokens, h.finished) for h in sorted(ours, key=lambda h: -h.score)] == [
+        (t, f) for t, _, f in theirs
+    ]
+    assert [h.score for h in sorted(ours, key=lambda h: -h.score)] == pytest.approx(
+        [s for _, s, _ in theirs], abs=1e-4
+    )
 
 
 def test_length_normalised_sampling_scores_are_processed_logprobs_per_token(model):
     eos = [12, 22, 55, 104]
     for seed in range(3):
-        hyps = beam_search(model, PROMPT, eos, num_beams=4, max_new_tokens=12, sample=True, temperature=0.7,
-                           top_p=0.9, generator=torch.Generator().manual_seed(seed), ranking="length-normalised")
+        hyps = beam_search(
+            model,
+            PROMPT,
+            eos,
+            num_beams=4,
+            max_new_tokens=12,
+            sample=True,
+            temperature=0.7,
+            top_p=0.9,
+            generator=torch.Generator().manual_seed(seed),
+            ranking="length-normalised",
+        )
         for h in hyps:
             if h.finished:  # the end-of-turn id is one of eos: try each, one gives the score
-                candidates = [processed_score(model, PROMPT, h.tokens + [e], 0.7, 0.9, len(eos) + 1) / (len(h.tokens) + 1)
-                              for e in eos]
+                candidates = [
+                    processed_score(model, PROMPT, h.tokens + [e], 0.7, 0.9, len(eos) + 1)
+                    / (len(h.tokens) + 1)
+                    for e in eos
+                ]
                 assert min(abs(c - h.score) for c in candidates) < 1e-4
             else:
                 expected = processed_score(model, PROMPT, h.tokens, 0.7, 0.9, len(eos) + 1) / len(h.tokens)
@@ -215,7 +296,9 @@ def test_a_long_limit_costs_nothing_when_the_beams_end_early(model):
         calls.clear()
         long = beam_search(model, PROMPT, [12, 22, 55, 104], num_beams=4, max_new_tokens=512, ranking=ranking)
         steps = len(calls)
-        short = beam_search(model, PROMPT, [12, 22, 55, 104], num_beams=4, max_new_tokens=steps + 1, ranking=ranking)
+        short = beam_search(
+            model, PROMPT, [12, 22, 55, 104], num_beams=4, max_new_tokens=steps + 1, ranking=ranking
+        )
         assert all(h.finished for h in long) and steps < 20, (ranking, steps)
         assert [(h.tokens, h.score) for h in long] == [(h.tokens, h.score) for h in short]
     hook.remove()
@@ -226,21 +309,43 @@ def test_beams_that_all_end_before_the_limit_are_not_returned_again_as_cut_off(m
     # W finished. Nothing ran out of steps, so no hypothesis is unfinished (the ended beams came back a
     # second time, without their end token's log-probability, as cut off)
     end = greedy_reference(model, PROMPT, 3)[0][2]  # the greedy path's third token ends the turn
-    hyps = beam_search(model, PROMPT, [end], num_beams=4, max_new_tokens=20, sample=True, temperature=0.05,
-                       top_p=0.01, generator=torch.Generator().manual_seed(0))
+    hyps = beam_search(
+        model,
+        PROMPT,
+        [end],
+        num_beams=4,
+        max_new_tokens=20,
+        sample=True,
+        temperature=0.05,
+        top_p=0.01,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert 0 < len(hyps) < 4 and all(h.finished for h in hyps)
     assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
 
 
 # ---------------------------------------------------------------------------- command line
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grisp.generate", *args], cwd=REPO, capture_output=True, text=True,
-                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "grisp.generate", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
 
 
 def test_cli_rejects_a_missing_model_and_an_empty_question(tmp_path):
-    args = argparse.Namespace(chat="hi", model_dir=str(tmp_path / "nothing"), system=DEFAULT_SYSTEM,
-                              max_new_tokens=4, device="cpu", dtype="auto", threads=0)
+    args = argparse.Namespace(
+        chat="hi",
+        model_dir=str(tmp_path / "nothing"),
+        system=DEFAULT_SYSTEM,
+        max_new_tokens=4,
+        device="cpu",
+        dtype="auto",
+        threads=0,
+    )
     with pytest.raises(SystemExit, match="get_model.py"):
         generate.main(args)
     args.model_dir, args.chat = str(make_model_dir(tmp_path / "tiny")), "  "
@@ -250,18 +355,32 @@ def test_cli_rejects_a_missing_model_and_an_empty_question(tmp_path):
 
 def test_cli_help_and_answer_with_a_tiny_model(tmp_path):
     assert run_cli("--help").returncode == 0
-    done = run_cli("--chat", "What is the capital of France?", "--model-dir", str(make_model_dir(tmp_path)),
-                   "--max-new-tokens", "5")
+    done = run_cli(
+        "--chat",
+        "What is the capital of France?",
+        "--model-dir",
+        str(make_model_dir(tmp_path)),
+        "--max-new-tokens",
+        "5",
+    )
     assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.slow
 def test_real_model_chat_knows_paris():
-    if not (defaults.MODEL_DIR / "model.safetensors").exists() and \
-            not (defaults.MODEL_DIR / "model.safetensors.index.json").exists():
+    if (
+        not (defaults.MODEL_DIR / "model.safetensors").exists()
+        and not (defaults.MODEL_DIR / "model.safetensors.index.json").exists()
+    ):
         pytest.skip(f"no base model at {defaults.MODEL_DIR}: run `python get_model.py` first")
-    done = run_cli("--chat", "What is the capital of France?", "--model-dir", str(defaults.MODEL_DIR),
-                   "--max-new-tokens", "32")
+    done = run_cli(
+        "--chat",
+        "What is the capital of France?",
+        "--model-dir",
+        str(defaults.MODEL_DIR),
+        "--max-new-tokens",
+        "32",
+    )
     assert done.returncode == 0, done.stderr
     assert "Paris" in done.stdout, done.stdout
 
@@ -290,14 +409,32 @@ def test_the_stream_yields_the_full_ranking_and_stopping_early_saves_steps(model
     counting = CountingModel(model)
 
     def stream():
-        return generate.beam_search_stream(counting, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=14, sample=sample,
-                                           temperature=0.7, generator=torch.Generator().manual_seed(3))
+        return generate.beam_search_stream(
+            counting,
+            PROMPT,
+            MANY_EOS,
+            num_beams=4,
+            max_new_tokens=14,
+            sample=sample,
+            temperature=0.7,
+            generator=torch.Generator().manual_seed(3),
+        )
 
     full = [(h.tokens, h.score, h.finished) for h in stream()]
     full_calls, counting.calls = counting.calls, 0
-    assert full == [(h.tokens, h.score, h.finished) for h in beam_search(
-        model, PROMPT, MANY_EOS, num_beams=4, max_new_tokens=14, sample=sample, temperature=0.7,
-        generator=torch.Generator().manual_seed(3))]
+    assert full == [
+        (h.tokens, h.score, h.finished)
+        for h in beam_search(
+            model,
+            PROMPT,
+            MANY_EOS,
+            num_beams=4,
+            max_new_tokens=14,
+            sample=sample,
+            temperature=0.7,
+            generator=torch.Generator().manual_seed(3),
+        )
+    ]
     first = next(stream())
     assert (first.tokens, first.score, first.finished) == full[0]
     assert counting.calls < full_calls  # the search stopped when the best one was settled
@@ -314,6 +451,7 @@ def test_the_length_normalised_stream_yields_only_at_the_end(model):
 
 def test_a_shared_prompt_cache_gives_the_same_beams_and_runs_only_the_new_tokens(model):
     from llm.prompt_cache import PromptCache
+
     other = [1, 40, 41, 42, 50, 51, 2, 1, 44]  # shares its first 4 tokens with PROMPT
     prompts = PromptCache(model)
     beam_search(model, PROMPT, EOS, num_beams=3, max_new_tokens=6, prompt_cache=prompts)
@@ -352,4 +490,7 @@ def test_the_stream_waits_until_a_later_hypothesis_can_no_longer_overtake(model)
     scripted = ScriptedModel(model)
     full = beam_search(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6)
     assert full[0].tokens == [50, 51] and full[1].tokens == []  # it overtook the first finished
-    assert next(generate.beam_search_stream(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6)).tokens == [50, 51]
+    assert next(generate.beam_search_stream(scripted, PROMPT, EOS, num_beams=3, max_new_tokens=6)).tokens == [
+        50,
+        51,
+    ]

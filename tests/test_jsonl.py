@@ -1,5 +1,6 @@
 """grisp/jsonl.py: the one JSONL reader/writer and the atomic writes (round trips, bad lines named, logs cut
 off by a killed run, interrupted writes that leave no half file)."""
+
 import json
 
 import pytest
@@ -14,7 +15,12 @@ from grisp.jsonl import (
     write_jsonl,
 )
 
-RECORDS = [{"id": "q1", "question": "wo wurde Gödel geboren?"}, {"id": "q2", "n": [1, 2.5, None]}, "a string", 7]
+RECORDS = [
+    {"id": "q1", "question": "wo wurde Gödel geboren?"},
+    {"id": "q2", "n": [1, 2.5, None]},
+    "a string",
+    7,
+]
 
 
 def test_write_then_read_round_trips_and_keeps_non_ascii(tmp_path):
@@ -52,6 +58,7 @@ def test_a_generator_is_written_as_it_is_consumed(tmp_path):
         for k in range(3):
             seen.append(k)
             yield {"k": k}
+
     write_jsonl(path, records())
     assert seen == [0, 1, 2] and read_jsonl(path) == [{"k": 0}, {"k": 1}, {"k": 2}]
 
@@ -63,6 +70,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary_file(tmp_path
     def records():
         yield {"new": 1}
         raise RuntimeError("killed while writing")
+
     with pytest.raises(RuntimeError, match="killed"):
         write_jsonl(path, records())
     assert read_jsonl(path) == [{"old": True}]
@@ -73,6 +81,7 @@ def test_an_interrupted_write_leaves_no_file(tmp_path):  # (from test_get_model:
     def crash(tmp):
         tmp.write_bytes(b"half a file")
         raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
         write_atomic(tmp_path / "model.safetensors", crash)
     assert not (tmp_path / "model.safetensors").exists()

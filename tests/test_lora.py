@@ -1,6 +1,7 @@
 """Tests for lora.py on a tiny random Qwen2: exactness, merging, training mask, injection by name and
 layer, and LoRA on model.py's inference paths (KV cache, cpu_speed). Adapter files and the round trip
 with Hugging Face PEFT: tests/test_peft_format.py (which reuses this file's helpers)."""
+
 import pytest
 import torch
 
@@ -84,8 +85,12 @@ def test_a_bf16_merge_rounds_the_sum_once(model_dir):
     lora.inject_lora(model, r=4, alpha=8)
     randomize_b(model)
     layers = lora.lora_layers(model)
-    expected = {name: (layer.base_layer.weight.float() + (layer.lora_B.float() @ layer.lora_A.float()) * layer.scaling
-                       ).to(torch.bfloat16) for name, layer in layers.items()}
+    expected = {
+        name: (
+            layer.base_layer.weight.float() + (layer.lora_B.float() @ layer.lora_A.float()) * layer.scaling
+        ).to(torch.bfloat16)
+        for name, layer in layers.items()
+    }
     lora.merge_lora(model)
     for name, layer in layers.items():
         assert torch.equal(layer.base_layer.weight, expected[name]), name
@@ -137,7 +142,7 @@ def test_cached_decoding_with_lora_equals_the_full_forward(model_dir):
     cache = model.new_cache(IDS.shape[0])
     with torch.no_grad():
         steps = [model(IDS[:, :4], cache=cache, logits_at=-1)]
-        steps += [model(IDS[:, t:t + 1], cache=cache, logits_at=-1) for t in range(4, IDS.shape[1])]
+        steps += [model(IDS[:, t : t + 1], cache=cache, logits_at=-1) for t in range(4, IDS.shape[1])]
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 3:], **EXACT)
 
 
@@ -203,17 +208,27 @@ def test_layer_restriction_and_target_names(model_dir):
     model = host_model(model_dir)
     assert lora.last_layers(model, 2) == [1, 2]
     names = lora.inject_lora(model, r=2, alpha=2, target_modules=["q_proj", "down_proj"], layers=[0, 2])
-    assert names == ["model.layers.0.self_attn.q_proj", "model.layers.0.mlp.down_proj",
-                     "model.layers.2.self_attn.q_proj", "model.layers.2.mlp.down_proj"]
+    assert names == [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.0.mlp.down_proj",
+        "model.layers.2.self_attn.q_proj",
+        "model.layers.2.mlp.down_proj",
+    ]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"target_modules": ["qkv"]}, "matched no module"),
-    ({"target_modules": ["q_proj", "v-proj"]}, r"\['v-proj'\] matched no module"),  # a typo beside a real name
-    ({"layers": [0, 7]}, r"layers \[7\] do not exist"),
-    ({"target_modules": ["mlp"]}, "plain nn.Linear only"),
-    ({"r": 0}, "rank must be positive"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"target_modules": ["qkv"]}, "matched no module"),
+        (
+            {"target_modules": ["q_proj", "v-proj"]},
+            r"\['v-proj'\] matched no module",
+        ),  # a typo beside a real name
+        ({"layers": [0, 7]}, r"layers \[7\] do not exist"),
+        ({"target_modules": ["mlp"]}, "plain nn.Linear only"),
+        ({"r": 0}, "rank must be positive"),
+    ],
+)
 def test_inject_rejects_bad_requests(model_dir, kwargs, message):
     with pytest.raises(ValueError, match=message):
         lora.inject_lora(host_model(model_dir), **kwargs)

@@ -1,4 +1,5 @@
 """Tests for metrics.py: the GRASP scoring protocol on hand-built result sets."""
+
 import itertools
 from collections import Counter
 
@@ -21,8 +22,9 @@ def lit(value: str, **extra) -> dict:
 
 def select(*rows: dict) -> metrics.ResultSet:
     """A SELECT result from rows given as {variable: term} dicts."""
-    return metrics.from_json({"head": {"vars": sorted({v for r in rows for v in r})},
-                              "results": {"bindings": list(rows)}})
+    return metrics.from_json(
+        {"head": {"vars": sorted({v for r in rows for v in r})}, "results": {"bindings": list(rows)}}
+    )
 
 
 def column(*names: str, var: str = "x") -> metrics.ResultSet:
@@ -126,10 +128,18 @@ def test_duplicate_values_within_a_row_are_a_multiset():
 
 
 def test_column_names_and_order_are_ignored():
-    gold = metrics.from_json({"head": {"vars": ["person", "place"]}, "results": {"bindings": [
-        {"person": uri("Q3772"), "place": uri("Q185582")}]}})
-    pred = metrics.from_json({"head": {"vars": ["where", "who"]}, "results": {"bindings": [
-        {"where": uri("Q185582"), "who": uri("Q3772")}]}})
+    gold = metrics.from_json(
+        {
+            "head": {"vars": ["person", "place"]},
+            "results": {"bindings": [{"person": uri("Q3772"), "place": uri("Q185582")}]},
+        }
+    )
+    pred = metrics.from_json(
+        {
+            "head": {"vars": ["where", "who"]},
+            "results": {"bindings": [{"where": uri("Q185582"), "who": uri("Q3772")}]},
+        }
+    )
     assert metrics.f1_score(pred, gold) == 1.0
 
 
@@ -183,6 +193,7 @@ def test_more_than_1024_rows_uses_multiset_f1_over_whole_rows():
     # (TP = n/2, FN = n/2, FP = 0 -> P = 1, R = 1/2, F1 = 2/3); multiset F1 over whole rows gives 0
     def rows(n, second):
         return select(*({"a": uri(f"Q{i}"), "b": uri(f"{second}{i}")} for i in range(n)))
+
     small_gold, small_pred = rows(metrics.EXACT_ABOVE, "G"), rows(metrics.EXACT_ABOVE, "P")
     assert metrics.f1_score(small_pred, small_gold) == pytest.approx(2 / 3)
     big_gold, big_pred = rows(metrics.EXACT_ABOVE + 1, "G"), rows(metrics.EXACT_ABOVE + 1, "P")
@@ -202,8 +213,10 @@ def test_large_multiset_f1_value():
 
 def brute_force_f1(pred: list[tuple], gold: list[tuple]) -> float:
     """Try every one-to-one matching of the smaller side into the larger one."""
+
     def pair(p, g):
         return sum((Counter(p) & Counter(g)).values()) / len(g)
+
     best_tp = 0.0
     if len(pred) <= len(gold):
         for perm in itertools.permutations(range(len(gold)), len(pred)):
@@ -241,6 +254,7 @@ def test_from_result_reads_a_sparql_client_result():
     class Result:  # the shape of sparql.Result: variables, rows of JSON terms, boolean for ASK
         def __init__(self, rows=(), boolean=None):
             self.variables, self.rows, self.boolean = ["x"], list(rows), boolean
+
     assert metrics.from_result(Result(boolean=False)) == ASK_FALSE
     assert metrics.from_result(Result([{"x": uri("Q1")}, {"x": uri("Q2")}])) == column("Q1", "Q2")
 

@@ -1,6 +1,7 @@
 """Tests for peft_format.py on a tiny random Qwen2: adapters round-trip with Hugging Face PEFT in both
 directions, bf16 copies, the `convert` command line, strict loading with clear errors, load_merged.
 Model helpers come from tests/test_lora.py."""
+
 import json
 import shutil
 import subprocess
@@ -58,9 +59,15 @@ def test_our_adapter_loads_in_peft_with_the_same_logits(model_dir, tmp_path, lay
 
 @pytest.mark.parametrize("layers, n_layers", [(None, LAYERS), ([0, 2], 2), (1, 1)])  # PEFT allows an int
 def test_peft_adapter_loads_here_with_the_same_logits(model_dir, tmp_path, layers, n_layers):
-    config = peft.LoraConfig(r=4, lora_alpha=16, lora_dropout=0.0, task_type="CAUSAL_LM",
-                             target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
-                             layers_to_transform=layers, init_lora_weights=False)  # random A and B
+    config = peft.LoraConfig(
+        r=4,
+        lora_alpha=16,
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+        target_modules=["q_proj", "v_proj", "o_proj", "up_proj", "down_proj"],
+        layers_to_transform=layers,
+        init_lora_weights=False,
+    )  # random A and B
     peft_model = peft.get_peft_model(hf_model(model_dir), config).eval()
     expected = logits(peft_model, IDS)
     peft_model.save_pretrained(tmp_path)
@@ -96,19 +103,41 @@ def test_convert_casts_weights_and_renames_the_base_model(model_dir, tmp_path):
     lora.inject_lora(model, r=4, alpha=8, layers=[1, 2])
     randomize_b(model)
     peft_format.save_adapter(model, tmp_path / "fp32", base_model_name_or_path="/local/path")
-    result = subprocess.run([sys.executable, "-m", "grisp.peft_format", "convert", str(tmp_path / "fp32"),
-                             str(tmp_path / "bf16"), "--dtype", "bfloat16", "--base-model", "org/tiny-qwen2"],
-                            cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grisp.peft_format",
+            "convert",
+            str(tmp_path / "fp32"),
+            str(tmp_path / "bf16"),
+            "--dtype",
+            "bfloat16",
+            "--base-model",
+            "org/tiny-qwen2",
+        ],
+        cwd=defaults.REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     config = peft_format.read_adapter_config(tmp_path / "bf16")
     assert config["base_model_name_or_path"] == "org/tiny-qwen2" and config["layers_to_transform"] == [1, 2]
     saved = load_file(tmp_path / "bf16" / peft_format.WEIGHTS_NAME)
     original = load_file(tmp_path / "fp32" / peft_format.WEIGHTS_NAME)
     assert saved.keys() == original.keys()
-    assert all(saved[k].dtype == torch.bfloat16 and torch.equal(saved[k], original[k].to(torch.bfloat16)) for k in saved)
-    missing = subprocess.run([sys.executable, "-m", "grisp.peft_format", "convert", str(tmp_path / "none"),
-                              str(tmp_path / "x")],
-                             cwd=defaults.REPO_DIR, capture_output=True, text=True, timeout=120)
+    assert all(
+        saved[k].dtype == torch.bfloat16 and torch.equal(saved[k], original[k].to(torch.bfloat16))
+        for k in saved
+    )
+    missing = subprocess.run(
+        [sys.executable, "-m", "grisp.peft_format", "convert", str(tmp_path / "none"), str(tmp_path / "x")],
+        cwd=defaults.REPO_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode != 0 and "is not an adapter directory" in missing.stderr
 
 
@@ -131,7 +160,9 @@ def edit_weights(adapter_dir, edit) -> None:
 
 
 def test_missing_key_fails_and_leaves_the_model_unchanged(model_dir, adapter_dir):
-    edit_weights(adapter_dir, lambda t: t.pop("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"))
+    edit_weights(
+        adapter_dir, lambda t: t.pop("base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight")
+    )
     model = host_model(model_dir)
     with pytest.raises(ValueError, match=r"1 missing \['model.layers.1.self_attn.v_proj.lora_B'\]"):
         peft_format.load_adapter(model, adapter_dir)
@@ -142,6 +173,7 @@ def test_missing_key_fails_and_leaves_the_model_unchanged(model_dir, adapter_dir
 def test_unexpected_key_fails(model_dir, adapter_dir):
     def add(tensors):
         tensors["base_model.model.model.layers.0.mlp.up_proj.lora_A.weight"] = torch.zeros(4, 32)
+
     edit_weights(adapter_dir, add)
     with pytest.raises(ValueError, match="1 unexpected"):
         peft_format.load_adapter(host_model(model_dir), adapter_dir)
@@ -163,8 +195,16 @@ def test_adapter_for_another_architecture_fails(model_dir, adapter_dir):
         peft_format.load_adapter(host_model(model_dir), adapter_dir)
 
 
-@pytest.mark.parametrize("field, value", [("use_dora", True), ("peft_type", "IA3"), ("bias", "all"),
-                                          ("modules_to_save", ["lm_head"]), ("rank_pattern", {"q_proj": 8})])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("use_dora", True),
+        ("peft_type", "IA3"),
+        ("bias", "all"),
+        ("modules_to_save", ["lm_head"]),
+        ("rank_pattern", {"q_proj": 8}),
+    ],
+)
 def test_unsupported_peft_features_fail(model_dir, adapter_dir, field, value):
     config = json.loads((adapter_dir / peft_format.CONFIG_NAME).read_text())
     config[field] = value
@@ -173,8 +213,9 @@ def test_unsupported_peft_features_fail(model_dir, adapter_dir, field, value):
         peft_format.load_adapter(host_model(model_dir), adapter_dir)
 
 
-@pytest.mark.parametrize("text, message", [("{not json", "not valid JSON"),
-                                           ('{"peft_type": "LORA", "r": 4}', "lacks")])
+@pytest.mark.parametrize(
+    "text, message", [("{not json", "not valid JSON"), ('{"peft_type": "LORA", "r": 4}', "lacks")]
+)
 def test_broken_config_fails(model_dir, adapter_dir, text, message):
     (adapter_dir / peft_format.CONFIG_NAME).write_text(text)
     with pytest.raises(ValueError, match=message):
@@ -202,7 +243,9 @@ def test_load_merged_equals_the_loaded_adapter_with_plain_linear_layers(model_di
 
 def test_an_adapter_of_another_base_model_loads_with_a_warning(model_dir, adapter_dir, tmp_path):
     base = shutil.copytree(model_dir, tmp_path / "base")
-    peft_format.convert_adapter(adapter_dir, tmp_path / "coder", base_model_name_or_path="Qwen/Qwen2.5-Coder-0.5B-Instruct")
+    peft_format.convert_adapter(
+        adapter_dir, tmp_path / "coder", base_model_name_or_path="Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    )
     with warnings.catch_warnings():  # get_model.py's manifest unknown: nothing to compare
         warnings.simplefilter("error")
         peft_format.load_for_inference(base, tmp_path / "coder", "float32")
@@ -212,7 +255,9 @@ def test_an_adapter_of_another_base_model_loads_with_a_warning(model_dir, adapte
             warnings.simplefilter("always")
             peft_format.load_for_inference(base, tmp_path / "coder", "float32")
         said = [str(w.message) for w in caught]
-        assert any("was trained on Qwen/Qwen2.5-Coder-0.5B-Instruct" in m and repo in m for m in said) == warns, said
+        assert (
+            any("was trained on Qwen/Qwen2.5-Coder-0.5B-Instruct" in m and repo in m for m in said) == warns
+        ), said
 
 
 def test_save_refuses_what_a_peft_config_cannot_describe(model_dir, tmp_path):
@@ -236,6 +281,7 @@ def test_save_refuses_what_a_peft_config_cannot_describe(model_dir, tmp_path):
 @pytest.mark.slow
 def test_real_model_adapter_round_trips_with_peft(tmp_path):
     from grisp import defaults
+
     if not (defaults.MODEL_DIR / "config.json").exists():
         pytest.skip(f"no base model at {defaults.MODEL_DIR}; run get_model.py first")
     model = Transformer.from_pretrained(defaults.MODEL_DIR)
@@ -246,7 +292,9 @@ def test_real_model_adapter_round_trips_with_peft(tmp_path):
     peft_format.save_adapter(model, tmp_path, base_model_name_or_path=str(defaults.MODEL_DIR))
     del model
     peft_model = peft.PeftModel.from_pretrained(hf_model(defaults.MODEL_DIR), tmp_path).eval()
-    torch.testing.assert_close(logits(peft_model, ids), ours, atol=1e-3, rtol=0)  # our forward vs transformers
+    torch.testing.assert_close(
+        logits(peft_model, ids), ours, atol=1e-3, rtol=0
+    )  # our forward vs transformers
     assert (logits(peft_model, ids).argmax(-1) == ours.argmax(-1)).all()
 
 
@@ -266,24 +314,34 @@ def test_prompt_format_is_saved_beside_the_adapter_and_travels_with_convert(mode
         peft_format.read_prompt_format(tmp_path / "new")
 
 
-def test_saving_over_an_adapter_replaces_every_file_and_a_failed_save_keeps_the_old_one(model_dir, tmp_path, monkeypatch):
+def test_saving_over_an_adapter_replaces_every_file_and_a_failed_save_keeps_the_old_one(
+    model_dir, tmp_path, monkeypatch
+):
     model = host_model(model_dir)
     lora.inject_lora(model, r=4, alpha=8, layers=[1])
     peft_format.save_adapter(model, tmp_path / "a", prompt_format="v2")
-    peft_format.save_adapter(model, tmp_path / "a")  # no prompt format now: the old file must not speak for it
+    peft_format.save_adapter(
+        model, tmp_path / "a"
+    )  # no prompt format now: the old file must not speak for it
     assert peft_format.read_prompt_format(tmp_path / "a") == "v1"
     before = (tmp_path / "a" / peft_format.WEIGHTS_NAME).read_bytes()
 
     def killed(tensors, filename, metadata=None):  # a save cut off half way (a kill, a full disk)
         open(filename, "wb").write(b"\0" * 10)
         raise KeyboardInterrupt
+
     monkeypatch.setattr(peft_format, "save_file", killed)
     with pytest.raises(KeyboardInterrupt):
         peft_format.save_adapter(model, tmp_path / "a")
     assert (tmp_path / "a" / peft_format.WEIGHTS_NAME).read_bytes() == before
-    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [peft_format.CONFIG_NAME, peft_format.WEIGHTS_NAME]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
+        peft_format.CONFIG_NAME,
+        peft_format.WEIGHTS_NAME,
+    ]
 
 
 def test_the_committed_adapters_name_their_prompt_formats():
-    assert peft_format.read_prompt_format(defaults.REPO_DIR / "adapters" / "grisp-wwq-0.5b") == "v1"  # the baseline
+    assert (
+        peft_format.read_prompt_format(defaults.REPO_DIR / "adapters" / "grisp-wwq-0.5b") == "v1"
+    )  # the baseline
     assert peft_format.read_prompt_format(defaults.ADAPTER_DIR) == "v2"  # the default adapter

@@ -1,5 +1,6 @@
 """positions.py: the position of a placeholder (subject / property / object / unknown) over many
 skeleton shapes."""
+
 import pytest
 
 from grisp.positions import infer_position
@@ -9,7 +10,10 @@ PH = "<iri>X</iri>"  # the placeholder under test in the shape table (`$PH` in i
 
 POSITIONS = [
     # the paper's example, placeholder by placeholder
-    ("SELECT ?place WHERE { $PH <iri>director (wdt)</iri> ?d . ?d <iri>place of birth (wdt)</iri> ?place . }", "subject"),
+    (
+        "SELECT ?place WHERE { $PH <iri>director (wdt)</iri> ?d . ?d <iri>place of birth (wdt)</iri> ?place . }",
+        "subject",
+    ),
     ("SELECT ?place WHERE { wd:Q104123 $PH ?d . ?d <iri>place of birth (wdt)</iri> ?place . }", "property"),
     ("SELECT ?place WHERE { wd:Q104123 wdt:P57 ?d . ?d $PH ?place . }", "property"),
     ("SELECT ?x WHERE { wd:Q104123 wdt:P57 $PH }", "object"),
@@ -45,7 +49,10 @@ POSITIONS = [
     # ASK, COUNT, GROUP BY, ORDER BY
     ("ASK { wd:Q1 wdt:P31 $PH }", "object"),
     ("SELECT (COUNT(?x) AS ?n) WHERE { ?x $PH wd:Q5 }", "property"),
-    ("SELECT ?x (COUNT(*) AS ?y) WHERE { wd:Q1 wdt:P527 ?p . ?p $PH ?x } GROUP BY ?x HAVING (?y = 2)", "property"),
+    (
+        "SELECT ?x (COUNT(*) AS ?y) WHERE { wd:Q1 wdt:P527 ?p . ?p $PH ?x } GROUP BY ?x HAVING (?y = 2)",
+        "property",
+    ),
     ("SELECT ?x WHERE { ?x wdt:P31 wd:Q5 } ORDER BY $PH", "unknown"),
     ("SELECT $PH WHERE { ?x ?p ?o }", "unknown"),
     ("SELECT ?x WHERE { ?x wdt:P31 wd:Q5 ) $PH", "unknown"),  # unbalanced

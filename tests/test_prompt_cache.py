@@ -1,6 +1,7 @@
 """prompt_cache.PromptCache on a tiny random model: a prompt run after another equals a full forward
 while running only the tokens after the shared start; chunked feeding; a failed forward leaves a
 consistent cache; KVCache.copy_rows (the beam rows) leaves the prompt's cache unchanged."""
+
 import pytest
 import torch
 
@@ -34,8 +35,9 @@ def test_run_equals_a_full_forward_and_computes_only_the_new_tokens(model):
 def test_feed_appends_and_chunks(model):
     prompts = PromptCache(model, chunk=2)
     prompts.run([5, 6, 7])
-    torch.testing.assert_close(prompts.feed([8, 9, 10, 11, 12]), full(model, [5, 6, 7, 8, 9, 10, 11, 12]),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        prompts.feed([8, 9, 10, 11, 12]), full(model, [5, 6, 7, 8, 9, 10, 11, 12]), atol=1e-5, rtol=0
+    )
     assert prompts.ids == [5, 6, 7, 8, 9, 10, 11, 12]
 
 

@@ -1,4 +1,5 @@
 """tools/report.py: the tables of docs/results*.md come out of real evaluate.py summaries with the right numbers."""
+
 import json
 
 import pytest
@@ -17,26 +18,49 @@ def write_run(run_dir, records, summary, config):
 
 
 def system_record(qid, failure, seconds, backtracks=0):
-    return {"id": qid, "question": f"question {qid}", "sparql": None if failure == "dead_end" else "PREFIX wd: <x>\nSELECT ?x {}",
-            "f1": 1.0 if failure is None else 0.0, "em": failure is None, "failure": failure, "seconds": seconds,
-            "backtracks": backtracks, "gold_status": "ok", "timings": {"total": seconds}}
+    return {
+        "id": qid,
+        "question": f"question {qid}",
+        "sparql": None if failure == "dead_end" else "PREFIX wd: <x>\nSELECT ?x {}",
+        "f1": 1.0 if failure is None else 0.0,
+        "em": failure is None,
+        "failure": failure,
+        "seconds": seconds,
+        "backtracks": backtracks,
+        "gold_status": "ok",
+        "timings": {"total": seconds},
+    }
 
 
 def system_run(tmp_path, name, ablation, outcomes, options=None, adapter="adapters/a"):
-    records = [system_record(f"q{i}", failure, seconds=2.0 + i, backtracks=i % 2) for i, failure in enumerate(outcomes)]
+    records = [
+        system_record(f"q{i}", failure, seconds=2.0 + i, backtracks=i % 2)
+        for i, failure in enumerate(outcomes)
+    ]
     config = {"ablation": ablation, "options": options or {}, "oracle_skeleton": False, "adapter": adapter}
     return write_run(tmp_path / name, records, evaluate.summarize(records), config)
 
 
 def test_systems_table_rows_follow_the_summaries(tmp_path):
     full = system_run(tmp_path, "full", "none", [None, None, "dead_end", "wrong_answer"])
-    no_rerank = system_run(tmp_path, "norr", "no-rerank", [None, None, None, "wrong_answer"],
-                           options=dict(evaluate.ABLATIONS["no-rerank"]))
+    no_rerank = system_run(
+        tmp_path,
+        "norr",
+        "no-rerank",
+        [None, None, None, "wrong_answer"],
+        options=dict(evaluate.ABLATIONS["no-rerank"]),
+    )
     lines = report.systems_table([full, no_rerank])
     # F1 | answered | precision | wrong | declined | index lacks: declined | EM | ...
-    assert lines[2] == "| GRISP (all mechanisms) | 50.0 | 3 | 66.7 | 1 | 1 | 0 of 0 | 50.0 | 3.5 / 3.5 | 0.50 | 1 / 1 / 2 | 4 |"
+    assert (
+        lines[2]
+        == "| GRISP (all mechanisms) | 50.0 | 3 | 66.7 | 1 | 1 | 0 of 0 | 50.0 | 3.5 / 3.5 | 0.50 | 1 / 1 / 2 | 4 |"
+    )
     # the ablation's own preset is not repeated in the name
-    assert lines[3] == "| w/o re-ranking | 75.0 | 4 | 75.0 | 1 | 0 | 0 of 0 | 75.0 | 3.5 / 3.5 | 0.50 | 0 / 1 / 3 | 4 |"
+    assert (
+        lines[3]
+        == "| w/o re-ranking | 75.0 | 4 | 75.0 | 1 | 0 | 0 of 0 | 75.0 | 3.5 / 3.5 | 0.50 | 0 / 1 / 3 | 4 |"
+    )
     slow = system_run(tmp_path, "slow", "none", [None, "timeout", "timeout", "dead_end"])
     assert report.systems_table([slow])[2].endswith("| 1 / 0 / 1 (2 timeout) | 4 |")  # no column of its own
 
@@ -45,8 +69,19 @@ def test_risk_table_and_plot_follow_the_confidences(tmp_path):
     """Four answered questions: at 25% coverage the surest (right), at 50% the two surest (one wrong), ...;
     without the retry the retry's answer (confidence 0.1) is gone."""
     outcomes = [(1.0, 0.9, False), (0.0, 0.8, False), (1.0, 0.5, False), (0.0, 0.1, True)]
-    records = [{"id": f"q{i}", "f1": f1, "sparql": "Q", "guess": "Q", "confidence": c, "declined": False,
-                "retried": retried, "index_lacks": []} for i, (f1, c, retried) in enumerate(outcomes)]
+    records = [
+        {
+            "id": f"q{i}",
+            "f1": f1,
+            "sparql": "Q",
+            "guess": "Q",
+            "confidence": c,
+            "declined": False,
+            "retried": retried,
+            "index_lacks": [],
+        }
+        for i, (f1, c, retried) in enumerate(outcomes)
+    ]
     run = write_run(tmp_path / "run", records, {}, {"ablation": "none", "options": {}, "adapter": "a"})
     curves = report.risk_curves([run], without_retry=True)
     lines = report.risk_table(curves)
@@ -54,7 +89,9 @@ def test_risk_table_and_plot_follow_the_confidences(tmp_path):
     cells = lines[2].split(" | ")
     assert cells[0] == "| GRISP (all mechanisms)" and cells[1] == "100.0 (0.90)" and cells[3] == "50.0 (0.80)"
     assert lines[2].endswith("| 50.0 at 100.0% |")
-    assert lines[3].startswith("| GRISP (all mechanisms), w/o the retry |") and lines[3].endswith("| 66.7 at 75.0% |")
+    assert lines[3].startswith("| GRISP (all mechanisms), w/o the retry |") and lines[3].endswith(
+        "| 66.7 at 75.0% |"
+    )
     report.plot_risk(curves, tmp_path / "risk.png")
     assert (tmp_path / "risk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -75,25 +112,38 @@ def test_systems_table_names_what_else_differs(tmp_path):
 def test_systems_table_leaves_out_what_every_run_shares(tmp_path):
     common = {"precision": "bfloat16", "retry": True}
     full = system_run(tmp_path, "full", "none", [None], options=common)
-    no_rerank = system_run(tmp_path, "norr", "no-rerank", [None], options=common | evaluate.ABLATIONS["no-rerank"])
+    no_rerank = system_run(
+        tmp_path, "norr", "no-rerank", [None], options=common | evaluate.ABLATIONS["no-rerank"]
+    )
     f32 = system_run(tmp_path, "f32", "none", [None], options=common | {"precision": "float32"})
     lines = report.systems_table([f32, full, no_rerank])
     assert [line.split(" | ")[0] for line in lines[2:]] == [
-        "| GRISP (all mechanisms) (precision=float32)", "| GRISP (all mechanisms) (precision=bfloat16)", "| w/o re-ranking (precision=bfloat16)"]
+        "| GRISP (all mechanisms) (precision=float32)",
+        "| GRISP (all mechanisms) (precision=bfloat16)",
+        "| w/o re-ranking (precision=bfloat16)",
+    ]
     lines = report.systems_table([full, no_rerank])
     assert [line.split(" | ")[0] for line in lines[2:]] == ["| GRISP (all mechanisms)", "| w/o re-ranking"]
 
 
 def test_shapes_table_splits_f1_by_the_gold_querys_shape(tmp_path):
     def run(name, outcomes):  # (shape, failure) per question
-        records = [{**system_record(f"q{i}", failure, 1.0), "shape": shape} for i, (shape, failure) in enumerate(outcomes)]
+        records = [
+            {**system_record(f"q{i}", failure, 1.0), "shape": shape}
+            for i, (shape, failure) in enumerate(outcomes)
+        ]
         return write_run(tmp_path / name, records, evaluate.summarize(records), {"ablation": "none"})
+
     old = run("old", [("one triple", None), ("one triple", "dead_end"), ("two-hop", "wrong_answer")])
     new = run("new", [("one triple", None), ("one triple", None), ("two-hop", None), ("ask", "dead_end")])
     lines = report.shapes_table([old, new])
     assert lines[0] == "| shape | old | new |"
-    assert lines[2:] == ["| ask | - | 1: 0.0 |", "| two-hop | 1: 0.0 | 1: 100.0 |", "| one triple | 2: 50.0 | 2: 100.0 |",
-                         "| all | 3: 33.3 | 4: 75.0 |"]
+    assert lines[2:] == [
+        "| ask | - | 1: 0.0 |",
+        "| two-hop | 1: 0.0 | 1: 100.0 |",
+        "| one triple | 2: 50.0 | 2: 100.0 |",
+        "| all | 3: 33.3 | 4: 75.0 |",
+    ]
     # runs of the same name (one per adapter, as runs/results.sh lays them out) are told apart by their parent
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -110,20 +160,37 @@ def test_shapes_table_refuses_runs_without_shapes(tmp_path):
 
 
 def skeleton_record(qid, shape, structure, label, seconds=1.0):
-    return {"id": qid, "question": qid, "shape": shape, "status": "scored", "generated": "SELECT ?x {}",
-            "structure_match": structure, "label_match": label, "seconds": seconds}
+    return {
+        "id": qid,
+        "question": qid,
+        "shape": shape,
+        "status": "scored",
+        "generated": "SELECT ?x {}",
+        "structure_match": structure,
+        "label_match": label,
+        "seconds": seconds,
+    }
 
 
 def test_skeletons_table_has_one_column_per_run(tmp_path):
-    records_a = [skeleton_record("1", "one triple", True, True, 1.0), skeleton_record("2", "one triple", True, False, 3.0),
-                 skeleton_record("3", "two-hop", False, False, 5.0),
-                 {"id": "4", "question": "4", "status": "unskeletonisable"}]
+    records_a = [
+        skeleton_record("1", "one triple", True, True, 1.0),
+        skeleton_record("2", "one triple", True, False, 3.0),
+        skeleton_record("3", "two-hop", False, False, 5.0),
+        {"id": "4", "question": "4", "status": "unskeletonisable"},
+    ]
     records_b = [skeleton_record("1", "ask", False, False)]
+
     def summary(records):  # as evaluate.py --skeleton-only writes it
         return skeleton_score.summarize(records) | {"seconds": evaluate.seconds_summary(records)}
+
     a = write_run(tmp_path / "a", records_a, summary(records_a), {"ablation": "none"})
-    b = write_run(tmp_path / "b", records_b + [skeleton_record("9", "ask", True, True, 99.0)], summary(records_b),
-                  {"ablation": "none"})  # a record outside the run's selection (an earlier --limit) is not timed
+    b = write_run(
+        tmp_path / "b",
+        records_b + [skeleton_record("9", "ask", True, True, 99.0)],
+        summary(records_b),
+        {"ablation": "none"},
+    )  # a record outside the run's selection (an earlier --limit) is not timed
     rows = {line.split(" | ")[0].lstrip("| "): line for line in report.skeletons_table([a, b])}
     assert rows["ask"] == "| ask | - | 1: 0.0, 0.0 |"
     assert rows["two-hop"] == "| two-hop | 1: 0.0, 0.0 | - |"
@@ -175,22 +242,39 @@ def test_compare_refuses_a_folder_without_predictions_and_a_negative_show(tmp_pa
 
 
 def agent_config(model_dir="/models/qwen2.5-coder-0.5b-instruct", adapter=None):
-    return {"system": "agent", "ablation": "none", "options": {}, "adapter": "none",
-            "agent": {"model": {"backend": "local", "model": "", "model_dir": model_dir, "adapter": adapter}}}
+    return {
+        "system": "agent",
+        "ablation": "none",
+        "options": {},
+        "adapter": "none",
+        "agent": {"model": {"backend": "local", "model": "", "model_dir": model_dir, "adapter": adapter}},
+    }
 
 
 def test_agent_table_counts_steps_calls_and_endings(tmp_path):
-    records = [system_record("q0", None, 10.0) | {"steps": 4, "calls": {"search_entity": 2, "execute": 1}, "agent_status": "answered"},
-               system_record("q1", "dead_end", 30.0) | {"steps": 6, "calls": {"search_entity": 1}, "agent_status": "loop"}]
+    records = [
+        system_record("q0", None, 10.0)
+        | {"steps": 4, "calls": {"search_entity": 2, "execute": 1}, "agent_status": "answered"},
+        system_record("q1", "dead_end", 30.0)
+        | {"steps": 6, "calls": {"search_entity": 1}, "agent_status": "loop"},
+    ]
     summary = evaluate.summarize(records) | {"agent": evaluation.agent_summary(records)}
     run = write_run(tmp_path / "demo-agent", records, summary, agent_config())
     lines = report.agent_table([run])
-    assert lines[2] == ("| demo-agent | local: qwen2.5-coder-0.5b-instruct | 50.0 | 50.0 | 20.0 / 20.0 | 5.00 | 2.00 | "
-                        "search_entity 1.50, execute 0.50 | answered 1, loop 1 | 2 |")
+    assert lines[2] == (
+        "| demo-agent | local: qwen2.5-coder-0.5b-instruct | 50.0 | 50.0 | 20.0 / 20.0 | 5.00 | 2.00 | "
+        "search_entity 1.50, execute 0.50 | answered 1, loop 1 | 2 |"
+    )
     # in the systems table an agent run is named as the agent, not as GRISP
-    assert report.systems_table([run])[2].startswith("| GRASP agent (local: qwen2.5-coder-0.5b-instruct) | 50.0 |")
-    tuned = write_run(tmp_path / "demo-agent-adapter", records, summary, agent_config(adapter="/x/grasp-agent-0.5b"))
-    assert report.agent_table([tuned])[2].startswith("| demo-agent-adapter | local: qwen2.5-coder-0.5b-instruct + grasp-agent-0.5b |")
+    assert report.systems_table([run])[2].startswith(
+        "| GRASP agent (local: qwen2.5-coder-0.5b-instruct) | 50.0 |"
+    )
+    tuned = write_run(
+        tmp_path / "demo-agent-adapter", records, summary, agent_config(adapter="/x/grasp-agent-0.5b")
+    )
+    assert report.agent_table([tuned])[2].startswith(
+        "| demo-agent-adapter | local: qwen2.5-coder-0.5b-instruct + grasp-agent-0.5b |"
+    )
     grisp = system_run(tmp_path, "grisp", "none", [None])
     with pytest.raises(SystemExit, match="not an evaluate.py --system agent run"):
         report.agent_table([grisp])

@@ -4,6 +4,7 @@ CI installs into a fresh virtualenv from the requirements files, so an undeclare
 test catches it first, on any machine, by reading the imports (AST) instead of running them. Repository
 modules and tests are checked against requirements.txt + requirements-dev.txt; bench/ also against
 bench/requirements.txt. An import inside a function counts too: a lazy import still needs its package."""
+
 import ast
 import re
 import sys
@@ -66,14 +67,20 @@ def undeclared_imports(files: list[Path], declared: set[str], root: Path = ROOT)
 
 def python_files(folder: Path, leave_out: tuple[str, ...] = ()) -> list[Path]:
     """Every .py file under `folder`, at any depth, but in dot-folders and the top-level folders `leave_out`."""
-    return sorted(p for p in folder.rglob("*.py") if not any(part.startswith(".") for part in p.relative_to(folder).parts)
-                  and p.relative_to(folder).parts[0] not in leave_out)
+    return sorted(
+        p
+        for p in folder.rglob("*.py")
+        if not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        and p.relative_to(folder).parts[0] not in leave_out
+    )
 
 
 def test_code_and_tests_import_only_declared_packages():
     declared = declared_packages(ROOT / "requirements.txt", ROOT / "requirements-dev.txt")
     files = python_files(ROOT, leave_out=("bench",))
-    assert {"grisp", "grasp", "llm", "web", "tests"} <= {f.relative_to(ROOT).parts[0] for f in files}  # every folder
+    assert {"grisp", "grasp", "llm", "web", "tests"} <= {
+        f.relative_to(ROOT).parts[0] for f in files
+    }  # every folder
     assert undeclared_imports(files, declared) == {}
 
 
@@ -87,16 +94,28 @@ def test_the_scan_reports_undeclared_imports_only(tmp_path):
     declared, standard-library or repository import is not."""
     (tmp_path / "helper.py").write_text("")
     (tmp_path / "pkg").mkdir()
-    (tmp_path / "pkg" / "deep.py").write_text("import yaml\nimport grisp_local\n")  # grisp_local: not a module here
-    (tmp_path / "module.py").write_text("import json\nimport numpy.linalg\nimport helper\n"
-                                        "from jsonschema import validate\n"
-                                        "def lazy():\n    import sentence_transformers\n")
+    (tmp_path / "pkg" / "deep.py").write_text(
+        "import yaml\nimport grisp_local\n"
+    )  # grisp_local: not a module here
+    (tmp_path / "module.py").write_text(
+        "import json\nimport numpy.linalg\nimport helper\n"
+        "from jsonschema import validate\n"
+        "def lazy():\n    import sentence_transformers\n"
+    )
     (tmp_path / "requirements.txt").write_text("-r base.txt\nscipy>=1.0  # why\n")
     (tmp_path / "base.txt").write_text("NumPy\n")
-    assert python_files(tmp_path) == [tmp_path / "helper.py", tmp_path / "module.py", tmp_path / "pkg" / "deep.py"]
+    assert python_files(tmp_path) == [
+        tmp_path / "helper.py",
+        tmp_path / "module.py",
+        tmp_path / "pkg" / "deep.py",
+    ]
     declared = declared_packages(tmp_path / "requirements.txt")
     assert declared == {"numpy", "scipy"}
     assert undeclared_imports([tmp_path / "module.py"], declared, tmp_path) == {
-        "jsonschema": ["module.py"], "sentence-transformers": ["module.py"]}
+        "jsonschema": ["module.py"],
+        "sentence-transformers": ["module.py"],
+    }
     assert undeclared_imports([tmp_path / "pkg" / "deep.py"], declared, tmp_path) == {
-        "yaml": ["pkg/deep.py"], "grisp-local": ["pkg/deep.py"]}
+        "yaml": ["pkg/deep.py"],
+        "grisp-local": ["pkg/deep.py"],
+    }

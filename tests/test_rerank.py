@@ -1,5 +1,6 @@
 """The model re-ranker (rerank.ModelReranker) on a tiny random model: the prefix-cached forward equals a
 full forward, identifiers are single tokens, the scores order the alternatives, None comes last."""
+
 import pytest
 import torch
 
@@ -37,8 +38,10 @@ def model(model_dir):  # fresh per test: one test rigs the lm_head
 
 
 def alternatives(n, start=0):
-    return [Alternative(f"{WD}Q{i}", f"wd:Q{i}", f"item {i}", [f"alias {i}"], f"thing number {i}")
-            for i in range(start, start + n)]
+    return [
+        Alternative(f"{WD}Q{i}", f"wd:Q{i}", f"item {i}", [f"alias {i}"], f"thing number {i}")
+        for i in range(start, start + n)
+    ]
 
 
 def full_scores(model, tokenizer, question, query, alts, resolved=(), prompt_format="v2"):
@@ -53,31 +56,69 @@ def full_scores(model, tokenizer, question, query, alts, resolved=(), prompt_for
 # backtrack (same query, fewer alternatives), another question, a prompt that is a strict extension of
 # the previous one, and the first prompt again
 FILM = alternatives(1)[0]
-CALLS = [("who directed pulp fiction?", QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>"), alternatives(5), []),
-         ("who directed pulp fiction?", "SELECT ?x WHERE { wd:Q1 <rep>director (wdt)</rep> ?x . }", alternatives(4, 7), [FILM]),
-         ("who directed pulp fiction?", "SELECT ?x WHERE { wd:Q1 <rep>director (wdt)</rep> ?x . }", alternatives(3, 8), [FILM]),
-         ("where was tarantino born?", "SELECT ?x WHERE { <rep>Tarantino</rep> wdt:P19 ?x . }", alternatives(2), []),
-         ("where was tarantino born?", "SELECT ?x WHERE { <rep>Tarantino</rep> wdt:P19 ?x . }", alternatives(6), []),
-         ("who directed pulp fiction?", QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>"), alternatives(5), [])]
+CALLS = [
+    (
+        "who directed pulp fiction?",
+        QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>"),
+        alternatives(5),
+        [],
+    ),
+    (
+        "who directed pulp fiction?",
+        "SELECT ?x WHERE { wd:Q1 <rep>director (wdt)</rep> ?x . }",
+        alternatives(4, 7),
+        [FILM],
+    ),
+    (
+        "who directed pulp fiction?",
+        "SELECT ?x WHERE { wd:Q1 <rep>director (wdt)</rep> ?x . }",
+        alternatives(3, 8),
+        [FILM],
+    ),
+    (
+        "where was tarantino born?",
+        "SELECT ?x WHERE { <rep>Tarantino</rep> wdt:P19 ?x . }",
+        alternatives(2),
+        [],
+    ),
+    (
+        "where was tarantino born?",
+        "SELECT ?x WHERE { <rep>Tarantino</rep> wdt:P19 ?x . }",
+        alternatives(6),
+        [],
+    ),
+    (
+        "who directed pulp fiction?",
+        QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>"),
+        alternatives(5),
+        [],
+    ),
+]
 
 
 @pytest.mark.parametrize("prompt_format", ["v1", "v2"])
 def test_prefix_cached_scores_equal_a_full_forward(model, tokenizer, prompt_format):
     reranker = ModelReranker(model, tokenizer, prompt_format=prompt_format)
-    header = len(tokenizer.encode(f"<|im_start|>system\n{RERANK_SYSTEM[prompt_format]}<|im_end|>\n<|im_start|>user\n"))
+    header = len(
+        tokenizer.encode(f"<|im_start|>system\n{RERANK_SYSTEM[prompt_format]}<|im_end|>\n<|im_start|>user\n")
+    )
     previous = []
     for number, (question, query, alts, resolved) in enumerate(CALLS):
         computed = reranker.tokens["computed"]
         scores = reranker(question, query, alts, resolved)
-        assert scores == pytest.approx(full_scores(model, tokenizer, question, query, alts, resolved, prompt_format), abs=1e-5)
+        assert scores == pytest.approx(
+            full_scores(model, tokenizer, question, query, alts, resolved, prompt_format), abs=1e-5
+        )
         # only the tokens after the start shared with the previous prompt ran through the model
         text = chat_prompt(rerank_messages(question, query, alts, True, resolved, prompt_format)[0])
         ids = tokenizer.encode(text)
-        shared = next(i for i in range(len(ids)) if i == len(ids) - 1 or i == len(previous) or ids[i] != previous[i])
+        shared = next(
+            i for i in range(len(ids)) if i == len(ids) - 1 or i == len(previous) or ids[i] != previous[i]
+        )
         assert reranker.tokens["computed"] - computed == len(ids) - shared
         assert number == 0 or shared >= header  # the system message always, ...
         if number == 2:  # ... and on a backtrack the question, the whole query and the resolved items too
-            assert shared >= len(tokenizer.encode(text[:text.index("Alternatives:")])) - 1
+            assert shared >= len(tokenizer.encode(text[: text.index("Alternatives:")])) - 1
         previous = ids
 
 
@@ -85,7 +126,8 @@ def test_without_prefix_cache_every_prompt_runs_in_full(model, tokenizer):
     reranker = ModelReranker(model, tokenizer, prefix_cache=False)
     for question, query, alts, resolved in CALLS[:3]:
         assert reranker(question, query, alts, resolved) == pytest.approx(
-            full_scores(model, tokenizer, question, query, alts, resolved), abs=1e-5)
+            full_scores(model, tokenizer, question, query, alts, resolved), abs=1e-5
+        )
     assert reranker.tokens["computed"] == reranker.tokens["prompt"] and reranker.prompts.cache is None
 
 
@@ -122,7 +164,9 @@ def test_identifiers_are_single_tokens(model, tokenizer):
     ids = tokenizer.encode(chat_prompt(messages))
     for identifier in identifiers:
         line = tokenizer.encode(f"{identifier}.")
-        assert line[0] == reranker.identifier_ids[identifier] and any(ids[i:i + len(line)] == line for i in range(len(ids)))
+        assert line[0] == reranker.identifier_ids[identifier] and any(
+            ids[i : i + len(line)] == line for i in range(len(ids))
+        )
 
 
 def test_a_tokenizer_that_splits_identifiers_is_refused(model, tokenizer):
@@ -169,23 +213,45 @@ def test_scores_order_the_alternatives_and_none_is_last(model, tokenizer):
     hits = [Hit(f"{WD}Q{i}", f"item {i}", [], "", 0.0, 1.0) for i in range(5)]
     text = QUERY
     placeholder = find_placeholders(text)[0]
-    question, marked = "who directed pulp fiction?", QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>")
+    question, marked = (
+        "who directed pulp fiction?",
+        QUERY.replace("<iri>Pulp Fiction</iri>", "<rep>Pulp Fiction</rep>"),
+    )
     wanted = [2.0, 9.0, -1.0, 7.0, 5.0, 4.0]  # five hits, then None at 4.0
-    rig_lm_head(model, tokenizer, question, marked, [Alternative(h.id, f"wd:Q{i}", h.label) for i, h in enumerate(hits)], wanted)
+    rig_lm_head(
+        model,
+        tokenizer,
+        question,
+        marked,
+        [Alternative(h.id, f"wd:Q{i}", h.label) for i, h in enumerate(hits)],
+        wanted,
+    )
 
-    messages, identifiers = rerank_messages(question, marked, [Alternative(h.id, f"wd:Q{i}", h.label) for i, h in enumerate(hits)])
-    assert messages[-1]["content"].splitlines()[-1] == f"{identifiers[-1]}. {NONE_TEXT}"  # None: the last line
+    messages, identifiers = rerank_messages(
+        question, marked, [Alternative(h.id, f"wd:Q{i}", h.label) for i, h in enumerate(hits)]
+    )
+    assert (
+        messages[-1]["content"].splitlines()[-1] == f"{identifiers[-1]}. {NONE_TEXT}"
+    )  # None: the last line
     reranker = ModelReranker(model, tokenizer)
     frame, trace = Frame(text, placeholder, "entity", list(hits)), Trace()
     event = trace.event("placeholder")  # the re-rank step adds its fields to the placeholder's event
     Resolver(None, None, reranker, Options()).rerank(question, frame, trace)
     assert [h.id for h in frame.alternatives] == [f"{WD}Q1", f"{WD}Q3", f"{WD}Q4"]  # above None, best first
-    assert [iri for iri, _ in event["reranked"]] == [f"{WD}Q1", f"{WD}Q3", f"{WD}Q4", None, f"{WD}Q0", f"{WD}Q2"]
+    assert [iri for iri, _ in event["reranked"]] == [
+        f"{WD}Q1",
+        f"{WD}Q3",
+        f"{WD}Q4",
+        None,
+        f"{WD}Q0",
+        f"{WD}Q2",
+    ]
     assert [s for _, s in event["reranked"]] == pytest.approx([9.0, 7.0, 5.0, 4.0, 2.0, -1.0], abs=1e-3)
 
 
 def real_model_dir():
     from grisp import defaults
+
     if not (defaults.MODEL_DIR / "config.json").exists():
         pytest.skip(f"no base model at {defaults.MODEL_DIR} (python get_model.py)")
     return defaults.MODEL_DIR
@@ -194,12 +260,14 @@ def real_model_dir():
 @pytest.mark.slow
 def test_qwen_identifiers_are_single_tokens_in_the_prompt():
     tokenizer = Tokenizer(real_model_dir())
-    messages, identifiers = rerank_messages("who directed pulp fiction?", CALLS[0][1], alternatives(len(IDENTIFIERS) - 1))
+    messages, identifiers = rerank_messages(
+        "who directed pulp fiction?", CALLS[0][1], alternatives(len(IDENTIFIERS) - 1)
+    )
     ids = tokenizer.encode(chat_prompt(messages))
     for identifier in identifiers:
         [token] = tokenizer.encode(identifier)
         line = tokenizer.encode(f"{identifier}.")
-        assert line[0] == token and any(ids[i:i + len(line)] == line for i in range(len(ids)))
+        assert line[0] == token and any(ids[i : i + len(line)] == line for i in range(len(ids)))
 
 
 @pytest.mark.slow
@@ -209,5 +277,6 @@ def test_prefix_cache_on_the_real_model():
     reranker = ModelReranker(model, tokenizer)
     for question, query, alts, resolved in CALLS[:3]:
         assert reranker(question, query, alts, resolved) == pytest.approx(
-            full_scores(model, tokenizer, question, query, alts, resolved), abs=1e-3)
+            full_scores(model, tokenizer, question, query, alts, resolved), abs=1e-3
+        )
     assert reranker.tokens["computed"] < reranker.tokens["prompt"]

@@ -1,5 +1,6 @@
 """The KG-guided depth-first resolver (resolve.py) on a real oxigraph server over the demo KG, with a
 scripted re-ranker standing in for the model: each test asserts the exact final query and the trace."""
+
 import math
 import subprocess
 import sys
@@ -18,8 +19,10 @@ from search import load_indices
 WD = "http://www.wikidata.org/entity/"
 FILM, GENRE, TARANTINO, KNOXVILLE = WD + "Q104123", WD + "Q351718", WD + "Q3772", WD + "Q185582"
 DIRECTOR, BIRTHPLACE, DEATHPLACE = WD + "P57", WD + "P19", WD + "P20"
-SKELETON = ("SELECT ?place WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?d . "
-            "?d <iri>place of birth (wdt)</iri> ?place . }")
+SKELETON = (
+    "SELECT ?place WHERE { <iri>Pulp Fiction</iri> <iri>director (wdt)</iri> ?d . "
+    "?d <iri>place of birth (wdt)</iri> ?place . }"
+)
 RESOLVED = "SELECT ?place WHERE { wd:Q104123 wdt:P57 ?d . ?d wdt:P19 ?place . }"
 
 
@@ -31,8 +34,20 @@ def client(demo_endpoint):
 @pytest.fixture(scope="module")
 def indices(demo_endpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("demo-index")
-    subprocess.run([sys.executable, str(defaults.REPO_DIR / "build_index.py"), "--endpoint", demo_endpoint,
-                    "--out", str(out), "--embed", "none"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(defaults.REPO_DIR / "build_index.py"),
+            "--endpoint",
+            demo_endpoint,
+            "--out",
+            str(out),
+            "--embed",
+            "none",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return load_indices(out)
 
 
@@ -70,10 +85,15 @@ def test_picks_the_film_over_the_genre(indices, client):
     assert second["kind"] == "property" and "wd:Q104123" in second["constraint"]
     assert second["constraint_size"] > 0
     # the current placeholder is marked for the re-ranker; earlier ones are resolved
-    assert reranker.calls[1][0] == ("SELECT ?place WHERE { wd:Q104123 <rep>director (wdt)</rep> ?d . "
-                                    "?d <iri>place of birth (wdt)</iri> ?place . }")
+    assert reranker.calls[1][0] == (
+        "SELECT ?place WHERE { wd:Q104123 <rep>director (wdt)</rep> ?d . "
+        "?d <iri>place of birth (wdt)</iri> ?place . }"
+    )
     # and the items resolved so far reach it with their labels and kinds (prompt format v2 shows them)
-    film, director = (FILM, "wd:Q104123", "entity", "Pulp Fiction"), (DIRECTOR, "wdt:P57", "property", "director")
+    film, director = (
+        (FILM, "wd:Q104123", "entity", "Pulp Fiction"),
+        (DIRECTOR, "wdt:P57", "property", "director"),
+    )
     assert reranker.resolved == [[], [film], [film, director]]
 
 
@@ -90,7 +110,9 @@ def test_the_resolution_records_each_choice_with_its_probabilities(indices, clie
     assert first["p_none"] == pytest.approx(weights[None] / sum(weights.values()), rel=1e-3)
     plain = Resolver(indices, client, None, Options(rerank=False)).resolve("q", SKELETON)
     assert plain.sparql is not None and all(c["p"] is None and c["p_none"] is None for c in plain.choices)
-    failed = Resolver(indices, client, ScriptedReranker({}, none_first=lambda q: True), Options()).resolve("q", SKELETON)
+    failed = Resolver(indices, client, ScriptedReranker({}, none_first=lambda q: True), Options()).resolve(
+        "q", SKELETON
+    )
     assert failed.sparql is None and failed.choices == []
 
 
@@ -99,7 +121,9 @@ def test_an_ask_question_is_not_constrained_so_a_no_resolves(indices, client):
     and a constraint on the birthplace would only admit Tarantino's real one (a dead end)."""
     skeleton = "ASK { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> <iri>Paris</iri> . }"
     reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0, WD + "Q90": 9.0})
-    resolution = Resolver(indices, client, reranker, Options()).resolve("was quentin tarantino born in paris?", skeleton)
+    resolution = Resolver(indices, client, reranker, Options()).resolve(
+        "was quentin tarantino born in paris?", skeleton
+    )
     assert resolution.sparql == "ASK { wd:Q3772 wdt:P19 wd:Q90 . }" and resolution.result.boolean is False
     assert not any("constraint" in e for e in events(resolution, "placeholder"))
 
@@ -119,8 +143,10 @@ def test_backtracks_when_the_constrained_candidate_set_is_empty(indices, client)
 
 def test_backtracks_when_none_ranks_first(indices, client):
     # without constraints the genre gets director candidates, but the model puts None on top there
-    reranker = ScriptedReranker({GENRE: 9.0, FILM: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0},
-                                none_first=lambda q: "wd:Q351718 <rep>director" in q)
+    reranker = ScriptedReranker(
+        {GENRE: 9.0, FILM: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0},
+        none_first=lambda q: "wd:Q351718 <rep>director" in q,
+    )
     options = Options(constrained=False)
     resolution = Resolver(indices, client, reranker, options).resolve("q", SKELETON)
     assert resolution.sparql == RESOLVED
@@ -143,13 +169,18 @@ def test_none_margin_keeps_alternatives_just_below_none_for_backtracking(indices
     resolution = Resolver(indices, client, reranker, Options(none_margin=3.0)).resolve("q", SKELETON)
     assert events(resolution, "placeholder")[0]["kept"] == [GENRE, FILM]  # 5.0 > 7.0 - 3.0
     assert resolution.sparql == RESOLVED and resolution.backtracks == 1
-    assert Resolver(indices, client, reranker, Options(none_margin=1.9)).resolve("q", SKELETON).failure == "dead_end"
+    assert (
+        Resolver(indices, client, reranker, Options(none_margin=1.9)).resolve("q", SKELETON).failure
+        == "dead_end"
+    )
     with pytest.raises(GrispError, match="none_margin = -1.0 must be >= 0"):
         Options(none_margin=-1.0)
 
 
 def test_a_merged_placeholder_searches_its_next_wording_when_the_first_finds_nothing(indices, client):
-    skeleton = "SELECT ?x WHERE { <iri>zzqx<sep>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
+    skeleton = (
+        "SELECT ?x WHERE { <iri>zzqx<sep>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
+    )
     reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
     resolution = Resolver(indices, client, reranker, Options()).resolve("q", skeleton)
     assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }" and resolution.backtracks == 0
@@ -163,10 +194,14 @@ def test_a_merged_placeholder_searches_its_next_wording_when_the_first_finds_not
 def test_a_next_wording_offers_only_items_not_tried_and_comes_before_a_dead_end(indices, client):
     # "place of death" resolves, but Tarantino is alive: empty. "death place" finds P20 again, which was
     # tried; "place of birth" finds P19.
-    skeleton = ("SELECT ?x WHERE { <iri>Quentin Tarantino</iri> "
-                "<iri>place of death<sep>death place<sep>place of birth (wdt)</iri> ?x . }")
+    skeleton = (
+        "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> "
+        "<iri>place of death<sep>death place<sep>place of birth (wdt)</iri> ?x . }"
+    )
     reranker = ScriptedReranker({TARANTINO: 9.0, DEATHPLACE: 9.0, BIRTHPLACE: 8.0})
-    resolution = Resolver(indices, client, reranker, Options(constrained=False, top_k=1)).resolve("q", skeleton)
+    resolution = Resolver(indices, client, reranker, Options(constrained=False, top_k=1)).resolve(
+        "q", skeleton
+    )
     assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }"
     assert [e["iri"] for e in events(resolution, "choose")] == [TARANTINO, DEATHPLACE, BIRTHPLACE]
     again, birth = events(resolution, "wording")
@@ -191,8 +226,10 @@ def test_a_next_wording_is_searched_within_the_same_constraint(indices, client):
 def test_backtracking_into_a_merged_placeholder_moves_on_to_its_next_wording(indices, client):
     # the genre has no director (constraint empty: a dead end); back at the first placeholder its first
     # wording is used up, so its second is searched
-    skeleton = ("SELECT ?place WHERE { <iri>science fiction film<sep>Pulp Fiction</iri> <iri>director (wdt)</iri> ?d . "
-                "?d <iri>place of birth (wdt)</iri> ?place . }")
+    skeleton = (
+        "SELECT ?place WHERE { <iri>science fiction film<sep>Pulp Fiction</iri> <iri>director (wdt)</iri> ?d . "
+        "?d <iri>place of birth (wdt)</iri> ?place . }"
+    )
     scifi = WD + "Q471839"
     reranker = ScriptedReranker({scifi: 9.0, FILM: 9.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
     resolution = Resolver(indices, client, reranker, Options(top_k=1)).resolve("q", skeleton)
@@ -217,7 +254,9 @@ def test_final_validation_rejects_an_empty_result(indices, client):
     assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }"
     validations = events(resolution, "validate")
     assert [v["ok"] for v in validations] == [False, True]
-    assert validations[0]["query"] == "SELECT ?x WHERE { wd:Q3772 wdt:P20 ?x . }" and validations[0]["rows"] == 0
+    assert (
+        validations[0]["query"] == "SELECT ?x WHERE { wd:Q3772 wdt:P20 ?x . }" and validations[0]["rows"] == 0
+    )
     assert resolution.backtracks == 1
 
 
@@ -231,7 +270,9 @@ def test_final_validation_rejects_a_row_with_nothing_bound(indices, client):
 
     skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
     reranker = ScriptedReranker({TARANTINO: 9.0, DEATHPLACE: 9.0, BIRTHPLACE: 8.0})
-    resolution = Resolver(indices, UnboundOnDeathplace(), reranker, Options(constrained=False)).resolve("q", skeleton)
+    resolution = Resolver(indices, UnboundOnDeathplace(), reranker, Options(constrained=False)).resolve(
+        "q", skeleton
+    )
     assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }"
     assert [v["ok"] for v in events(resolution, "validate")] == [False, True]
 
@@ -247,7 +288,9 @@ def test_final_validation_accepts_a_busy_endpoint(indices, client, error):
 
     skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
     reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
-    resolution = Resolver(indices, BusyOnFullQueries(), reranker, Options(constrained=False)).resolve("q", skeleton)
+    resolution = Resolver(indices, BusyOnFullQueries(), reranker, Options(constrained=False)).resolve(
+        "q", skeleton
+    )
     assert resolution.sparql == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . }" and resolution.result is None
     assert resolution.verified is False  # accepted without a result: unverified
     [validation] = events(resolution, "validate")
@@ -283,6 +326,7 @@ def test_final_validation_rejects_a_bad_query(indices, client):
     class Rejecting:
         def query(self, sparql, deadline=None):
             raise BadQuery("parse error")
+
     skeleton = "SELECT ?x WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . }"
     reranker = ScriptedReranker({TARANTINO: 9.0, BIRTHPLACE: 9.0})
     resolution = Resolver(indices, Rejecting(), reranker, Options(constrained=False)).resolve("q", skeleton)
@@ -332,11 +376,15 @@ def test_timeout_stops_the_search(indices, client):
 def test_a_skeleton_with_service_is_refused_before_any_search(indices, client):
     """Before: every filling of its placeholders was searched, re-ranked and refused by the client in turn
     (a whole budget of model calls for a skeleton no filling of which could be sent)."""
+
     class NoClient:
         def query(self, sparql, deadline=None):
             raise AssertionError(f"nothing may be sent: {sparql}")
-    skeleton = ("SELECT ?x ?xLabel WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . "
-                "SERVICE wikibase:label { bd:serviceParam wikibase:language \"en\" . } }")
+
+    skeleton = (
+        "SELECT ?x ?xLabel WHERE { <iri>Quentin Tarantino</iri> <iri>place of birth (wdt)</iri> ?x . "
+        'SERVICE wikibase:label { bd:serviceParam wikibase:language "en" . } }'
+    )
     reranker = ScriptedReranker({})
     resolution = Resolver(indices, NoClient(), reranker, Options()).resolve("q", skeleton)
     assert resolution.sparql is None and resolution.failure == "dead_end" and reranker.calls == []
@@ -354,8 +402,11 @@ def test_no_search_or_reranking_starts_after_the_budget_ran_out_in_a_constraint_
                 time.sleep(max(deadline - time.monotonic(), 0))
                 raise QueryTimeout("no answer within the rest of the time budget")
             return client.query(sparql, deadline)
+
     reranker = ScriptedReranker({FILM: 9.0})
-    resolution = Resolver(indices, SlowConstraints(), reranker, Options()).resolve("q", SKELETON, deadline=budget_end)
+    resolution = Resolver(indices, SlowConstraints(), reranker, Options()).resolve(
+        "q", SKELETON, deadline=budget_end
+    )
     assert resolution.failure == "timeout" and resolution.trace[-1] == {"event": "timeout"}
     assert len(reranker.calls) == 1  # the film's; not the director's after the budget
     director = events(resolution, "placeholder")[1]
@@ -364,4 +415,6 @@ def test_no_search_or_reranking_starts_after_the_budget_ran_out_in_a_constraint_
 
 def test_mark_current_writes_the_current_placeholder():
     ph = find_placeholders(SKELETON)[1]
-    assert mark_current(SKELETON, ph) == SKELETON.replace("<iri>director (wdt)</iri>", "<rep>director (wdt)</rep>")
+    assert mark_current(SKELETON, ph) == SKELETON.replace(
+        "<iri>director (wdt)</iri>", "<rep>director (wdt)</rep>"
+    )

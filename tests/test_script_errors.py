@@ -1,5 +1,6 @@
 """The research scripts (bench/, runs/, tools/gen_agent_data.py, get_model.py) end a bad flag or a missing file with an
 error message that names it, before loading a model or an index: no traceback."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,11 @@ CASES = [  # script, flags, what the message names
     ("tools/rerank_probe.py", ["--benchmark", "nosuch"], "nosuch"),
     ("tools/matched_rerank_sets.py", [MISSING, MISSING, "{tmp}/out"], "missing"),
     ("tools/dead_ends.py", [MISSING, MISSING, "--endpoint", "http://127.0.0.1:9/query"], "missing"),
-    ("tools/gen_agent_data.py", ["--limit", "-5", "--index", MISSING, "--out", "{tmp}/out.jsonl"], "--limit -5"),
+    (
+        "tools/gen_agent_data.py",
+        ["--limit", "-5", "--index", MISSING, "--out", "{tmp}/out.jsonl"],
+        "--limit -5",
+    ),
     ("get_model.py", ["--timeout", "0", "--gguf", MISSING, "--out", "{tmp}/model"], "--timeout 0"),
     ("get_model.py", ["--timeout", "-1", "--gguf", MISSING, "--out", "{tmp}/model"], "--timeout -1"),
 ]
@@ -32,8 +37,13 @@ CASES = [  # script, flags, what the message names
 @pytest.mark.parametrize("script, flags, named", CASES, ids=[f"{s} {' '.join(f)}" for s, f, _ in CASES])
 def test_a_bad_flag_is_a_one_line_error(tmp_path, script, flags, named):
     flags = [flag.format(tmp=tmp_path) for flag in flags]
-    done = subprocess.run(["nice", "-n", "19", sys.executable, script, *flags], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        ["nice", "-n", "19", sys.executable, script, *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert len(errors) == 1 and named in errors[0], done.stderr[-2000:]

@@ -56,7 +56,11 @@ def test_normalize_drops_invisible_characters_and_unicode_punctuation_and_lowerc
     assert normalize("Order of Isabella the Catholic\u200e") == ["order", "of", "isabella", "the", "catholic"]
     assert normalize("zero\u200bwidth \ufeffbom") == ["zerowidth", "bom"]
     # NFKD makes capitals of some symbols: "№" -> "No", "™" -> "TM"
-    assert normalize("Symphony №5") == ["symphony", "no5"] and normalize("On The Run™") == ["on", "the", "runtm"]
+    assert normalize("Symphony №5") == ["symphony", "no5"] and normalize("On The Run™") == [
+        "on",
+        "the",
+        "runtm",
+    ]
     # Unicode punctuation goes at word ends like ASCII's; symbols stay
     assert normalize("「東京」 · Tom … ") == ["東京", "tom"] and normalize("°C ½") == ["°c", "1\u20442"]
 
@@ -160,9 +164,7 @@ WORDS = ["ab", "abc", "abcd", "abd", "b", "bc", "bcd", "x", "xyz", "xyzz"]
 @settings(max_examples=100, deadline=None)
 @given(
     names=st.lists(
-        st.lists(
-            st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(" ".join), max_size=3
-        ),
+        st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(" ".join), max_size=3),
         min_size=1,
         max_size=12,
     ),
@@ -170,9 +172,7 @@ WORDS = ["ab", "abc", "abcd", "abd", "b", "bc", "bcd", "x", "xyz", "xyzz"]
     data=st.data(),
 )
 def test_prefix_index_matches_brute_force(names, query, data):
-    popularity = np.array(
-        data.draw(st.lists(st.integers(0, 3), min_size=len(names), max_size=len(names)))
-    )
+    popularity = np.array(data.draw(st.lists(st.integers(0, 3), min_size=len(names), max_size=len(names))))
     allowed = data.draw(st.none() | st.lists(st.integers(0, len(names) - 1), max_size=4))
     index = PrefixIndex.build(names, popularity)
     expected = reference_search(names, popularity, query, 5, allowed)
@@ -214,7 +214,9 @@ def test_embedding_index_top_k_dedup_allowed_round_trip(tmp_path):
 def test_embedding_ranking_ignores_last_bit_differences():
     """Another CPU's kernel sums a product in another order and changes its last bits; a tie (the same name
     twice) stays a tie, decided by popularity, instead of going to whichever row rounded up."""
-    index = EmbeddingIndex.build([["spouse"], ["spouse"], ["date of birth"]], np.array([1, 5, 9]), bag_of_letters, "l")
+    index = EmbeddingIndex.build(
+        [["spouse"], ["spouse"], ["date of birth"]], np.array([1, 5, 9]), bag_of_letters, "l"
+    )
     assert [row for row, _ in index.search("spouse", k=2)] == [1, 0]  # tied: the more popular first
     index.vectors = index.vectors.astype(np.float64)
     index.vectors[0] *= 1 + 1e-14  # row 0's product a few float64 bits larger
@@ -238,9 +240,16 @@ def test_embedding_search_equals_float64_brute_force():
         q = encode([query])[0].astype(np.float64)
         q /= np.linalg.norm(q)
         rows = [i for i in allowed if index.item_ptr[i + 1] > index.item_ptr[i]]
-        best = {i: round(max(index.vectors[j].astype(np.float64) @ q for j in range(index.item_ptr[i],
-                                                                                      index.item_ptr[i + 1])), 9)
-                for i in rows}
+        best = {
+            i: round(
+                max(
+                    index.vectors[j].astype(np.float64) @ q
+                    for j in range(index.item_ptr[i], index.item_ptr[i + 1])
+                ),
+                9,
+            )
+            for i in rows
+        }
         return sorted(best, key=lambda i: (-best[i], -popularity[i], i))[:k]
 
     for query in ("q0", "q1"):
@@ -257,8 +266,12 @@ def test_embedding_search_keeps_items_float32_ranks_below_the_kth():
     rng = np.random.default_rng(1)
     for _ in range(2000):  # an inversion turns up within a few dozen tries
         base = rng.normal(size=384)
-        vectors = {"a": base + rng.normal(scale=3e-7, size=384), "b": base + rng.normal(scale=3e-7, size=384),
-                   "far": rng.normal(size=384), "q": base + rng.normal(scale=0.5, size=384)}
+        vectors = {
+            "a": base + rng.normal(scale=3e-7, size=384),
+            "b": base + rng.normal(scale=3e-7, size=384),
+            "far": rng.normal(size=384),
+            "q": base + rng.normal(scale=0.5, size=384),
+        }
         encode = lambda batch: np.stack([vectors[t] for t in batch]).astype(np.float32)
         index = EmbeddingIndex.build([["a"], ["b"], ["far"]], np.zeros(3), encode, "near")
         q = encode(["q"])[0].astype(np.float64)
@@ -316,9 +329,9 @@ def test_item_store_and_load_indices(tmp_path):
     indices = load_indices(tmp_path)
     hits = indices.search("entity", "name", k=2)
     assert hits == [Hit(**items[4], score=0.75), Hit(**items[3], score=0.75)]  # popularity ties
-    assert [
-        h.id for h in indices.search("entity", "alias", k=5, allowed_ids=["http://ex.org/1", "x"])
-    ] == ["http://ex.org/1"]
+    assert [h.id for h in indices.search("entity", "alias", k=5, allowed_ids=["http://ex.org/1", "x"])] == [
+        "http://ex.org/1"
+    ]
     assert indices.search("entity", "  ", k=5) == [] and indices.search("property", "name") == []
     assert indices.item("http://ex.org/2").label == "Name 2" and "http://ex.org/2" in indices
     with pytest.raises(KeyError):
@@ -334,26 +347,36 @@ def test_item_store_and_load_indices(tmp_path):
 def test_load_indices_warns_of_float32_encoder_vectors(tmp_path, capsys):
     # serve.py, infer.py and the agent load with load_indices: the warning is there, not only in build_index
     for sub, names in (("entities", [["Pulp Fiction"]]), ("properties", [["place of birth"]])):
-        ItemStore.write(tmp_path / sub / "items", [{"id": f"http://ex.org/{sub}", "label": names[0][0], "aliases": [],
-                                                   "description": "", "popularity": 1.0}])
+        ItemStore.write(
+            tmp_path / sub / "items",
+            [
+                {
+                    "id": f"http://ex.org/{sub}",
+                    "label": names[0][0],
+                    "aliases": [],
+                    "description": "",
+                    "popularity": 1.0,
+                }
+            ],
+        )
         PrefixIndex.build(names, np.ones(1)).save(tmp_path / sub / "prefix")
     EmbeddingIndex.build([["place of birth"]], np.ones(1), bag_of_letters, "letters").save(
-        tmp_path / "properties" / "embedding")
+        tmp_path / "properties" / "embedding"
+    )
     (tmp_path / "manifest.json").write_text(json.dumps({"counts": {"entity": 1, "property": 1}}))
     load_indices(tmp_path)
     assert "warning" not in capsys.readouterr().err
     config = tmp_path / "properties" / "embedding" / "config.json"  # as built before the float64 encoder
-    config.write_text(json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "vectors_from"}))
+    config.write_text(
+        json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "vectors_from"})
+    )
     assert load_indices(tmp_path).default_method("property") == "embedding"
     assert "holds float32 encoder vectors" in capsys.readouterr().err
 
 
 def test_search_cli(tmp_path):
     assert (
-        subprocess.run(
-            [sys.executable, "search.py", "--help"], cwd=ROOT, capture_output=True
-        ).returncode
-        == 0
+        subprocess.run([sys.executable, "search.py", "--help"], cwd=ROOT, capture_output=True).returncode == 0
     )
     result = subprocess.run(
         [sys.executable, "search.py", "--index", str(tmp_path), "--query", "x"],
@@ -361,11 +384,7 @@ def test_search_cli(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert (
-        result.returncode != 0
-        and "build_index.py" in result.stderr
-        and "Traceback" not in result.stderr
-    )
+    assert result.returncode != 0 and "build_index.py" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_minilm_encoder_matches_recorded_reference():
@@ -422,9 +441,7 @@ def test_minilm_encoder_matches_sentence_transformers():
     torch.set_num_threads(1)
     texts = ["place of birth", "born in", "Café Müller", "", "date of death " * 100]
     ours = load_encoder()(texts)
-    reference = SentenceTransformer(str(minilm_dir()), device="cpu").encode(
-        texts, normalize_embeddings=True
-    )
+    reference = SentenceTransformer(str(minilm_dir()), device="cpu").encode(texts, normalize_embeddings=True)
     assert ours.shape == (5, 384) and ours.dtype == np.float32
     np.testing.assert_allclose(ours, reference, atol=1e-5)
     assert ours[0] @ ours[1] > ours[0] @ ours[2]  # "born in" is nearer to "place of birth"

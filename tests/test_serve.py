@@ -4,6 +4,7 @@ Answer and stream (the stream's trace is the answer's trace, event by event, not
 generate-only mode, options, 400s, a full queue (503), the time limit (504, timeout event), cancelling
 by leaving, the endpoint failing mid-question, and 8 concurrent clients.
 """
+
 import asyncio
 import json
 import re
@@ -33,8 +34,11 @@ DEAD_END = "SELECT ?x WHERE { <iri>zzzz qqqq</iri> <iri>director (wdt)</iri> ?x 
 
 @pytest.fixture(scope="module")
 def grisp(tmp_path_factory, demo_endpoint):
-    return scripted_grisp(tmp_path_factory, demo_endpoint, {QUESTION: [GOLD], "two skeletons?": [DEAD_END, GOLD],
-                                                            "slow " + QUESTION: [GOLD]})
+    return scripted_grisp(
+        tmp_path_factory,
+        demo_endpoint,
+        {QUESTION: [GOLD], "two skeletons?": [DEAD_END, GOLD], "slow " + QUESTION: [GOLD]},
+    )
 
 
 @pytest.fixture()
@@ -43,7 +47,9 @@ def server(grisp):
     with_servers = []
 
     def start(max_waiting: int = 8, time_limit: float = 60.0) -> str:
-        context = running(make_app(grisp, {"model": "tiny"}, Options(rerank=False), [QUESTION], max_waiting, time_limit))
+        context = running(
+            make_app(grisp, {"model": "tiny"}, Options(rerank=False), [QUESTION], max_waiting, time_limit)
+        )
         with_servers.append(context)
         return context.__enter__()
 
@@ -61,22 +67,39 @@ def test_config_names_the_setup_the_options_and_the_limits(server):
     assert config["model"] == "tiny" and config["examples"] == [QUESTION]
     assert config["options"] == asdict(Options(rerank=False))  # the server's defaults
     assert set(config["option_help"]) == {f.name for f in fields(Options)}
-    assert config["option_choices"] == {"beam_ranking": ["sum", "length-normalised"],  # a menu on the page
-                                        "skeleton_dedupe": ["exact", "merge"],
-                                        "precision": ["auto", "float32", "bfloat16", "int8"]}
+    assert config["option_choices"] == {
+        "beam_ranking": ["sum", "length-normalised"],  # a menu on the page
+        "skeleton_dedupe": ["exact", "merge"],
+        "precision": ["auto", "float32", "bfloat16", "int8"],
+    }
     assert config["load_time_options"] == ["precision"]  # shown, but fixed when the server loads the model
     # the default is auto, and in-process the tests' CPU has no native bf16 (conftest)
-    assert (config["precision"], config["why_precision"]) == ("float32", f"auto: float32, no native bf16 on {cpu_name()}")
-    assert config["max_waiting"] == 8 and config["time_limit"] == 60 and config["modes"] == ["answer", "generate"]
+    assert (config["precision"], config["why_precision"]) == (
+        "float32",
+        f"auto: float32, no native bf16 on {cpu_name()}",
+    )
+    assert (
+        config["max_waiting"] == 8
+        and config["time_limit"] == 60
+        and config["modes"] == ["answer", "generate"]
+    )
     assert config["prefixes"]["wd"] == "http://www.wikidata.org/entity/"
 
 
 def test_a_grisp_loaded_without_the_reranker_fixes_rerank_off(server, grisp, monkeypatch):
     monkeypatch.setattr(grisp.resolver, "reranker", None)  # as Grisp(..., Options(rerank=False)) loads it
     url = server()
-    assert requests.get(url + "/api/config", timeout=10).json()["load_time_options"] == ["precision", "rerank"]
-    response = requests.post(url + "/api/answer", json={"question": QUESTION, "options": {"rerank": True}}, timeout=10)
-    assert response.status_code == 400 and "loaded with rerank off; it cannot re-rank" in response.json()["error"]
+    assert requests.get(url + "/api/config", timeout=10).json()["load_time_options"] == [
+        "precision",
+        "rerank",
+    ]
+    response = requests.post(
+        url + "/api/answer", json={"question": QUESTION, "options": {"rerank": True}}, timeout=10
+    )
+    assert (
+        response.status_code == 400
+        and "loaded with rerank off; it cannot re-rank" in response.json()["error"]
+    )
     assert requests.post(url + "/api/answer", json={"question": QUESTION}, timeout=60).status_code == 200
 
 
@@ -87,11 +110,17 @@ def test_page_is_served_and_needs_nothing_from_the_network(server):
     assert page.headers["Content-Security-Policy"].startswith("default-src 'self'")
     for name in ("app.js", "agent.js", "style.css"):
         assert requests.get(f"{url}/static/{name}", timeout=10).status_code == 200
-    for path in (defaults.REPO_DIR / "web" / "static").iterdir():  # nothing from elsewhere; links to Wikidata pages only
+    for path in (
+        defaults.REPO_DIR / "web" / "static"
+    ).iterdir():  # nothing from elsewhere; links to Wikidata pages only
         hosts = set(re.findall(r"https?:(?://|\\/\\/)([\w.\\-]+)", path.read_text()))
         assert hosts <= {"www.wikidata.org", r"www\.wikidata\.org"}, f"{path.name} refers to {hosts}"
-    assert set(re.findall(r'(?:src|href)="([^"]*)"', page.text)) == {"/static/app.js", "/static/agent.js",
-                                                                     "/static/style.css", "data:,"}
+    assert set(re.findall(r'(?:src|href)="([^"]*)"', page.text)) == {
+        "/static/app.js",
+        "/static/agent.js",
+        "/static/style.css",
+        "data:,",
+    }
 
 
 def test_answer_holds_query_result_labels_skeletons_trace_and_timings(server):
@@ -104,7 +133,10 @@ def test_answer_holds_query_result_labels_skeletons_trace_and_timings(server):
     assert answer["result"]["results"]["bindings"] == [{"x": {"type": "uri", "value": KNOXVILLE}}]
     assert answer["labels"] == {KNOXVILLE: "Knoxville"}
     assert answer["skeletons"] == [[GOLD, -1.0]]
-    assert [e["event"] for e in answer["trace"]] == ["skeleton", "resolve"] + ["placeholder", "choose"] * 3 + ["validate"]
+    assert [e["event"] for e in answer["trace"]] == ["skeleton", "resolve"] + [
+        "placeholder",
+        "choose",
+    ] * 3 + ["validate"]
     assert {"generate", "resolve", "search", "validate", "total"} <= set(answer["timings"])
     # its confidence (without re-ranking 1.0: nothing tells answers apart) and the query found
     assert answer["confidence"] == 1.0 and answer["guess"] == answer["sparql"] and answer["declined"] is False
@@ -126,7 +158,9 @@ def test_stream_sends_each_event_as_it_happens_then_the_answer(server):
     assert names[:2] == ["skeleton", "resolve"] and names.count("resolve") == 2 and names[-1] == "validate"
     second = names.index("skeleton", 1)
     assert second > 2 and names[second + 1] == "resolve"
-    first_placeholder = next(m["event"] for m in messages if m["type"] == "trace" and m["event"]["event"] == "placeholder")
+    first_placeholder = next(
+        m["event"] for m in messages if m["type"] == "trace" and m["event"]["event"] == "placeholder"
+    )
     assert "hits" not in first_placeholder  # sent before its search ran
     assert answer["options"]["top_k"] == 5 and answer["sparql"] is not None
 
@@ -144,45 +178,73 @@ def test_rerank_option_streams_reranked_candidates_with_none(server):
 
 def test_generate_mode_gives_skeletons_without_resolution(grisp, server):
     url = server()
-    answer = requests.post(url + "/api/answer", json={"question": QUESTION, "mode": "generate"}, timeout=60).json()
+    answer = requests.post(
+        url + "/api/answer", json={"question": QUESTION, "mode": "generate"}, timeout=60
+    ).json()
     assert answer["mode"] == "generate" and answer["sparql"] is None and answer["failure"] is None
     assert answer["skeletons"] == [[GOLD, -1.0]] and [e["event"] for e in answer["trace"]] == ["skeleton"]
     assert set(answer["timings"]) == {"generate", "total"}
     # the real beam search of the tiny random model: nothing parses
     scripted, grisp.skeleton_stream = grisp.skeleton_stream, type(grisp).skeleton_stream.__get__(grisp)
     try:
-        answer = requests.post(url + "/api/answer", json={"question": "q?", "mode": "generate",
-                                                          "options": {"num_beams": 2}}, timeout=120).json()
+        answer = requests.post(
+            url + "/api/answer",
+            json={"question": "q?", "mode": "generate", "options": {"num_beams": 2}},
+            timeout=120,
+        ).json()
     finally:
         grisp.skeleton_stream = scripted
     assert answer["failure"] == "no_skeleton" and answer["trace"] and answer["skeletons"] == []
 
 
-@pytest.mark.parametrize("body, message", [
-    (b"{not json", "the body is not JSON"),
-    (b"[1, 2]", "must be a JSON object"),
-    (b'{"question": "   "}', "the question is empty"),
-    (json.dumps({"question": "a" * 10_000}).encode(), "10000 characters; at most 1000"),
-    (b'{"question": "q?", "options": {"beam": false}}', "no option beam; the options are beam_search"),
-    (b'{"question": "q?", "options": {"top_k": 13, "num_beams": 0}}', "num_beams = 0 must be >= 1; top_k = 13 must be in [1, 12]"),
-    (b'{"question": "q?", "options": {"rerank": "no"}}', "rerank must be a JSON boolean"),
-    (b'{"question": "q?", "options": {"top_k": 2.5}}', "top_k must be a JSON whole number"),
-    (b'{"question": "q?", "options": {"num_beams": 64}}', "over this server's limit of 16"),
-    (b'{"question": "q?", "options": {"precision": "int8"}}',
-     f"loaded in float32 (auto: float32, no native bf16 on {cpu_name()}); it cannot answer in int8"),
-    (b'{"question": "q?", "options": {"precision": "bfloat16"}}', "; it cannot answer in bfloat16"),
-    (b'{"question": "q?", "options": {"skeleton_dedupe": 1}}', "skeleton_dedupe = 1 must be one of exact, merge"),
-    (b'{"question": "q?", "options": [1]}', "options must be a JSON object"),
-    (b'{"question": "q?", "options": {"none_margin": Infinity}}', "none_margin must be a finite number"),
-    (b'{"question": "q?", "options": {"none_margin": NaN}}', "none_margin must be a finite number"),
-    (b'{"question": "q?", "options": {"time_budget": 1' + b"0" * 400 + b'}}', "time_budget must be a finite number"),
-    (b'{"question": "q?", "options": {"none_margin": -1' + b"0" * 400 + b'}}', "none_margin must be a finite number"),
-    (b'{"question": "q?", "mode": "fast"}', "mode must be one of answer, generate"),
-    (b'{"question": "q?", "extra": 1}', "unknown field extra"),
-    (b"x" * (70 * 1024), "over 64 KB"),
-    (b'{"question": ' + b"[" * 30000 + b"]" * 30000 + b"}", "the body is not JSON"),  # deeper than json reads
-    (b'{"question": "q?", "options": {"seed": 1000000000000000000000000000000}}', "seed = 1000000000000000000000000000000 must be in [0, 2**63)"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"{not json", "the body is not JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"question": "   "}', "the question is empty"),
+        (json.dumps({"question": "a" * 10_000}).encode(), "10000 characters; at most 1000"),
+        (b'{"question": "q?", "options": {"beam": false}}', "no option beam; the options are beam_search"),
+        (
+            b'{"question": "q?", "options": {"top_k": 13, "num_beams": 0}}',
+            "num_beams = 0 must be >= 1; top_k = 13 must be in [1, 12]",
+        ),
+        (b'{"question": "q?", "options": {"rerank": "no"}}', "rerank must be a JSON boolean"),
+        (b'{"question": "q?", "options": {"top_k": 2.5}}', "top_k must be a JSON whole number"),
+        (b'{"question": "q?", "options": {"num_beams": 64}}', "over this server's limit of 16"),
+        (
+            b'{"question": "q?", "options": {"precision": "int8"}}',
+            f"loaded in float32 (auto: float32, no native bf16 on {cpu_name()}); it cannot answer in int8",
+        ),
+        (b'{"question": "q?", "options": {"precision": "bfloat16"}}', "; it cannot answer in bfloat16"),
+        (
+            b'{"question": "q?", "options": {"skeleton_dedupe": 1}}',
+            "skeleton_dedupe = 1 must be one of exact, merge",
+        ),
+        (b'{"question": "q?", "options": [1]}', "options must be a JSON object"),
+        (b'{"question": "q?", "options": {"none_margin": Infinity}}', "none_margin must be a finite number"),
+        (b'{"question": "q?", "options": {"none_margin": NaN}}', "none_margin must be a finite number"),
+        (
+            b'{"question": "q?", "options": {"time_budget": 1' + b"0" * 400 + b"}}",
+            "time_budget must be a finite number",
+        ),
+        (
+            b'{"question": "q?", "options": {"none_margin": -1' + b"0" * 400 + b"}}",
+            "none_margin must be a finite number",
+        ),
+        (b'{"question": "q?", "mode": "fast"}', "mode must be one of answer, generate"),
+        (b'{"question": "q?", "extra": 1}', "unknown field extra"),
+        (b"x" * (70 * 1024), "over 64 KB"),
+        (
+            b'{"question": ' + b"[" * 30000 + b"]" * 30000 + b"}",
+            "the body is not JSON",
+        ),  # deeper than json reads
+        (
+            b'{"question": "q?", "options": {"seed": 1000000000000000000000000000000}}',
+            "seed = 1000000000000000000000000000000 must be in [0, 2**63)",
+        ),
+    ],
+)
 def test_bad_requests_are_400_with_a_message(server, body, message):
     url = server()
     for path in ("/api/answer", "/api/stream"):
@@ -218,7 +280,9 @@ def test_max_waiting_0_takes_a_job_only_when_none_runs():
 
     try:
         first = Job("first", loop, time_limit=60)
-        assert worker.submit(first) == 0  # a free worker takes it (before: refused, as every job passes the queue)
+        assert (
+            worker.submit(first) == 0
+        )  # a free worker takes it (before: refused, as every job passes the queue)
         until(lambda: worker.current is first)
         with pytest.raises(QueueFull, match="a question is being answered and none may wait"):
             worker.submit(Job("second", loop, time_limit=60))
@@ -236,7 +300,9 @@ def test_time_limit_is_504_and_a_timeout_event(grisp, server):
     cancelled, start = grisp.skeleton_stream.cancelled, time.monotonic()
     response = requests.post(url + "/api/answer", json={"question": "slow " + QUESTION}, timeout=60)
     assert response.status_code == 504 and "time limit of 1 s" in response.json()["error"]
-    assert time.monotonic() - start < 10 and grisp.skeleton_stream.cancelled == cancelled + 1  # the work stopped
+    assert (
+        time.monotonic() - start < 10 and grisp.skeleton_stream.cancelled == cancelled + 1
+    )  # the work stopped
     messages = list(sse(stream(url, "slow " + QUESTION)))
     assert [m["type"] for m in messages] == ["queued", "started", "timeout"]
     assert requests.post(url + "/api/answer", json={"question": QUESTION}, timeout=60).status_code == 200
@@ -256,8 +322,10 @@ def test_leaving_cancels_the_work(grisp, server):
     address = urlparse(url)
     body = json.dumps({"question": "slow " + QUESTION}).encode()
     with socket.create_connection((address.hostname, address.port)) as s:
-        s.sendall(b"POST /api/answer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        s.sendall(
+            b"POST /api/answer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         time.sleep(0.5)
     while grisp.skeleton_stream.cancelled == cancelled + 1:
         assert time.monotonic() < deadline + 5, "leaving /api/answer did not cancel the question"
@@ -275,7 +343,9 @@ def test_endpoint_down_mid_question_is_an_error_event_and_502(grisp, server):
         grisp.resolver.client = client
     assert messages[-1]["type"] == "error" and messages[-1]["kind"] == "endpoint"
     assert "cannot connect to http://127.0.0.1:9/query" in messages[-1]["message"]
-    assert any(m["type"] == "trace" and m["event"]["event"] == "placeholder" for m in messages)  # it failed midway
+    assert any(
+        m["type"] == "trace" and m["event"]["event"] == "placeholder" for m in messages
+    )  # it failed midway
     answer = messages[-1]["answer"]  # what was done up to there, recorded by the pipeline
     assert answer["failure"] == "endpoint_error" and answer["trace"][-1]["event"] == "endpoint_lost"
     assert posted.status_code == 502 and posted.json()["kind"] == "endpoint"
@@ -293,7 +363,9 @@ def test_eight_concurrent_clients_are_answered_or_cleanly_refused(server):
                     ok = response.status_code == 200 and response.json()["labels"] == {KNOXVILLE: "Knoxville"}
                 else:
                     response = stream(url, QUESTION)
-                    ok = response.status_code == 200 and list(sse(response))[-1]["answer"]["labels"] == {KNOXVILLE: "Knoxville"}
+                    ok = response.status_code == 200 and list(sse(response))[-1]["answer"]["labels"] == {
+                        KNOXVILLE: "Knoxville"
+                    }
                 refused = response.status_code == 503 and int(response.headers["Retry-After"]) >= 1
                 outcomes.append("answered" if ok else "refused" if refused else f"bad {response.status_code}")
             except Exception as e:  # a hang (timeout) or a dead connection
@@ -333,8 +405,18 @@ def test_help_and_setup_errors_are_clear(tmp_path, capsys):
     index.mkdir()
     (index / "manifest.json").write_text("{}")  # an index directory: the device is checked before it is read
     assert "unknown device 'bogus': use auto, cpu, cuda" in run_main(
-        "--port", "0", "--model-dir", str(tiny), "--adapter", "none", "--index", str(index), "--no-kg-guidance",
-        "--device", "bogus")
+        "--port",
+        "0",
+        "--model-dir",
+        str(tiny),
+        "--adapter",
+        "none",
+        "--index",
+        str(index),
+        "--no-kg-guidance",
+        "--device",
+        "bogus",
+    )
 
 
 def test_a_client_that_leaves_is_noticed_while_events_keep_coming(monkeypatch):
@@ -342,6 +424,7 @@ def test_a_client_that_leaves_is_noticed_while_events_keep_coming(monkeypatch):
     import time
 
     from web import shared
+
     monkeypatch.setattr(shared, "TICK", 0.2)
 
     class Chatty:  # a job that sends a trace event every 20 ms for 3 s
@@ -367,5 +450,7 @@ def test_a_client_that_leaves_is_noticed_while_events_keep_coming(monkeypatch):
 
 def test_example_questions_take_one_of_each_shape_first():
     examples = serve.example_questions(str(defaults.DEMO_DIR / "questions.jsonl"), count=5)
-    assert len(examples) == 5 == len(set(examples)) and "where was the pulp fiction director born?" in examples
+    assert (
+        len(examples) == 5 == len(set(examples)) and "where was the pulp fiction director born?" in examples
+    )
     assert serve.example_questions("none") == []

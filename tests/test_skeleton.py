@@ -1,5 +1,6 @@
 """skeleton.py: placeholders, variants and parsing; and, for the four skeleton modules together
 (skeleton, positions, constraints, skeletonize), that no text makes them crash."""
+
 import socket
 
 import pytest
@@ -33,12 +34,17 @@ def first(text: str) -> Placeholder:
 
 
 def test_find_placeholders_labels_hints_and_spans():
-    text = ('SELECT ?p WHERE { <iri>Pulp Fiction (film)</iri> <iri>director (wdt)</iri> ?d . '
-            '?d <iri> place of birth (pq) </iri> ?p . FILTER(?p != "<iri>not one</iri>") } # <iri>nor this</iri>')
+    text = (
+        "SELECT ?p WHERE { <iri>Pulp Fiction (film)</iri> <iri>director (wdt)</iri> ?d . "
+        '?d <iri> place of birth (pq) </iri> ?p . FILTER(?p != "<iri>not one</iri>") } # <iri>nor this</iri>'
+    )
     found = find_placeholders(text)
     assert [(p.label, p.variant) for p in found] == [
-        ("Pulp Fiction (film)", None), ("director", "wdt"), ("place of birth", "pq")]
-    assert all(text[p.start:p.end] == p.text for p in found)
+        ("Pulp Fiction (film)", None),
+        ("director", "wdt"),
+        ("place of birth", "pq"),
+    ]
+    assert all(text[p.start : p.end] == p.text for p in found)
     assert skeleton.placeholder_text("place  of\nbirth", "wdt") == "<iri>place of birth (wdt)</iri>"
 
 
@@ -67,17 +73,23 @@ def test_substitute_writes_variant_and_prefixed_name():
     text = substitute(text, first(text), PREFIXES["ps"] + "P453")  # a variant IRI in: hint wins
     assert text == "SELECT ?x WHERE { wd:Q3772 wdt:P19 ?x . ?s pq:P453 ?x }"
     odd = "SELECT ?x WHERE { ?x<iri>a (wdt)</iri>?y }"
-    assert substitute(odd, first(odd), "http://example.org/a") == "SELECT ?x WHERE { ?x <http://example.org/a>?y }"
+    assert (
+        substitute(odd, first(odd), "http://example.org/a")
+        == "SELECT ?x WHERE { ?x <http://example.org/a>?y }"
+    )
     with pytest.raises(ValueError, match="find_placeholders"):
         substitute("SELECT * { ?s ?p ?o }", Placeholder(PH, "X", None, 0, len(PH)), WD + "Q1")
 
 
-@pytest.mark.parametrize("text", [
-    "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>.<iri>b</iri> wdt:P1 ?x }",  # `wd:Q5.wd:Q90` is one name
-    "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>.FILTER(?x != <iri>b</iri>) }",
-    "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>..<iri>b</iri>-?x }",
-    "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>.?y wdt:P1 <iri>b</iri>. }",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>.<iri>b</iri> wdt:P1 ?x }",  # `wd:Q5.wd:Q90` is one name
+        "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>.FILTER(?x != <iri>b</iri>) }",
+        "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>..<iri>b</iri>-?x }",
+        "SELECT ?x WHERE { ?x wdt:P31 <iri>a</iri>.?y wdt:P1 <iri>b</iri>. }",
+    ],
+)
 def test_substitute_keeps_every_written_name_a_token_of_its_own(text):
     for order in ((0, 0), (1, 0)):  # first placeholder first, or the second
         done = text
@@ -97,17 +109,24 @@ REWORDED = "SELECT ?p WHERE { <iri>pulp fiction</iri> <iri>directed by (wdt)</ir
 
 def test_merging_adds_the_new_wordings_of_each_placeholder():
     merged = skeleton.merge_wordings(BORN, REWORDED)
-    assert merged == ("SELECT ?p WHERE { <iri>Pulp Fiction</iri> <iri>director<sep>directed by (wdt)</iri> ?d . "
-                      "?d <iri>place of birth<sep>birthplace (wdt)</iri> ?p . }")
+    assert merged == (
+        "SELECT ?p WHERE { <iri>Pulp Fiction</iri> <iri>director<sep>directed by (wdt)</iri> ?d . "
+        "?d <iri>place of birth<sep>birthplace (wdt)</iri> ?p . }"
+    )
     assert [skeleton.wordings(ph) for ph in find_placeholders(merged)] == [
-        ["Pulp Fiction"], ["director", "directed by"], ["place of birth", "birthplace"]]
+        ["Pulp Fiction"],
+        ["director", "directed by"],
+        ["place of birth", "birthplace"],
+    ]
     assert [ph.variant for ph in find_placeholders(merged)] == [None, "wdt", "wdt"]
     assert parses(merged) and skeleton.first_wordings(merged) == BORN
     assert skeleton.merge_wordings(BORN, BORN) == BORN  # nothing new: the text itself
 
 
 def test_merging_keeps_at_most_three_wordings():
-    texts = [BORN.replace("place of birth", label) for label in ("born in", "birthplace", "hometown", "origin")]
+    texts = [
+        BORN.replace("place of birth", label) for label in ("born in", "birthplace", "hometown", "origin")
+    ]
     merged = BORN
     for text in texts:
         merged = skeleton.merge_wordings(merged, text)
@@ -134,7 +153,10 @@ def test_wording_key_tells_structures_and_variants_apart():
 
 def test_first_wordings_leaves_unmerged_placeholders_as_written():
     odd = "SELECT ?x WHERE { <iri>  Pulp   Fiction </iri> <iri>director<sep>directed by (wdt)</iri> ?x }"
-    assert skeleton.first_wordings(odd) == "SELECT ?x WHERE { <iri>  Pulp   Fiction </iri> <iri>director (wdt)</iri> ?x }"
+    assert (
+        skeleton.first_wordings(odd)
+        == "SELECT ?x WHERE { <iri>  Pulp   Fiction </iri> <iri>director (wdt)</iri> ?x }"
+    )
     assert skeleton.wordings(first(odd)) == ["Pulp   Fiction"]
 
 
@@ -163,28 +185,125 @@ def test_parses_never_calls_a_service():
         with pytest.raises(BlockingIOError):
             listener.accept()
 
+
 # ---------------------------------------------------------------------------- robustness
 
-FRAGMENTS = ["SELECT", "ASK", "DISTINCT", "?x", "?y", "$z", "WHERE", "{", "}", "(", ")", "[", "]", ".", ";", ",",
-             "<iri>film</iri>", "<iri>director (wdt)</iri>", "<iri>role (pq)</iri>", "<iri>", "</iri>",
-             "wd:Q1", "wdt:P31", "p:P161", "foo:", ":", "a", "/", "*", "+", "?", "|", "^", "!", "^^", "=", "<", ">",
-             "FILTER", "OPTIONAL", "UNION", "MINUS", "VALUES", "BIND", "AS", "NOT", "EXISTS", "GRAPH", "SERVICE",
-             "SILENT", "ORDER BY", "GROUP BY", "COUNT", "LIMIT 1", "PREFIX ex: <http://ex.org/>", '"str"', "'s'",
-             '"""', "@en", "1", "2.5", "#c\n", "<http://e/a#b>", "_:b", "xsd:dateTime", "true", "\n"]
+FRAGMENTS = [
+    "SELECT",
+    "ASK",
+    "DISTINCT",
+    "?x",
+    "?y",
+    "$z",
+    "WHERE",
+    "{",
+    "}",
+    "(",
+    ")",
+    "[",
+    "]",
+    ".",
+    ";",
+    ",",
+    "<iri>film</iri>",
+    "<iri>director (wdt)</iri>",
+    "<iri>role (pq)</iri>",
+    "<iri>",
+    "</iri>",
+    "wd:Q1",
+    "wdt:P31",
+    "p:P161",
+    "foo:",
+    ":",
+    "a",
+    "/",
+    "*",
+    "+",
+    "?",
+    "|",
+    "^",
+    "!",
+    "^^",
+    "=",
+    "<",
+    ">",
+    "FILTER",
+    "OPTIONAL",
+    "UNION",
+    "MINUS",
+    "VALUES",
+    "BIND",
+    "AS",
+    "NOT",
+    "EXISTS",
+    "GRAPH",
+    "SERVICE",
+    "SILENT",
+    "ORDER BY",
+    "GROUP BY",
+    "COUNT",
+    "LIMIT 1",
+    "PREFIX ex: <http://ex.org/>",
+    '"str"',
+    "'s'",
+    '"""',
+    "@en",
+    "1",
+    "2.5",
+    "#c\n",
+    "<http://e/a#b>",
+    "_:b",
+    "xsd:dateTime",
+    "true",
+    "\n",
+]
 
 
-TERMS = ["?x", "?y", "wd:Q1", "<iri>film</iri>", "<iri>Pulp Fiction</iri>", '"s"', '"s"@en', '"1" ^^ xsd:int',
-         "[ wdt:P1 ?z ]", "( ?a ?b )", "1", "_:b"]
-VERBS = ["wdt:P31", "<iri>director (wdt)</iri>", "a", "wdt:P31 / wdt:P279 *", "^<iri>role (pq)</iri>",
-         "(wdt:P1|<iri>cast (p)</iri>)", "?p", "!(wdt:P1)"]
+TERMS = [
+    "?x",
+    "?y",
+    "wd:Q1",
+    "<iri>film</iri>",
+    "<iri>Pulp Fiction</iri>",
+    '"s"',
+    '"s"@en',
+    '"1" ^^ xsd:int',
+    "[ wdt:P1 ?z ]",
+    "( ?a ?b )",
+    "1",
+    "_:b",
+]
+VERBS = [
+    "wdt:P31",
+    "<iri>director (wdt)</iri>",
+    "a",
+    "wdt:P31 / wdt:P279 *",
+    "^<iri>role (pq)</iri>",
+    "(wdt:P1|<iri>cast (p)</iri>)",
+    "?p",
+    "!(wdt:P1)",
+]
 TRIPLE = st.tuples(st.sampled_from(TERMS), st.sampled_from(VERBS), st.sampled_from(TERMS)).map(" ".join)
-BLOCK = st.one_of(TRIPLE, TRIPLE.map(lambda t: f"OPTIONAL {{ {t} }}"), TRIPLE.map(lambda t: f"{{ {t} }} UNION {{ {t} }}"),
-                  TRIPLE.map(lambda t: f"FILTER NOT EXISTS {{ {t} }}"), st.just("FILTER(?x != <iri>film</iri>)"),
-                  st.just("VALUES ?x { <iri>film</iri> wd:Q2 }"), st.just("BIND(<iri>film</iri> AS ?b)"))
-BODY = st.lists(st.tuples(BLOCK, st.sampled_from([" . ", " ; wdt:P1 <iri>x</iri> . ", " , ?z . ", " "])), max_size=5)
-QUERY = st.builds(lambda head, body, tail: f"{head} {{ {''.join(b + sep for b, sep in body)}}}{tail}",
-                  st.sampled_from(["SELECT ?x WHERE", "ASK", "SELECT ?x (COUNT(*) AS ?n) WHERE", "PREFIX e: <http://e/> SELECT *"]),
-                  BODY, st.sampled_from(["", " ORDER BY ?x", " GROUP BY ?x LIMIT 1"]))
+BLOCK = st.one_of(
+    TRIPLE,
+    TRIPLE.map(lambda t: f"OPTIONAL {{ {t} }}"),
+    TRIPLE.map(lambda t: f"{{ {t} }} UNION {{ {t} }}"),
+    TRIPLE.map(lambda t: f"FILTER NOT EXISTS {{ {t} }}"),
+    st.just("FILTER(?x != <iri>film</iri>)"),
+    st.just("VALUES ?x { <iri>film</iri> wd:Q2 }"),
+    st.just("BIND(<iri>film</iri> AS ?b)"),
+)
+BODY = st.lists(
+    st.tuples(BLOCK, st.sampled_from([" . ", " ; wdt:P1 <iri>x</iri> . ", " , ?z . ", " "])), max_size=5
+)
+QUERY = st.builds(
+    lambda head, body, tail: f"{head} {{ {''.join(b + sep for b, sep in body)}}}{tail}",
+    st.sampled_from(
+        ["SELECT ?x WHERE", "ASK", "SELECT ?x (COUNT(*) AS ?n) WHERE", "PREFIX e: <http://e/> SELECT *"]
+    ),
+    BODY,
+    st.sampled_from(["", " ORDER BY ?x", " GROUP BY ?x LIMIT 1"]),
+)
 
 
 @st.composite
@@ -200,8 +319,11 @@ def skeleton_texts(draw) -> str:
 @settings(max_examples=200, deadline=None)
 @given(skeleton_texts(), st.text(max_size=3))
 # found by this test: a constraint query copied the malformed `SELECTwdt:P31` and did not parse
-@example("ASK { ?x SELECTwdt:P31 ?x . ?x wdt:P31 ?x . FILTER(?x != <iri>film</iri>) . "
-         "?x wdt:P31 ?x ; wdt:P1 <iri>x</iri> . }", "")
+@example(
+    "ASK { ?x SELECTwdt:P31 ?x . ?x wdt:P31 ?x . FILTER(?x != <iri>film</iri>) . "
+    "?x wdt:P31 ?x ; wdt:P1 <iri>x</iri> . }",
+    "",
+)
 def test_no_skeleton_text_crashes(text, noise):
     text += noise
     parses(text)

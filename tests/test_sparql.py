@@ -1,5 +1,6 @@
 """sparql.py: the client against a real oxigraph server, and every fault against a fake one
 (query text itself: test_sparql_syntax.py)."""
+
 import json
 import time
 from http.server import BaseHTTPRequestHandler
@@ -25,7 +26,9 @@ KG = """@prefix wd: <http://www.wikidata.org/entity/> .
 @prefix xsd: <http://www.w3.org/2001/XMLSchema#> .
 wd:Q104123 wdt:P57 wd:Q3772 ; rdfs:label "Pulp Fiction"@en ; wdt:P577 "1994-10-14"^^xsd:date .
 wd:Q3772 wdt:P19 wd:Q185582 .
-""" + "".join(f"<http://e/{i}> <http://e/next> <http://e/{i + 1}> .\n" for i in range(100))  # 105 triples: a 4-way cross product is 1e8 rows
+""" + "".join(
+    f"<http://e/{i}> <http://e/next> <http://e/{i + 1}> .\n" for i in range(100)
+)  # 105 triples: a 4-way cross product is 1e8 rows
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +47,21 @@ def test_select_ask_and_terms_against_oxigraph(kg_url):
         # no PREFIX lines: the client adds wd/wdt/rdfs, which oxigraph does not predefine
         result = client.query("SELECT ?d ?place WHERE { wd:Q104123 wdt:P57 ?d . ?d wdt:P19 ?place }")
         assert result.variables == ["d", "place"]
-        assert result.rows == [{"d": {"type": "uri", "value": "http://www.wikidata.org/entity/Q3772"},
-                                "place": {"type": "uri", "value": "http://www.wikidata.org/entity/Q185582"}}]
+        assert result.rows == [
+            {
+                "d": {"type": "uri", "value": "http://www.wikidata.org/entity/Q3772"},
+                "place": {"type": "uri", "value": "http://www.wikidata.org/entity/Q185582"},
+            }
+        ]
         assert client.query("ASK { wd:Q3772 wdt:P19 wd:Q185582 }").boolean is True
         assert client.query("ASK { wd:Q3772 wdt:P19 wd:Q1 }").boolean is False
     terms = client.query("SELECT ?l ?t WHERE { wd:Q104123 rdfs:label ?l ; wdt:P577 ?t }").rows[0]
     assert terms["l"] == {"type": "literal", "value": "Pulp Fiction", "xml:lang": "en"}
-    assert terms["t"] == {"type": "literal", "value": "1994-10-14",
-                          "datatype": "http://www.w3.org/2001/XMLSchema#date"}
+    assert terms["t"] == {
+        "type": "literal",
+        "value": "1994-10-14",
+        "datatype": "http://www.w3.org/2001/XMLSchema#date",
+    }
     empty = client.query("SELECT ?x WHERE { wd:Q1 wdt:P1 ?x }")
     assert empty.is_empty and not client.query("ASK { wd:Q1 wdt:P1 ?x }").is_empty
     unbound = client.query("SELECT (MAX(?t) AS ?m) WHERE { wd:Q1 wdt:P577 ?t }")  # one row, nothing bound
@@ -118,7 +128,9 @@ def fake():
         server.close()
 
 
-ROW = json.dumps({"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri", "value": "http://e/1"}}]}})
+ROW = json.dumps(
+    {"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri", "value": "http://e/1"}}]}}
+)
 
 
 def test_endpoint_down_is_unreachable():
@@ -138,12 +150,19 @@ def test_500_is_retried_then_raised(fake):
     assert result.iris() == ["http://e/1"] and len(server.requests) == 2
 
 
-@pytest.mark.parametrize("status, error, attempts", [
-    (400, BadQuery, 1), (422, BadQuery, 1),  # the query's fault
-    (401, EndpointUnreachable, 1), (403, EndpointUnreachable, 1),  # refused whatever the query: no access, a ban,
-    (404, EndpointUnreachable, 1), (405, EndpointUnreachable, 1),  # a wrong path or method
-    (414, ServerError, 1), (408, ServerError, 3),  # too large for this endpoint; busy (retried)
-])
+@pytest.mark.parametrize(
+    "status, error, attempts",
+    [
+        (400, BadQuery, 1),
+        (422, BadQuery, 1),  # the query's fault
+        (401, EndpointUnreachable, 1),
+        (403, EndpointUnreachable, 1),  # refused whatever the query: no access, a ban,
+        (404, EndpointUnreachable, 1),
+        (405, EndpointUnreachable, 1),  # a wrong path or method
+        (414, ServerError, 1),
+        (408, ServerError, 3),  # too large for this endpoint; busy (retried)
+    ],
+)
 def test_only_400_and_422_blame_the_query(fake, status, error, attempts):
     server = fake((status, "refused", 0.0))
     client = SparqlClient(server.url, retries=2, backoff_s=0.01)
@@ -168,9 +187,15 @@ def test_server_side_timeout_message(fake):
 
 
 def test_truncated_or_invalid_json(fake):
-    for body in (ROW[:40], "<html>not json</html>", '{"head": {"vars": ["x"]}}', '{"head": {}, "boolean": "yes"}',
-                 '{"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri"}}]}}',
-                 '{"head": {"vars": ["x"]}, "results": [1]}', '{"head": {"vars": ["x"]}, "results": "none"}'):
+    for body in (
+        ROW[:40],
+        "<html>not json</html>",
+        '{"head": {"vars": ["x"]}}',
+        '{"head": {}, "boolean": "yes"}',
+        '{"head": {"vars": ["x"]}, "results": {"bindings": [{"x": {"type": "uri"}}]}}',
+        '{"head": {"vars": ["x"]}, "results": [1]}',
+        '{"head": {"vars": ["x"]}, "results": "none"}',
+    ):
         with pytest.raises(InvalidResponse):
             SparqlClient(fake((200, body, 0.0)).url).query("SELECT * WHERE { ?s ?p ?o }")
 
@@ -178,10 +203,13 @@ def test_truncated_or_invalid_json(fake):
 def test_forbidden_queries_are_never_sent(fake):
     server = fake((200, ROW, 0.0))
     client = SparqlClient(server.url)
-    for query in ("SELECT * WHERE { SERVICE <http://example.org/sparql> { ?s ?p ?o } }",
-                  "SELECT * WHERE { ?s ?p ?o . service wikibase:label { bd:serviceParam wikibase:language 'en' } }",
-                  "INSERT DATA { <http://e/a> <http://e/b> <http://e/c> }",
-                  "DELETE WHERE { ?s ?p ?o }", "DROP ALL"):
+    for query in (
+        "SELECT * WHERE { SERVICE <http://example.org/sparql> { ?s ?p ?o } }",
+        "SELECT * WHERE { ?s ?p ?o . service wikibase:label { bd:serviceParam wikibase:language 'en' } }",
+        "INSERT DATA { <http://e/a> <http://e/b> <http://e/c> }",
+        "DELETE WHERE { ?s ?p ?o }",
+        "DROP ALL",
+    ):
         with pytest.raises(ForbiddenQuery, match="refusing"):
             client.query(query)
     assert server.requests == [], "a forbidden query must be refused before anything is sent"
@@ -192,20 +220,37 @@ def test_forbidden_queries_are_never_sent(fake):
 
 def test_prefixes_added_only_when_used_and_undeclared(fake):
     server = fake((200, ROW, 0.0))
-    query = ('PREFIX wd: <http://example.org/my-wd/>\nSELECT ?x WHERE { wd:Q1 wdt:P31 ?x ; '
-             'rdfs:label "wd:Q2 p:P1" . ?x <http://e/#schema:x> ?y }')
+    query = (
+        "PREFIX wd: <http://example.org/my-wd/>\nSELECT ?x WHERE { wd:Q1 wdt:P31 ?x ; "
+        'rdfs:label "wd:Q2 p:P1" . ?x <http://e/#schema:x> ?y }'
+    )
     SparqlClient(server.url).query(query)
     sent = server.requests[0]
-    assert sent.startswith("PREFIX wdt: <http://www.wikidata.org/prop/direct/>\n"
-                           "PREFIX rdfs: <http://www.w3.org/2000/01/rdf-schema#>\nPREFIX wd: <http://example.org/my-wd/>")
+    assert sent.startswith(
+        "PREFIX wdt: <http://www.wikidata.org/prop/direct/>\n"
+        "PREFIX rdfs: <http://www.w3.org/2000/01/rdf-schema#>\nPREFIX wd: <http://example.org/my-wd/>"
+    )
     assert sent.endswith(query) and "PREFIX p:" not in sent and "PREFIX schema:" not in sent
 
 
 def test_parse_results_normalises_typed_literal():
-    doc = {"head": {"vars": ["n"]}, "results": {"bindings": [
-        {"n": {"type": "typed-literal", "value": "3", "datatype": "http://www.w3.org/2001/XMLSchema#integer"}}]}}
+    doc = {
+        "head": {"vars": ["n"]},
+        "results": {
+            "bindings": [
+                {
+                    "n": {
+                        "type": "typed-literal",
+                        "value": "3",
+                        "datatype": "http://www.w3.org/2001/XMLSchema#integer",
+                    }
+                }
+            ]
+        },
+    }
     assert sparql.parse_results(json.dumps(doc)).rows == [
-        {"n": {"type": "literal", "value": "3", "datatype": "http://www.w3.org/2001/XMLSchema#integer"}}]
+        {"n": {"type": "literal", "value": "3", "datatype": "http://www.w3.org/2001/XMLSchema#integer"}}
+    ]
     assert sparql.parse_results('{"head": {}, "boolean": false}').boolean is False
 
 
@@ -229,7 +274,9 @@ def test_deadline_cuts_the_read_timeout_and_the_retries(fake):
     broken = fake((500, "internal error", 0.0))
     start = time.monotonic()
     with pytest.raises(ServerError, match="after 1 attempt\\)"):
-        SparqlClient(broken.url, retries=2).query("SELECT * WHERE { ?s ?p ?o }", deadline=time.monotonic() + 0.3)
+        SparqlClient(broken.url, retries=2).query(
+            "SELECT * WHERE { ?s ?p ?o }", deadline=time.monotonic() + 0.3
+        )
     assert time.monotonic() - start < 0.3 and len(broken.requests) == 1
     # a deadline already passed: nothing is sent
     client = SparqlClient(broken.url)

@@ -39,6 +39,7 @@ built on it ranks the gold item first among its namesakes, and search alone look
     python build_index.py --items ~/.cache/grisp/eval_kg/wwq-dev-full/items.jsonl \
         --out ~/.cache/grisp/indices/wwq-dev-full          # its search index
 """
+
 import argparse
 import gzip
 import json
@@ -70,11 +71,14 @@ SCHEMA_DESCRIPTION, RDF_TYPE = expand("schema:description"), expand("rdf:type")
 WIKIBASE_PROPERTY, WIKIBASE_DIRECT_CLAIM = expand("wikibase:Property"), expand("wikibase:directClaim")
 
 
-CODEX_FILE = "extra/codex/codex_triples.nt.gz"  # in the data cache (benchmarks.cached_file): real Wikidata facts
+CODEX_FILE = (
+    "extra/codex/codex_triples.nt.gz"  # in the data cache (benchmarks.cached_file): real Wikidata facts
+)
 
 
 class Setting(NamedTuple):
     """Defaults of one --setting: where it writes, which store and port check it, what RDF it adds."""
+
     out: Path
     store: Path
     port: int
@@ -85,10 +89,21 @@ class Setting(NamedTuple):
 
 SETTINGS = {
     "closed": Setting(benchmarks.EVAL_KG_DIR, defaults.GRISP_HOME / "stores" / "wwq-dev", 7879, (), False),
-    "full": Setting(benchmarks.EVAL_KG_FULL_DIR, defaults.GRISP_HOME / "stores" / "wwq-dev-full", 7880,
-                    (defaults.DEMO_DIR / "kg.ttl",), True),
-    "real": Setting(benchmarks.EVAL_KG_REAL_DIR, defaults.GRISP_HOME / "stores" / "wwq-dev-real", 7881,
-                    (defaults.DEMO_DIR / "kg.ttl", CODEX_FILE), True, keep_unlabelled=True),
+    "full": Setting(
+        benchmarks.EVAL_KG_FULL_DIR,
+        defaults.GRISP_HOME / "stores" / "wwq-dev-full",
+        7880,
+        (defaults.DEMO_DIR / "kg.ttl",),
+        True,
+    ),
+    "real": Setting(
+        benchmarks.EVAL_KG_REAL_DIR,
+        defaults.GRISP_HOME / "stores" / "wwq-dev-real",
+        7881,
+        (defaults.DEMO_DIR / "kg.ttl", CODEX_FILE),
+        True,
+        keep_unlabelled=True,
+    ),
 }
 
 PREFIX_LINE = re.compile(r"PREFIX\s+[\w-]*:\s*<[^>]*>", re.IGNORECASE)
@@ -96,7 +111,9 @@ TERM = r"(\?\w+|<[^>\s]*>|[\w-]*:\w+)"
 # the whole query after its PREFIX lines: one triple pattern selecting its one variable
 SINGLE_PATTERN = re.compile(
     rf"SELECT\s+(?:DISTINCT\s+)?(\?\w+)\s+WHERE\s*\{{\s*{TERM}\s+{TERM}\s+{TERM}\s*\.?\s*\}}"
-    rf"\s*(?:LIMIT\s+\d+\s*)?", re.IGNORECASE)
+    rf"\s*(?:LIMIT\s+\d+\s*)?",
+    re.IGNORECASE,
+)
 
 
 def single_pattern(sparql: str) -> tuple[str, str, str, str] | None:
@@ -156,8 +173,9 @@ def label_triples(item: dict) -> list[ox.Triple]:
     for alias in item.get("aliases") or []:
         triples.append(ox.Triple(node, ox.NamedNode(SKOS_ALT_LABEL), ox.Literal(alias, language="en")))
     if item.get("description"):
-        triples.append(ox.Triple(node, ox.NamedNode(SCHEMA_DESCRIPTION),
-                                 ox.Literal(item["description"], language="en")))
+        triples.append(
+            ox.Triple(node, ox.NamedNode(SCHEMA_DESCRIPTION), ox.Literal(item["description"], language="en"))
+        )
     if item["id"].startswith("P"):
         triples.append(ox.Triple(node, ox.NamedNode(RDF_TYPE), ox.NamedNode(WIKIBASE_PROPERTY)))
         triples.append(ox.Triple(node, ox.NamedNode(WIKIBASE_DIRECT_CLAIM), ox.NamedNode(WDT + item["id"])))
@@ -171,7 +189,7 @@ def mentioned_ids(triples: list[ox.Triple]) -> set[str]:
         for node in (triple.subject, triple.predicate, triple.object):
             if isinstance(node, ox.NamedNode):
                 for namespace in (WD, WDT):
-                    local = node.value[len(namespace):]
+                    local = node.value[len(namespace) :]
                     if node.value.startswith(namespace) and WIKIDATA_ID.fullmatch(local):
                         ids.add(local)
     return ids
@@ -191,8 +209,12 @@ def training_popularity(records: list[dict]) -> Counter:
     counts = Counter()
     for record in records:
         iris = query_iris(record["sparql"])
-        iris += [term["value"] for row in record.get("info", {}).get("results") or []
-                 for term in row.values() if isinstance(term, dict) and term.get("type") == "uri"]
+        iris += [
+            term["value"]
+            for row in record.get("info", {}).get("results") or []
+            for term in row.values()
+            if isinstance(term, dict) and term.get("type") == "uri"
+        ]
         counts.update(match[1] for iri in iris if (match := LOCAL_ID.search(iri)))
     return counts
 
@@ -200,16 +222,23 @@ def training_popularity(records: list[dict]) -> Counter:
 def topic_entity(sample: dict) -> str:
     """The id of the single-pattern query's constant entity (`Q..`)."""
     variable, subject, _, obj = single_pattern(sample["sparql"])
-    return (obj if subject == variable else subject)[len(WD):]
+    return (obj if subject == variable else subject)[len(WD) :]
 
 
 def topic_ids(sample: dict) -> set[str]:
     """Ids the resolver must find by search: the query's constant entity and its property."""
-    return {topic_entity(sample), single_pattern(sample["sparql"])[2][len(WDT):]}
+    return {topic_entity(sample), single_pattern(sample["sparql"])[2][len(WDT) :]}
 
 
-def difficulty(samples: list[dict], candidates: list[dict], covered: list[dict], triples: list[ox.Triple],
-               records: dict[str, dict], popularity: Counter | None, training: list[dict]) -> dict:
+def difficulty(
+    samples: list[dict],
+    candidates: list[dict],
+    covered: list[dict],
+    triples: list[ox.Triple],
+    records: dict[str, dict],
+    popularity: Counter | None,
+    training: list[dict],
+) -> dict:
     """How much the KG tests search, re-ranking and memory (the counts docs/evaluation.md quotes):
 
     in_training     questions whose gold query (sparql_syntax.query_key) is also the gold query of a
@@ -227,22 +256,28 @@ def difficulty(samples: list[dict], candidates: list[dict], covered: list[dict],
         if triple.predicate.value.startswith(WDT):
             for node in (triple.subject, triple.object):
                 if isinstance(node, ox.NamedNode) and node.value.startswith(WD):
-                    properties.setdefault(node.value[len(WD):], set()).add(triple.predicate.value)
+                    properties.setdefault(node.value[len(WD) :], set()).add(triple.predicate.value)
     namesakes = {}  # normalised label -> labelled entity ids
     for item_id, record in records.items():
         if item_id.startswith("Q"):
             namesakes.setdefault(" ".join(normalize(record["label"])), []).append(item_id)
     own_count = {item_id: record.get("count") or 0 for item_id, record in records.items()}
     counts = {"written": own_count if popularity is None else popularity, "item_cache": own_count}
-    shared = [(topic, ids) for topic in map(topic_entity, covered) if topic in records
-              and len(ids := namesakes[" ".join(normalize(records[topic]["label"]))]) > 1]
-    first = {name: sum(min(ids, key=lambda i: (-count[i], int(i[1:]))) == topic for topic, ids in shared)
-             for name, count in counts.items()}
+    shared = [
+        (topic, ids)
+        for topic in map(topic_entity, covered)
+        if topic in records and len(ids := namesakes[" ".join(normalize(records[topic]["label"]))]) > 1
+    ]
+    first = {
+        name: sum(min(ids, key=lambda i: (-count[i], int(i[1:]))) == topic for topic, ids in shared)
+        for name, count in counts.items()
+    }
     return {
         "in_training": sum(query_key(sample["sparql"]) in train_keys for sample in samples),
         "one_property": sum(len(properties.get(topic_entity(sample), ())) == 1 for sample in candidates),
         "namesakes": len(shared),
-        "gold_first_by_written_count": first["written"], "gold_first_by_item_cache_count": first["item_cache"],
+        "gold_first_by_written_count": first["written"],
+        "gold_first_by_item_cache_count": first["item_cache"],
     }
 
 
@@ -275,8 +310,11 @@ def verify_on_server(kg_file: Path, samples: list[dict], store_dir: Path, port: 
     started_here = running is None or endpoint.status(store_dir)["pid"] != running["pid"]
     client = sparql.SparqlClient(url)
     try:
-        return [sample["id"] for sample in samples
-                if not gold_matches(metrics.from_result(client.query(sample["sparql"])), sample)]
+        return [
+            sample["id"]
+            for sample in samples
+            if not gold_matches(metrics.from_result(client.query(sample["sparql"])), sample)
+        ]
     finally:
         client.close()
         if started_here:
@@ -288,8 +326,10 @@ def read_rdf(path: Path) -> list[ox.Triple]:
     zipped = path.suffix == ".gz"
     rdf_format = ox.RdfFormat.from_extension((path.with_suffix("") if zipped else path).suffix[1:])
     if not path.is_file() or rdf_format is None:
-        raise FileNotFoundError(f"extra KG file {path} does not exist or has no RDF extension "
-                                f"(.ttl, .nt, ... or .nt.gz); pass another one with --extra-kg")
+        raise FileNotFoundError(
+            f"extra KG file {path} does not exist or has no RDF extension "
+            f"(.ttl, .nt, ... or .nt.gz); pass another one with --extra-kg"
+        )
     try:
         with (gzip.open if zipped else open)(path, "rb") as file:
             return [quad.triple for quad in ox.parse(file, format=rdf_format)]
@@ -304,7 +344,9 @@ def main(args: argparse.Namespace) -> None:
     args.port = setting.port if args.port is None else args.port
     endpoint.check_port(args.port)  # here, not after the whole build at the check on the server
     extra_files = setting.extra_kg if args.extra_kg is None else args.extra_kg
-    extra_files = [benchmarks.cached_file(f) if isinstance(f, str) and args.extra_kg is None else f for f in extra_files]
+    extra_files = [
+        benchmarks.cached_file(f) if isinstance(f, str) and args.extra_kg is None else f for f in extra_files
+    ]
     args.extra_kg = [str(Path(f).expanduser()) for f in extra_files]
     print(f"config: {json.dumps(vars(args), default=str)}")
     # --- data
@@ -325,8 +367,9 @@ def main(args: argparse.Namespace) -> None:
 
     # --- labels of every item and property mentioned (closed) or of every item (full)
     ids = mentioned_ids(answers + extra_triples)
-    labelled = sorted(items if setting.all_items else (i for i in ids if i in items),
-                      key=lambda i: (i[0], i[1:].zfill(12)))
+    labelled = sorted(
+        items if setting.all_items else (i for i in ids if i in items), key=lambda i: (i[0], i[1:].zfill(12))
+    )
     labels = [triple for item_id in labelled for triple in label_triples(items[item_id])]
     triples = list(dict.fromkeys(answers + extra_triples + labels))  # the extra KG repeats labels
 
@@ -349,87 +392,141 @@ def main(args: argparse.Namespace) -> None:
     write_jsonl(out / "questions.jsonl", covered)
     training = training_records()
     popularity = training_popularity(training) if args.popularity == "training" else None
-    write_jsonl(out / "items.jsonl", (items[i] if popularity is None else {**items[i], "count": popularity[i]}
-                                      for i in labelled))
+    write_jsonl(
+        out / "items.jsonl",
+        (items[i] if popularity is None else {**items[i], "count": popularity[i]} for i in labelled),
+    )
     kg_ids = mentioned_ids(triples)
     stats = {
-        "setting": args.setting, "questions": len(samples), "single_pattern": len(candidates),
-        "covered": len(covered), "conflicting": len(candidates) - len(alone),
-        "changed_by_extra_kg": changed, "unlabelled_topic": sum(not topic_ids(s) <= set(labelled) for s in exact),
+        "setting": args.setting,
+        "questions": len(samples),
+        "single_pattern": len(candidates),
+        "covered": len(covered),
+        "conflicting": len(candidates) - len(alone),
+        "changed_by_extra_kg": changed,
+        "unlabelled_topic": sum(not topic_ids(s) <= set(labelled) for s in exact),
         "kept_unlabelled": setting.keep_unlabelled,
-        "answer_triples": len(answers), "extra_kg_triples": {path: len(t) for path, t in extra.items()},
-        "label_records": len(labelled), "label_triples": len(labels),
-        "triples": len(triples), "items": len([i for i in kg_ids if i.startswith("Q")]),
+        "answer_triples": len(answers),
+        "extra_kg_triples": {path: len(t) for path, t in extra.items()},
+        "label_records": len(labelled),
+        "label_triples": len(labels),
+        "triples": len(triples),
+        "items": len([i for i in kg_ids if i.startswith("Q")]),
         "properties": len([i for i in kg_ids if i.startswith("P")]),
-        "unlabelled": sorted(kg_ids - set(labelled)), "items_file": str(items_path),
+        "unlabelled": sorted(kg_ids - set(labelled)),
+        "items_file": str(items_path),
         "popularity": args.popularity,
-        "difficulty": difficulty(samples, candidates, covered, triples, {i: items[i] for i in labelled}, popularity,
-                                 training),
+        "difficulty": difficulty(
+            samples, candidates, covered, triples, {i: items[i] for i in labelled}, popularity, training
+        ),
         "config": vars(args),
     }
-    print(f"{len(covered)} of {len(samples)} questions covered: {len(candidates)} single-pattern, "
-          f"{stats['conflicting']} of them dropped because other questions' triples add answers, "
-          f"{len(changed)} because the extra KG adds answers{': ' + ', '.join(changed) if changed else ''}, "
-          f"{stats['unlabelled_topic']} {'kept (to decline)' if setting.keep_unlabelled else 'dropped'} because "
-          f"their entity or property has no label record")
-    print(f"{len(triples)} triples ({len(answers)} answer triples, {len(extra_triples)} from "
-          f"{len(extra)} extra KG files, {len(labels)} label triples of {len(labelled)} label records), "
-          f"{stats['items']} items, {stats['properties']} properties, "
-          f"{len(stats['unlabelled'])} without a label record")
+    print(
+        f"{len(covered)} of {len(samples)} questions covered: {len(candidates)} single-pattern, "
+        f"{stats['conflicting']} of them dropped because other questions' triples add answers, "
+        f"{len(changed)} because the extra KG adds answers{': ' + ', '.join(changed) if changed else ''}, "
+        f"{stats['unlabelled_topic']} {'kept (to decline)' if setting.keep_unlabelled else 'dropped'} because "
+        f"their entity or property has no label record"
+    )
+    print(
+        f"{len(triples)} triples ({len(answers)} answer triples, {len(extra_triples)} from "
+        f"{len(extra)} extra KG files, {len(labels)} label triples of {len(labelled)} label records), "
+        f"{stats['items']} items, {stats['properties']} properties, "
+        f"{len(stats['unlabelled'])} without a label record"
+    )
     hard = stats["difficulty"]
-    print(f"difficulty: {hard['in_training']} of {len(samples)} gold queries are also gold queries of the training material; "
-          f"{hard['one_property']} of {len(candidates)} single-pattern topics have one wdt: property in the KG; "
-          f"{hard['namesakes']} of {len(covered)} covered topics have a namesake, the gold one first by "
-          f"popularity in {hard['gold_first_by_written_count']} (item cache's count: "
-          f"{hard['gold_first_by_item_cache_count']})")
+    print(
+        f"difficulty: {hard['in_training']} of {len(samples)} gold queries are also gold queries of the training material; "
+        f"{hard['one_property']} of {len(candidates)} single-pattern topics have one wdt: property in the KG; "
+        f"{hard['namesakes']} of {len(covered)} covered topics have a namesake, the gold one first by "
+        f"popularity in {hard['gold_first_by_written_count']} (item cache's count: "
+        f"{hard['gold_first_by_item_cache_count']})"
+    )
     if args.verify:
         mismatched = verify_on_server(out / "kg.nt", covered, Path(args.store), args.port)
         if mismatched:
-            raise ValueError(f"on the oxigraph server these gold queries do not return their gold "
-                             f"answers: {', '.join(mismatched)}")
+            raise ValueError(
+                f"on the oxigraph server these gold queries do not return their gold "
+                f"answers: {', '.join(mismatched)}"
+            )
         stats["server_verified"] = len(covered)
-        print(f"verified on an oxigraph server: all {len(covered)} covered gold queries return "
-              f"exactly their gold answers")
+        print(
+            f"verified on an oxigraph server: all {len(covered)} covered gold queries return "
+            f"exactly their gold answers"
+        )
     (out / "stats.json").write_text(json.dumps(stats, indent=2, default=str) + "\n")
-    print(f"wrote {out}/kg.nt, questions.jsonl, items.jsonl (popularity: {args.popularity}), stats.json; "
-          f"its search index: python build_index.py --items {out / 'items.jsonl'} --out DIR")
+    print(
+        f"wrote {out}/kg.nt, questions.jsonl, items.jsonl (popularity: {args.popularity}), stats.json; "
+        f"its search index: python build_index.py --items {out / 'items.jsonl'} --out DIR"
+    )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description="Build a closed WWQ-dev evaluation knowledge graph from the gold answers of "
-                    "single-triple-pattern questions (easier than full Wikidata: few distractors).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "single-triple-pattern questions (easier than full Wikidata: few distractors).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     # data
-    parser.add_argument("--setting", choices=list(SETTINGS), default="closed",
-                        help="closed: answer triples + labels of what they mention (benchmark "
-                             "wwq-dev-kg); full: + the demo KG + labels of all items (wwq-dev-full); real: "
-                             "full + CoDEx's real Wikidata facts, questions the index cannot name kept "
-                             "(wwq-dev-real)")
-    parser.add_argument("--benchmark", default="wwq-dev",
-                        help="benchmark name or JSONL path whose records carry info.results")
-    parser.add_argument("--items", default=None,
-                        help="item label file (JSONL id/label/aliases/description/count); "
-                             "default: wikidata/items.jsonl from the data cache")
-    parser.add_argument("--popularity", choices=["training", "items"], default="training",
-                        help="the items.jsonl count its search index ranks by: training = occurrences in the "
-                             "training material's gold queries and answers; items = the item file's own "
-                             "count, which counts validation data too (evaluations before 2026-12-06)")
-    parser.add_argument("--extra-kg", nargs="*", default=None,
-                        help="RDF files added to the KG; default: none (closed), data/demo/kg.ttl (full), "
-                             "that and extra/codex/codex_triples.nt.gz of the data cache (real)")
-    parser.add_argument("--out", default=None,
-                        help=f"output directory; default: {benchmarks.EVAL_KG_DIR} (closed), "
-                             f"{benchmarks.EVAL_KG_FULL_DIR} (full), {benchmarks.EVAL_KG_REAL_DIR} (real)")
+    parser.add_argument(
+        "--setting",
+        choices=list(SETTINGS),
+        default="closed",
+        help="closed: answer triples + labels of what they mention (benchmark "
+        "wwq-dev-kg); full: + the demo KG + labels of all items (wwq-dev-full); real: "
+        "full + CoDEx's real Wikidata facts, questions the index cannot name kept "
+        "(wwq-dev-real)",
+    )
+    parser.add_argument(
+        "--benchmark", default="wwq-dev", help="benchmark name or JSONL path whose records carry info.results"
+    )
+    parser.add_argument(
+        "--items",
+        default=None,
+        help="item label file (JSONL id/label/aliases/description/count); "
+        "default: wikidata/items.jsonl from the data cache",
+    )
+    parser.add_argument(
+        "--popularity",
+        choices=["training", "items"],
+        default="training",
+        help="the items.jsonl count its search index ranks by: training = occurrences in the "
+        "training material's gold queries and answers; items = the item file's own "
+        "count, which counts validation data too (evaluations before 2026-12-06)",
+    )
+    parser.add_argument(
+        "--extra-kg",
+        nargs="*",
+        default=None,
+        help="RDF files added to the KG; default: none (closed), data/demo/kg.ttl (full), "
+        "that and extra/codex/codex_triples.nt.gz of the data cache (real)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help=f"output directory; default: {benchmarks.EVAL_KG_DIR} (closed), "
+        f"{benchmarks.EVAL_KG_FULL_DIR} (full), {benchmarks.EVAL_KG_REAL_DIR} (real)",
+    )
     # verification on a real endpoint
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="skip the check that runs every covered gold query on an oxigraph server "
-                             "(verify=%(default)s: the check runs unless this flag is given)")
-    parser.add_argument("--store", default=None,
-                        help="oxigraph store directory for the check (reused by endpoint.py start); "
-                             "default: ~/.cache/grisp/stores/wwq-dev (closed), .../wwq-dev-full (full), .../wwq-dev-real (real)")
-    parser.add_argument("--port", type=int, default=None,
-                        help="port of the checking server; default: 7879 (closed), 7880 (full), 7881 (real)")
+    parser.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="skip the check that runs every covered gold query on an oxigraph server "
+        "(verify=%(default)s: the check runs unless this flag is given)",
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        help="oxigraph store directory for the check (reused by endpoint.py start); "
+        "default: ~/.cache/grisp/stores/wwq-dev (closed), .../wwq-dev-full (full), .../wwq-dev-real (real)",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port of the checking server; default: 7879 (closed), 7880 (full), 7881 (real)",
+    )
     args = parser.parse_args()
     try:
         main(args)

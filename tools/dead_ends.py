@@ -12,6 +12,7 @@ the placeholder at which B's first skeleton ran out of alternatives, sorted into
     python tools/dead_ends.py ~/.cache/grisp/eval/M/wwq-dev-full-no-rerank ~/.cache/grisp/eval/M/wwq-dev-full-none \\
         --endpoint http://127.0.0.1:7880/query
 """
+
 import argparse
 import re
 import sys
@@ -37,7 +38,7 @@ def first_resolution(trace: list[dict]) -> list[dict]:
     starts = [i for i, event in enumerate(trace) if event["event"] == "resolve"]
     if not starts:
         return []
-    return trace[starts[0]:starts[1] if len(starts) > 1 else len(trace)]
+    return trace[starts[0] : starts[1] if len(starts) > 1 else len(trace)]
 
 
 def property_ids(items_file: Path) -> dict[str, set[str]]:
@@ -50,8 +51,9 @@ def property_ids(items_file: Path) -> dict[str, set[str]]:
     return names
 
 
-def classify(events: list[dict], answered_ids: set[str], client: sparql.SparqlClient,
-             properties: dict[str, set[str]]) -> str:
+def classify(
+    events: list[dict], answered_ids: set[str], client: sparql.SparqlClient, properties: dict[str, set[str]]
+) -> str:
     """Sort one dead end (the events of B's first skeleton) into the classes of the module docstring."""
     placeholders = [e for e in events if e["event"] == "placeholder"]
     if not placeholders:
@@ -62,7 +64,11 @@ def classify(events: list[dict], answered_ids: set[str], client: sparql.SparqlCl
     named = PROPERTY_PLACEHOLDER.fullmatch(last["placeholder"])
     if last.get("kind") != "property" or not last.get("constraint") or named is None:
         return "other"
-    chosen = {local_id(e["iri"]) for e in events if e["event"] == "choose" and e["placeholder"] != last["placeholder"]}
+    chosen = {
+        local_id(e["iri"])
+        for e in events
+        if e["event"] == "choose" and e["placeholder"] != last["placeholder"]
+    }
     if not chosen & answered_ids:
         return "property, other entity"
     candidates = {local_id(iri) for iri in client.query(with_prefixes(last["constraint"])).iris("candidate")}
@@ -72,9 +78,13 @@ def classify(events: list[dict], answered_ids: set[str], client: sparql.SparqlCl
 def main(args: argparse.Namespace) -> None:
     for run_dir in (args.run_a, args.run_b):
         if not (Path(run_dir) / "predictions.jsonl").is_file():
-            sys.exit(f"error: {run_dir} has no predictions.jsonl (give evaluate.py run directories, its --out)")
+            sys.exit(
+                f"error: {run_dir} has no predictions.jsonl (give evaluate.py run directories, its --out)"
+            )
     a, b = ({r["id"]: r for r in read_jsonl(Path(d) / "predictions.jsonl")} for d in (args.run_a, args.run_b))
-    properties = property_ids(Path(args.items) if args.items else benchmarks.cached_file(benchmarks.ITEMS_FILE))
+    properties = property_ids(
+        Path(args.items) if args.items else benchmarks.cached_file(benchmarks.ITEMS_FILE)
+    )
     client = sparql.SparqlClient(args.endpoint)
     classes, examples = Counter(), {}
     try:
@@ -87,20 +97,25 @@ def main(args: argparse.Namespace) -> None:
             examples.setdefault(kind, []).append(f"{qid}: {record['question']}")
     finally:
         client.close()
-    print(f"{sum(classes.values())} questions {Path(args.run_a).name} answers and {Path(args.run_b).name} "
-          f"dead-ends\n\n| where B's first skeleton died | questions |\n|---|---|")
+    print(
+        f"{sum(classes.values())} questions {Path(args.run_a).name} answers and {Path(args.run_b).name} "
+        f"dead-ends\n\n| where B's first skeleton died | questions |\n|---|---|"
+    )
     for kind, n in classes.most_common():
         print(f"| {kind} | {n} |")
     for kind, lines in examples.items() if args.show else []:
-        print(f"\n{kind}:\n  " + "\n  ".join(lines[:args.show]))
+        print(f"\n{kind}:\n  " + "\n  ".join(lines[: args.show]))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("run_a", help="evaluate.py run directory that answers (e.g. the w/o re-ranking run)")
     parser.add_argument("run_b", help="evaluate.py run directory that dead-ends (e.g. the full system)")
     parser.add_argument("--endpoint", required=True, help="SPARQL endpoint of the KG both runs used")
-    parser.add_argument("--items", default=None, help="item label file (default: wikidata/items.jsonl of the data cache)")
+    parser.add_argument(
+        "--items", default=None, help="item label file (default: wikidata/items.jsonl of the data cache)"
+    )
     parser.add_argument("--show", type=int, default=5, help="example questions printed per class")
     main(parser.parse_args())

@@ -30,6 +30,7 @@ turns only):
     python tools/gen_agent_data.py --data wwq --limit 300 --out ~/.cache/grisp/data/agent-wwq.jsonl
     python train.py --samples ~/.cache/grisp/data/agent-wwq.jsonl --name agent-wwq --max-length 4096 ...
 """
+
 import argparse
 import json
 import random
@@ -83,21 +84,32 @@ def main(args: argparse.Namespace) -> None:
                 skipped[reason] += 1
                 continue
             lengths.append(sum(len(m["content"] or "") for m in messages))
-            yield {"id": record["id"], "source": record.get("source", ""), "epoch": 0, "task": "agent",
-                   "messages": messages, "tools": tools}
+            yield {
+                "id": record["id"],
+                "source": record.get("source", ""),
+                "epoch": 0,
+                "task": "agent",
+                "messages": messages,
+                "tools": tools,
+            }
 
     out = Path(args.out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(out, conversations())  # under a temporary name until complete
-    print(f"{len(lengths)} conversations of {len(records)} records in {out}; skipped: "
-          + (", ".join(f"{k} {v}" for k, v in skipped.most_common()) or "none"))
+    print(
+        f"{len(lengths)} conversations of {len(records)} records in {out}; skipped: "
+        + (", ".join(f"{k} {v}" for k, v in skipped.most_common()) or "none")
+    )
     if lengths:
-        print(f"characters per conversation (without the tool definitions): median {statistics.median(lengths):.0f}, "
-              f"max {max(lengths)}")
+        print(
+            f"characters per conversation (without the tool definitions): median {statistics.median(lengths):.0f}, "
+            f"max {max(lengths)}"
+        )
 
 
-def conversation(record: dict, kg: KnowledgeGraph, functions, system: dict,
-                 plan: bool = True) -> tuple[list[dict] | None, str]:
+def conversation(
+    record: dict, kg: KnowledgeGraph, functions, system: dict, plan: bool = True
+) -> tuple[list[dict] | None, str]:
     """The messages of one record's conversation (module docstring), or (None, why it was skipped)."""
     question, sparql = record["question"], skeletonize(record["sparql"], lambda _: None).skeleton
     messages, known = [system, {"role": "user", "content": question}], set()
@@ -120,13 +132,17 @@ def conversation(record: dict, kg: KnowledgeGraph, functions, system: dict,
     except FunctionError:
         return None, "query_uses_unsearched_iri"
     answer = {"kg": kg.name, "sparql": sparql, "answer": ANSWER_TEXT}
-    return messages + call_messages(len(searches) + 1, "answer", answer), ""  # it ends the conversation: no result
+    return messages + call_messages(
+        len(searches) + 1, "answer", answer
+    ), ""  # it ends the conversation: no result
 
 
 def plan_text(searches: list[tuple[str, str, str]]) -> str:
     """The first turn's text: the searches to come, in order, then the answer."""
     kinds = {"search_entity": "entity", "search_property": "property"}
-    steps = ", ".join(f"{json.dumps(query, ensure_ascii=False)} ({kinds[name]})" for name, query, _ in searches)
+    steps = ", ".join(
+        f"{json.dumps(query, ensure_ascii=False)} ({kinds[name]})" for name, query, _ in searches
+    )
     return f"I search {steps}, then I answer."
 
 
@@ -139,7 +155,9 @@ def mention(question: str, names: list[str]) -> str:
     return names[0]
 
 
-def call_messages(number: int, name: str, arguments: dict, result: str | None = None, text: str = "") -> list[dict]:
+def call_messages(
+    number: int, name: str, arguments: dict, result: str | None = None, text: str = ""
+) -> list[dict]:
     """An assistant turn with `text` and one call and, unless `result` is None, the tool message with it."""
     call = ToolCall.made(f"call_{number}", name, arguments)
     turn = {"role": "assistant", "content": text, "tool_calls": [call.message()]}
@@ -147,22 +165,41 @@ def call_messages(number: int, name: str, arguments: dict, result: str | None = 
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--data", default="wwq",
-                        help="training records: a mixture of sources with weights (mixture.py), e.g. wwq,qald10,sq")
-    parser.add_argument("--config", default=None,
-                        help="agent config (grasp.toml format) whose first knowledge graph, task and options the "
-                             "conversations use; default $GRASP_CONFIG or the built-in defaults (the demo KG)")
-    parser.add_argument("--index", default=str(WIKIDATA_INDEX_DIR),
-                        help="search index the searches run in (instead of the config's); built by build_index.py")
-    parser.add_argument("--limit", type=int, default=0, help="use a seeded random sample of this many records (0: all)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--data",
+        default="wwq",
+        help="training records: a mixture of sources with weights (mixture.py), e.g. wwq,qald10,sq",
+    )
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="agent config (grasp.toml format) whose first knowledge graph, task and options the "
+        "conversations use; default $GRASP_CONFIG or the built-in defaults (the demo KG)",
+    )
+    parser.add_argument(
+        "--index",
+        default=str(WIKIDATA_INDEX_DIR),
+        help="search index the searches run in (instead of the config's); built by build_index.py",
+    )
+    parser.add_argument(
+        "--limit", type=int, default=0, help="use a seeded random sample of this many records (0: all)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of that sample")
-    parser.add_argument("--plan", action=argparse.BooleanOptionalAction, default=True,
-                        help="the first turn says what will be searched (--no-plan: calls only, as the first "
-                             "agent adapter's conversations)")
-    parser.add_argument("--out", default=str(defaults.GRISP_HOME / "data" / "agent-traces.jsonl"),
-                        help="output JSONL, one conversation per line")
+    parser.add_argument(
+        "--plan",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the first turn says what will be searched (--no-plan: calls only, as the first "
+        "agent adapter's conversations)",
+    )
+    parser.add_argument(
+        "--out",
+        default=str(defaults.GRISP_HOME / "data" / "agent-traces.jsonl"),
+        help="output JSONL, one conversation per line",
+    )
     return parser
 
 

@@ -8,6 +8,7 @@ plain form in the other, so the sets differ only in the wording.
 writes OUT_DIR/train-mention.jsonl (N worded + M plain samples), OUT_DIR/train-control.jsonl (the same
 samples, all plain) and OUT_DIR/val.jsonl (V worded + V plain others, in their worded form).
 """
+
 import argparse
 import json
 import random
@@ -42,7 +43,9 @@ def matched_pairs(plain: list[dict], worded: list[dict]) -> list[tuple[dict, dic
 def main(args: argparse.Namespace) -> None:
     for path in (args.plain, args.worded):
         if not Path(path).is_file():
-            raise SystemExit(f"error: {path} does not exist; make it with gen_data.py --out (as runs/mention.sh does)")
+            raise SystemExit(
+                f"error: {path} does not exist; make it with gen_data.py --out (as runs/mention.sh does)"
+            )
     pairs = matched_pairs(rerank_samples(Path(args.plain)), rerank_samples(Path(args.worded)))
     changed = [pair for pair in pairs if marked(pair[0]) != marked(pair[1])]
     same = [pair for pair in pairs if marked(pair[0]) == marked(pair[1])]
@@ -51,23 +54,29 @@ def main(args: argparse.Namespace) -> None:
     rng.shuffle(same)
     if len(changed) < args.n_worded + args.n_val or len(same) < args.n_plain + args.n_val:
         raise SystemExit(f"only {len(changed)} worded and {len(same)} plain samples; ask for fewer")
-    train = changed[:args.n_worded] + same[:args.n_plain]
+    train = changed[: args.n_worded] + same[: args.n_plain]
     rng.shuffle(train)
-    val = changed[args.n_worded:args.n_worded + args.n_val] + same[args.n_plain:args.n_plain + args.n_val]
+    val = changed[args.n_worded : args.n_worded + args.n_val] + same[args.n_plain : args.n_plain + args.n_val]
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for name, rows in [("train-mention", [w for _, w in train]), ("train-control", [p for p, _ in train]),
-                       ("val", [w for _, w in val])]:
+    for name, rows in [
+        ("train-mention", [w for _, w in train]),
+        ("train-control", [p for p, _ in train]),
+        ("val", [w for _, w in val]),
+    ]:
         (out / f"{name}.jsonl").write_text("".join(json.dumps(row | {"epoch": 0}) + "\n" for row in rows))
     none = lambda rows: sum(row["iri"] is None for row in rows)
-    print(f"{len(changed)} of {len(pairs)} samples worded differently; wrote {len(train)} training samples "
-          f"(None targets: {none([w for _, w in train])} worded set, {none([p for p, _ in train])} control) and "
-          f"{len(val)} validation samples to {out}")
+    print(
+        f"{len(changed)} of {len(pairs)} samples worded differently; wrote {len(train)} training samples "
+        f"(None targets: {none([w for _, w in train])} worded set, {none([p for p, _ in train])} control) and "
+        f"{len(val)} validation samples to {out}"
+    )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("plain", help="gen_data.py --out samples without --mention")
     parser.add_argument("worded", help="the same epoch with --mention 1")
     parser.add_argument("out_dir", help="where the three sets are written")

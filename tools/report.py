@@ -10,6 +10,7 @@ script prints the tables from them, so a table can be re-made to the digit after
     python tools/report.py agent ~/.cache/grisp/eval/demo-agent                                # evaluate.py --system agent
     python tools/report.py risk RUN_A RUN_B --without-retry --plot risk.png   # precision at each coverage (coverage.py)
 """
+
 import argparse
 import json
 import sys
@@ -23,9 +24,16 @@ from grisp.jsonl import read_jsonl  # noqa: E402
 from grisp.skeleton_score import SHAPES  # noqa: E402
 
 # row names of the systems table, by evaluate.py --ablation (the paper's names)
-SYSTEM_NAMES = {"none": "GRISP (all mechanisms)", "no-rerank": "w/o re-ranking", "no-beam-search": "w/o beam search",
-                "no-kg-guidance": "w/o KG guidance", "no-constrained": "w/o constrained search",
-                "no-backtracking": "w/o backtracking", "all-disabled": "all disabled", "rerank-only": "re-ranking only"}
+SYSTEM_NAMES = {
+    "none": "GRISP (all mechanisms)",
+    "no-rerank": "w/o re-ranking",
+    "no-beam-search": "w/o beam search",
+    "no-kg-guidance": "w/o KG guidance",
+    "no-constrained": "w/o constrained search",
+    "no-backtracking": "w/o backtracking",
+    "all-disabled": "all disabled",
+    "rerank-only": "re-ranking only",
+}
 SHAPE_NAMES = {"aggregate": "aggregate (COUNT ...)"}
 
 
@@ -67,15 +75,19 @@ def adapter_name(path: str) -> str:
 def option_notes(config: dict) -> list[str]:
     """The run's options that its ablation's preset does not set, as `name=value`."""
     preset = ABLATIONS.get(config["ablation"], {})
-    return [f"{k}={v}" for k, v in sorted((config.get("options") or {}).items()) if preset.get(k, object()) != v]
+    return [
+        f"{k}={v}" for k, v in sorted((config.get("options") or {}).items()) if preset.get(k, object()) != v
+    ]
 
 
 def systems_table(run_dirs: list[Path]) -> list[str]:
     """One row per full-system run: F1, what was answered and its precision, what was declined (and of the
     questions the index cannot name), seconds, backtracks and where the questions ended."""
-    lines = ["| system | F1 | answered | precision | wrong | declined | index lacks: declined | EM | "
-             "s/question (median / mean) | backtracks/sample | dead end / wrong / correct | scored |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| system | F1 | answered | precision | wrong | declined | index lacks: declined | EM | "
+        "s/question (median / mean) | backtracks/sample | dead end / wrong / correct | scored |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     summaries = [load_summary(d) for d in run_dirs]
     for run_dir, s in zip(run_dirs, summaries):
         if "f1" not in s:
@@ -85,11 +97,17 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
     for s in summaries:
         f, t = s["failures"], s.get("trust") or {}
         lacks = t.get("index_lacks") or {}
-        trust = (f"{t['answered']} | {pct(t['precision'])} | {t['wrong']} | {t['declined']} | "
-                 f"{lacks['declined']} of {lacks['questions']}" if t else "- | - | - | - | -")
-        lines.append(f"| {system_name(s, several_adapters, shared)} | {100 * s['f1']:.1f} | {trust} | {100 * s['em']:.1f} | "
-                     f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {s['backtracks_per_sample']:.2f} | "
-                     f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']}{others(f)} | {s['scored']} |")
+        trust = (
+            f"{t['answered']} | {pct(t['precision'])} | {t['wrong']} | {t['declined']} | "
+            f"{lacks['declined']} of {lacks['questions']}"
+            if t
+            else "- | - | - | - | -"
+        )
+        lines.append(
+            f"| {system_name(s, several_adapters, shared)} | {100 * s['f1']:.1f} | {trust} | {100 * s['em']:.1f} | "
+            f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {s['backtracks_per_sample']:.2f} | "
+            f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']}{others(f)} | {s['scored']} |"
+        )
     return lines
 
 
@@ -116,8 +134,10 @@ def risk_curves(run_dirs: list[Path], without_retry: bool) -> list[tuple[str, li
 def risk_table(curves: list[tuple[str, list[dict]]]) -> list[str]:
     """Precision (mean F1 of the answered) at each coverage level as the confidence threshold moves; the
     threshold that reaches the level in parentheses; the last column is the curve's full coverage."""
-    lines = ["| system | " + " | ".join(f"{100 * c:.0f}%" for c in LEVELS) + " | all answered |",
-             "|---|" + "---|" * (len(LEVELS) + 1)]
+    lines = [
+        "| system | " + " | ".join(f"{100 * c:.0f}%" for c in LEVELS) + " | all answered |",
+        "|---|" + "---|" * (len(LEVELS) + 1),
+    ]
     for name, points in curves:
         cells = []
         for level in LEVELS:
@@ -132,8 +152,10 @@ def risk_table(curves: list[tuple[str, list[dict]]]) -> list[str]:
 def plot_risk(curves: list[tuple[str, list[dict]]], path: Path) -> None:
     """Precision against coverage, one line per curve, to a PNG."""
     import matplotlib
+
     matplotlib.use("Agg")  # no display: draw to a file
     from matplotlib import pyplot
+
     figure, axes = pyplot.subplots(figsize=(6.4, 4.2), dpi=120)
     for name, points in curves:
         axes.plot([100 * p["coverage"] for p in points], [100 * p["precision"] for p in points], label=name)
@@ -167,15 +189,20 @@ def shapes_table(run_dirs: list[Path]) -> list[str]:
     summaries = [load_summary(d) for d in run_dirs]
     for run_dir, s in zip(run_dirs, summaries):
         if "f1_by_shape" not in s:
-            sys.exit(f"error: {run_dir} has no F1 by shape (a --skeleton-only run, or scored before shapes "
-                     f"were recorded: re-score it with evaluate.py --score-only)")
+            sys.exit(
+                f"error: {run_dir} has no F1 by shape (a --skeleton-only run, or scored before shapes "
+                f"were recorded: re-score it with evaluate.py --score-only)"
+            )
     heads = column_heads(run_dirs)
     lines = ["| shape | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for shape in SHAPES:
         blocks = [s["f1_by_shape"].get(shape) for s in summaries]
         if any(blocks):
-            lines.append(f"| {SHAPE_NAMES.get(shape, shape)} | "
-                         + " | ".join(f"{b['scored']}: {100 * b['f1']:.1f}" if b else "-" for b in blocks) + " |")
+            lines.append(
+                f"| {SHAPE_NAMES.get(shape, shape)} | "
+                + " | ".join(f"{b['scored']}: {100 * b['f1']:.1f}" if b else "-" for b in blocks)
+                + " |"
+            )
     lines.append("| all | " + " | ".join(f"{s['scored']}: {100 * s['f1']:.1f}" for s in summaries) + " |")
     return lines
 
@@ -191,18 +218,28 @@ def agent_model(config: dict) -> str:
 
 def agent_table(run_dirs: list[Path]) -> list[str]:
     """One row per evaluate.py --system agent run: scores, time, steps, function calls and how runs ended."""
-    lines = ["| run | model | F1 | EM | s/question (median / mean) | steps/question | calls/question | calls by function (per question) | ended | scored |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | model | F1 | EM | s/question (median / mean) | steps/question | calls/question | calls by function (per question) | ended | scored |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for run_dir in run_dirs:
         s = load_summary(run_dir)
         if "agent" not in s:
-            sys.exit(f"error: {run_dir} is not an evaluate.py --system agent run; use `tools/report.py systems`")
+            sys.exit(
+                f"error: {run_dir} is not an evaluate.py --system agent run; use `tools/report.py systems`"
+            )
         a = s["agent"]
-        calls = ", ".join(f"{name} {n:.2f}" for name, n in sorted(a["calls_per_question"].items(), key=lambda kv: -kv[1]))
-        ended = ", ".join(f"{status} {n}" for status, n in sorted(a["statuses"].items(), key=lambda kv: -kv[1]))
-        lines.append(f"| {run_dir.name} | {agent_model(s['config'])} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
-                     f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {a['steps_mean']:.2f} | "
-                     f"{a['calls_mean']:.2f} | {calls} | {ended} | {s['scored']} |")
+        calls = ", ".join(
+            f"{name} {n:.2f}" for name, n in sorted(a["calls_per_question"].items(), key=lambda kv: -kv[1])
+        )
+        ended = ", ".join(
+            f"{status} {n}" for status, n in sorted(a["statuses"].items(), key=lambda kv: -kv[1])
+        )
+        lines.append(
+            f"| {run_dir.name} | {agent_model(s['config'])} | {100 * s['f1']:.1f} | {100 * s['em']:.1f} | "
+            f"{s['seconds']['median']:.1f} / {s['seconds']['mean']:.1f} | {a['steps_mean']:.2f} | "
+            f"{a['calls_mean']:.2f} | {calls} | {ended} | {s['scored']} |"
+        )
     return lines
 
 
@@ -228,14 +265,16 @@ def skeletons_table(run_dirs: list[Path]) -> list[str]:
     extra = []
     for s in summaries:  # the median over the run's selected questions (summaries before it have none)
         median = s.get("seconds", {}).get("median")
-        extra.append(f"{s['unskeletonisable']} not skeletonisable, {s['no_skeleton']} without a skeleton"
-                     + (f", median {median:.1f} s" if median is not None else ""))
+        extra.append(
+            f"{s['unskeletonisable']} not skeletonisable, {s['no_skeleton']} without a skeleton"
+            + (f", median {median:.1f} s" if median is not None else "")
+        )
     lines.append("| not scored | " + " | ".join(extra) + " |")
     return lines
 
 
 def outcome(record: dict) -> str:
-    """"not scored" (its gold query failed or returned nothing), else the record's failure kind or "correct"."""
+    """ "not scored" (its gold query failed or returned nothing), else the record's failure kind or "correct"."""
     if record.get("f1") is None:
         return "not scored"
     return record.get("failure") or "correct"
@@ -252,13 +291,21 @@ def compare(run_a: Path, run_b: Path, show: int) -> list[str]:
     a, b = (first_per_id(load_predictions(d)) for d in (run_a, run_b))
     common = [i for i in a if i in b]
     moves = Counter((outcome(a[i]), outcome(b[i])) for i in common)
-    lines = [f"{len(common)} questions in both runs ({run_a.name} -> {run_b.name})", "", "| A | B | questions |",
-             "|---|---|---|"]
+    lines = [
+        f"{len(common)} questions in both runs ({run_a.name} -> {run_b.name})",
+        "",
+        "| A | B | questions |",
+        "|---|---|---|",
+    ]
     lines += [f"| {x} | {y} | {n} |" for (x, y), n in sorted(moves.items(), key=lambda kv: (-kv[1], kv[0]))]
     changed = [i for i in common if outcome(a[i]) != outcome(b[i])]
     for i in changed[:show]:
-        lines += ["", f"{i}: {a[i]['question']}  ({outcome(a[i])} -> {outcome(b[i])})",
-                  f"  A: {query_line(a[i])}", f"  B: {query_line(b[i])}"]
+        lines += [
+            "",
+            f"{i}: {a[i]['question']}  ({outcome(a[i])} -> {outcome(b[i])})",
+            f"  A: {query_line(a[i])}",
+            f"  B: {query_line(b[i])}",
+        ]
     return lines
 
 
@@ -289,21 +336,32 @@ def main(args: argparse.Namespace) -> None:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("table", choices=["systems", "skeletons", "shapes", "agent", "compare", "risk"],
-                        help="systems: one row per full-system run (F1, EM, s/question, backtracks, failures); "
-                             "skeletons: one column per --skeleton-only run (structure and label match by shape); "
-                             "shapes: one column per full-system run (F1 by the gold query's shape); "
-                             "agent: one row per --system agent run (steps, function calls, how runs ended); "
-                             "compare: outcome transitions from run A to run B; "
-                             "risk: precision at each coverage level as the confidence threshold moves")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "table",
+        choices=["systems", "skeletons", "shapes", "agent", "compare", "risk"],
+        help="systems: one row per full-system run (F1, EM, s/question, backtracks, failures); "
+        "skeletons: one column per --skeleton-only run (structure and label match by shape); "
+        "shapes: one column per full-system run (F1 by the gold query's shape); "
+        "agent: one row per --system agent run (steps, function calls, how runs ended); "
+        "compare: outcome transitions from run A to run B; "
+        "risk: precision at each coverage level as the confidence threshold moves",
+    )
     parser.add_argument("run_dirs", nargs="+", type=Path, help="evaluate.py run directories (--out)")
-    parser.add_argument("--without-retry", action="store_true",
-                        help="risk: add each run with its retry's answers taken back (the paper's search: the "
-                             "first pass is the same, so those questions would have had no answer)")
-    parser.add_argument("--plot", type=Path, default=None, metavar="PNG", help="risk: also draw the curves to this PNG")
-    parser.add_argument("--show", type=int, default=0, help="compare: print the first N questions whose outcome changed")
+    parser.add_argument(
+        "--without-retry",
+        action="store_true",
+        help="risk: add each run with its retry's answers taken back (the paper's search: the "
+        "first pass is the same, so those questions would have had no answer)",
+    )
+    parser.add_argument(
+        "--plot", type=Path, default=None, metavar="PNG", help="risk: also draw the curves to this PNG"
+    )
+    parser.add_argument(
+        "--show", type=int, default=0, help="compare: print the first N questions whose outcome changed"
+    )
     return parser
 
 

@@ -15,6 +15,7 @@ With the local backend the agent's runs take their turn on serve.py's one worker
 and the chat completions (one model at a time on the CPU); with a remote backend they get a worker of
 their own (the model works elsewhere), so a long run does not hold up GRISP.
 """
+
 import asyncio
 from dataclasses import dataclass
 
@@ -58,18 +59,39 @@ def parse_agent_question(body: bytes, agent: Agent) -> AgentQuestion:
     question, task, kgs = question_text(data.get("question")), data.get("task", agent.o.task), data.get("kgs")
     if task not in TASKS:
         raise BadRequest(f"task must be one of {', '.join(TASKS)}, not {task!r}")
-    if kgs is not None and (not isinstance(kgs, list) or not kgs or len(set(map(repr, kgs))) < len(kgs)
-                            or any(not isinstance(k, str) or k not in agent.kgs for k in kgs)):
-        raise BadRequest(f"kgs must be a non-empty list of distinct configured knowledge graphs ({', '.join(agent.kgs)}), "
-                         f"not {kgs!r}")
+    if kgs is not None and (
+        not isinstance(kgs, list)
+        or not kgs
+        or len(set(map(repr, kgs))) < len(kgs)
+        or any(not isinstance(k, str) or k not in agent.kgs for k in kgs)
+    ):
+        raise BadRequest(
+            f"kgs must be a non-empty list of distinct configured knowledge graphs ({', '.join(agent.kgs)}), "
+            f"not {kgs!r}"
+        )
     return AgentQuestion(question, task, kgs)
 
 
 def answer_json(agent: Agent, r: AgentResult) -> dict:
     """The page's view of a result: the output, counts and timings, and the final query run once more (a
     sparql.Result as SPARQL JSON, with the labels the index knows)."""
-    data = {key: getattr(r, key) for key in ("question", "task", "status", "failure", "answer", "sparql", "kg",
-                                             "explanation", "error", "steps", "feedbacks", "timings")}
+    data = {
+        key: getattr(r, key)
+        for key in (
+            "question",
+            "task",
+            "status",
+            "failure",
+            "answer",
+            "sparql",
+            "kg",
+            "explanation",
+            "error",
+            "steps",
+            "feedbacks",
+            "timings",
+        )
+    }
     data |= {"calls": dict(r.calls), "result": None, "labels": {}}
     kg = agent.kgs.get(r.kg)
     if r.task == "sparql-qa" and r.sparql and kg is not None and r.status != "cancelled":
@@ -98,11 +120,17 @@ def run_agent(agent: Agent, job: Job) -> dict:
 def agent_info(agent: Agent) -> dict:
     """What the page shows and offers in agent mode (/api/config's "agent")."""
     o = agent.o
-    return {"backend": getattr(agent.backend, "name", type(agent.backend).__name__),
-            "precision": getattr(agent.backend, "precision", None), "task": o.task,
-            "tasks": list(TASKS), "kgs": [{"name": k.name, "description": k.description} for k in agent.kgs.values()],
-            "max_steps": o.max_steps, "time_limit_s": o.time_limit_s, "know_before_use": o.know_before_use,
-            "feedback": o.feedback}
+    return {
+        "backend": getattr(agent.backend, "name", type(agent.backend).__name__),
+        "precision": getattr(agent.backend, "precision", None),
+        "task": o.task,
+        "tasks": list(TASKS),
+        "kgs": [{"name": k.name, "description": k.description} for k in agent.kgs.values()],
+        "max_steps": o.max_steps,
+        "time_limit_s": o.time_limit_s,
+        "know_before_use": o.know_before_use,
+        "feedback": o.feedback,
+    }
 
 
 def agent_routes(agent: Agent, worker: Worker) -> list[Route]:
@@ -129,11 +157,15 @@ def agent_routes(agent: Agent, worker: Worker) -> list[Route]:
             return JSONResponse({"error": str(e)}, 400)
         job = running.get(job_id) if isinstance(job_id, str) else None
         if job is None:
-            return JSONResponse({"error": f"no agent run is going on with id {job_id!r} (it may have ended)"}, 404)
+            return JSONResponse(
+                {"error": f"no agent run is going on with id {job_id!r} (it may have ended)"}, 404
+            )
         job.cancel("cancel")  # the agent sees it between steps, the local model before its next forward
         if job.deadline is None:  # still waiting: the worker skips it, so its stream ends here
             job.emit({"type": "error", "kind": "cancelled", "message": "cancelled before it started"})
         return JSONResponse({"cancelled": job.id})
 
-    return [Route("/api/agent/stream", stream, methods=["POST"]),
-            Route("/api/agent/cancel", cancel, methods=["POST"])]
+    return [
+        Route("/api/agent/stream", stream, methods=["POST"]),
+        Route("/api/agent/cancel", cancel, methods=["POST"]),
+    ]

@@ -17,6 +17,7 @@ shortly after the deadline, so a client never waits much past the time limit.
         ...
     job.cancel("client")
 """
+
 import asyncio
 import math
 import secrets
@@ -38,8 +39,13 @@ class QueueFull(Exception):
     """The queue is full; retry_after estimates the seconds until a place frees up."""
 
     def __init__(self, waiting: int, retry_after: int):
-        waiting_text = ("a question is being answered and none may wait" if waiting == 0 else
-                        "1 question is waiting" if waiting == 1 else f"{waiting} questions are waiting")
+        waiting_text = (
+            "a question is being answered and none may wait"
+            if waiting == 0
+            else "1 question is waiting"
+            if waiting == 1
+            else f"{waiting} questions are waiting"
+        )
         super().__init__(f"the server is busy: {waiting_text}; try again in {retry_after} s")
         self.retry_after = retry_after
 
@@ -53,7 +59,9 @@ class Job:
         self.cancelled = threading.Event()
         self.reason: str | None = None  # why it was cancelled
         self.submitted, self.deadline = time.monotonic(), None  # the deadline is set when the work starts
-        self.id = secrets.token_urlsafe(9)  # names the job to a client that may cancel it (web/agent_routes.py)
+        self.id = secrets.token_urlsafe(
+            9
+        )  # names the job to a client that may cancel it (web/agent_routes.py)
 
     def emit(self, message: dict) -> None:
         """Send a message to the client side (safe from any thread; dropped once the server has stopped)."""
@@ -80,8 +88,11 @@ class Job:
             raise Cancelled(self.reason)
 
     def timeout_message(self) -> dict:
-        return {"type": "timeout", "seconds": self.time_limit,
-                "message": f"no answer within the time limit of {self.time_limit:g} s per question"}
+        return {
+            "type": "timeout",
+            "seconds": self.time_limit,
+            "message": f"no answer within the time limit of {self.time_limit:g} s per question",
+        }
 
     async def messages(self, tick: float) -> AsyncIterator[dict | None]:
         """The job's messages up to and including the terminal one; None after each `tick` seconds without
@@ -95,7 +106,9 @@ class Job:
                 yield message
                 return
             if self.deadline is not None and time.monotonic() > self.deadline + GRACE:
-                self.cancel("timeout")  # stuck between cancel points (or past them, talking): stop waiting for it
+                self.cancel(
+                    "timeout"
+                )  # stuck between cancel points (or past them, talking): stop waiting for it
                 yield self.timeout_message()
                 return
             yield message
@@ -132,7 +145,9 @@ class Worker:
         """Queue `job`; return how many jobs are ahead of it. QueueFull if `max_waiting` already wait."""
         with self.changed:
             self.waiting = deque(j for j in self.waiting if not j.cancelled.is_set())
-            busy = self.current is not None or bool(self.waiting)  # else the job starts at once: it does not wait
+            busy = self.current is not None or bool(
+                self.waiting
+            )  # else the job starts at once: it does not wait
             if busy and len(self.waiting) >= self.max_waiting or self.stopping:
                 raise QueueFull(len(self.waiting), math.ceil(self.seconds_per_job))
             ahead = len(self.waiting) + (self.current is not None)
@@ -172,11 +187,18 @@ class Worker:
             try:
                 message = self.run(job)
             except Cancelled as e:
-                message = job.timeout_message() if e.args[0] == "timeout" else \
-                    {"type": "error", "kind": "cancelled", "message": f"cancelled ({e.args[0]})"}
+                message = (
+                    job.timeout_message()
+                    if e.args[0] == "timeout"
+                    else {"type": "error", "kind": "cancelled", "message": f"cancelled ({e.args[0]})"}
+                )
             except Exception as e:  # a bug, not the user's fault: report it and keep serving
                 traceback.print_exc()
-                message = {"type": "error", "kind": "internal", "message": f"internal error: {type(e).__name__}: {e}"}
+                message = {
+                    "type": "error",
+                    "kind": "internal",
+                    "message": f"internal error: {type(e).__name__}: {e}",
+                }
             finally:
                 self.current = None
             self.seconds_per_job = 0.8 * self.seconds_per_job + 0.2 * (time.monotonic() - start)

@@ -30,6 +30,7 @@ forward pass.
 
     curl -s 127.0.0.1:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
 """
+
 import asyncio
 import json
 import secrets
@@ -66,8 +67,9 @@ def _text(content: object, where: str) -> str:
     """Message content as text: a string, null, or a list of {"type": "text", "text": ...} parts."""
     if content is None or isinstance(content, str):
         return content or ""
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
         return "".join(p["text"] for p in content)
     raise BadRequest(f"{where}.content must be a string or a list of text parts; this model reads text only")
 
@@ -76,7 +78,10 @@ def _message(m: object, i: int) -> dict:
     where = f"messages[{i}]"
     if not isinstance(m, dict) or m.get("role") not in ROLES:
         raise BadRequest(f"{where} must be an object with a role in {', '.join(ROLES)}")
-    out = {"role": "system" if m["role"] == "developer" else m["role"], "content": _text(m.get("content"), where)}
+    out = {
+        "role": "system" if m["role"] == "developer" else m["role"],
+        "content": _text(m.get("content"), where),
+    }
     if m["role"] == "tool":
         out["tool_call_id"] = str(m.get("tool_call_id") or "")
     calls = m.get("tool_calls") if m["role"] == "assistant" else None
@@ -93,17 +98,24 @@ def _message(m: object, i: int) -> dict:
             except (AttributeError, TypeError, ValueError):
                 ok = False
             if not ok:
-                raise BadRequest(f"{where}.tool_calls[{j}] must be {{\"type\": \"function\", \"function\": "
-                                 f"{{\"name\": str, \"arguments\": a JSON object as text}}}}")
-            out["tool_calls"].append({"id": str(call.get("id") or f"call_{i}_{j}"), "type": "function",
-                                      "function": {"name": fn["name"], "arguments": args or "{}"}})
+                raise BadRequest(
+                    f'{where}.tool_calls[{j}] must be {{"type": "function", "function": '
+                    f'{{"name": str, "arguments": a JSON object as text}}}}'
+                )
+            out["tool_calls"].append(
+                {
+                    "id": str(call.get("id") or f"call_{i}_{j}"),
+                    "type": "function",
+                    "function": {"name": fn["name"], "arguments": args or "{}"},
+                }
+            )
     return out
 
 
 def _tool(t: object, i: int) -> dict:
     if not isinstance(t, dict) or t.get("type") != "function":
         kind = t.get("type") if isinstance(t, dict) else t
-        raise BadRequest(f"tools[{i}] has type {json.dumps(kind)}; only \"function\" tools are supported")
+        raise BadRequest(f'tools[{i}] has type {json.dumps(kind)}; only "function" tools are supported')
     fn = t.get("function")
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
         raise BadRequest(f"tools[{i}].function must be an object with a name")
@@ -112,7 +124,9 @@ def _tool(t: object, i: int) -> dict:
         raise BadRequest(f"tools[{i}] ({fn['name']}): parameters must be a JSON schema of type object")
     properties = parameters.get("properties", {})
     if not isinstance(properties, dict) or not all(isinstance(p, dict) for p in properties.values()):
-        raise BadRequest(f"tools[{i}] ({fn['name']}): parameters.properties must map each name to a JSON schema object")
+        raise BadRequest(
+            f"tools[{i}] ({fn['name']}): parameters.properties must map each name to a JSON schema object"
+        )
     return {"type": "function", "function": {**fn, "parameters": parameters}}
 
 
@@ -120,9 +134,14 @@ def parse_chat(body: bytes) -> ChatRequest:
     """The request body -> ChatRequest, or BadRequest saying what is wrong."""
     data = json_object(body, EXAMPLE)
     stream, options = data.get("stream") or False, data.get("stream_options") or {}
-    if not isinstance(stream, bool) or not isinstance(options, dict) \
-            or not isinstance(options.get("include_usage", False), bool):
-        raise BadRequest("stream must be true or false, stream_options an object like {\"include_usage\": true}")
+    if (
+        not isinstance(stream, bool)
+        or not isinstance(options, dict)
+        or not isinstance(options.get("include_usage", False), bool)
+    ):
+        raise BadRequest(
+            'stream must be true or false, stream_options an object like {"include_usage": true}'
+        )
     if data.get("n") not in (None, 1):  # null: the default, as OpenAI reads it
         raise BadRequest(f"n = {json.dumps(data['n'])}: this server gives one choice per request (n = 1)")
     if data.get("logprobs") or data.get("top_logprobs"):
@@ -136,7 +155,7 @@ def parse_chat(body: bytes) -> ChatRequest:
     messages = [_message(m, i) for i, m in enumerate(messages)]
     tools = data.get("tools") or []
     if not isinstance(tools, list):
-        raise BadRequest("tools must be a list of {\"type\": \"function\", \"function\": {...}}")
+        raise BadRequest('tools must be a list of {"type": "function", "function": {...}}')
     tools = [_tool(t, i) for i, t in enumerate(tools)]
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) < len(names):
@@ -145,11 +164,15 @@ def parse_chat(body: bytes) -> ChatRequest:
     if isinstance(choice, dict):  # one named function: the only one offered, and a call is forced
         name = choice.get("function", {}).get("name") if isinstance(choice.get("function"), dict) else None
         if choice.get("type") != "function" or name not in names:
-            raise BadRequest(f"tool_choice {json.dumps(choice)} names no function among the tools ({', '.join(names)})")
+            raise BadRequest(
+                f"tool_choice {json.dumps(choice)} names no function among the tools ({', '.join(names)})"
+            )
         tools, choice = [t for t in tools if t["function"]["name"] == name], "required"
     elif choice not in ("auto", "required", "none"):
-        raise BadRequest(f"tool_choice must be auto, required, none or {{\"type\": \"function\", \"function\": "
-                         f"{{\"name\": ...}}}}, not {json.dumps(choice)}")
+        raise BadRequest(
+            f'tool_choice must be auto, required, none or {{"type": "function", "function": '
+            f'{{"name": ...}}}}, not {json.dumps(choice)}'
+        )
     if choice == "none":
         tools, choice = [], "auto"
     if choice == "required" and not tools:
@@ -159,14 +182,26 @@ def parse_chat(body: bytes) -> ChatRequest:
             call_grammar(tools)  # every schema can be decoded under constraints
         except ValueError as e:
             raise BadRequest(str(e)) from None
-        except (TypeError, AttributeError, KeyError, IndexError) as e:  # a schema of a shape the grammar cannot read
-            raise BadRequest(f"a tool's parameters are not a JSON schema this server can follow ({type(e).__name__}: "
-                             f"{e}); use objects, strings, numbers, booleans, arrays and non-empty enums") from None
+        except (
+            TypeError,
+            AttributeError,
+            KeyError,
+            IndexError,
+        ) as e:  # a schema of a shape the grammar cannot read
+            raise BadRequest(
+                f"a tool's parameters are not a JSON schema this server can follow ({type(e).__name__}: "
+                f"{e}); use objects, strings, numbers, booleans, arrays and non-empty enums"
+            ) from None
     temperature = data.get("temperature")
-    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                                    or not 0 <= temperature <= 2):
+    if temperature is not None and (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not 0 <= temperature <= 2
+    ):
         raise BadRequest(f"temperature must be a number in [0, 2], not {json.dumps(temperature)}")
-    return ChatRequest(messages, tools, choice, temperature, model, stream, bool(options.get("include_usage")))
+    return ChatRequest(
+        messages, tools, choice, temperature, model, stream, bool(options.get("include_usage"))
+    )
 
 
 # --- the work, in the worker thread
@@ -180,17 +215,36 @@ def completion(reply: Reply, model: str) -> dict:
     if reply.tool_calls:
         message["tool_calls"] = [c.message() for c in reply.tool_calls]
     finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
-    return {"id": "chatcmpl-" + secrets.token_hex(12), "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": reply.usage}
+    return {
+        "id": "chatcmpl-" + secrets.token_hex(12),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+        "usage": reply.usage,
+    }
 
 
-def chunk(completion_id: str, created: int, model: str, delta: dict | None, finish: str | None = None,
-          usage: dict | None = None) -> dict:
+def chunk(
+    completion_id: str,
+    created: int,
+    model: str,
+    delta: dict | None,
+    finish: str | None = None,
+    usage: dict | None = None,
+) -> dict:
     """One chat.completion.chunk of a stream (delta None: the usage chunk, which has no choices)."""
-    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-    return {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": choices, **({"usage": usage} if usage is not None or delta is None else {})}
+    choices = (
+        [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+    )
+    return {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        **({"usage": usage} if usage is not None or delta is None else {}),
+    }
 
 
 def delta(kind: str, text: str, call_id: str) -> dict:
@@ -211,8 +265,10 @@ def run_chat(backend, job: Job) -> dict:
     if chat.temperature is not None:
         backend.temperature = chat.temperature  # for this turn only (one chat at a time on the worker)
     call_id = backend.next_call_id
+
     def on_delta(kind: str, text: str) -> None:  # a stream's piece goes out as soon as it is decoded
         job.emit({"type": "delta", "delta": delta(kind, text, call_id)})
+
     try:
         stream = on_delta if chat.stream else None
         reply = backend.chat(chat.messages, chat.tools, job.deadline, chat.tool_choice, stream)
@@ -227,7 +283,9 @@ def run_chat(backend, job: Job) -> dict:
 
 # --- the routes
 def error(message: str, status: int, kind: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "code": status}}, status, headers=headers
+    )
 
 
 def event_chunks(job: Job, model: str) -> StreamingResponse:
@@ -256,23 +314,34 @@ def event_chunks(job: Job, model: str) -> StreamingResponse:
                     yield "data: [DONE]\n\n"
                 elif message["type"] in TERMINAL:
                     kind = message.get("kind", message["type"])
-                    yield event({"error": {"message": message["message"], "type": kind, "code": STATUS[kind]}})
+                    yield event(
+                        {"error": {"message": message["message"], "type": kind, "code": STATUS[kind]}}
+                    )
         finally:  # the stream ended, or the client left: either way the turn is over
             job.cancel("client")
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-store",
-                                                                                "X-Accel-Buffering": "no"})
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
 
 
 def openai_routes(backend, worker: Worker, time_limit: float) -> list[Route]:
     """/v1/chat/completions and /v1/models over `backend` (a LocalBackend); its turns run on `worker`."""
+
     async def completions(request: Request) -> Response:
         try:
             chat = parse_chat(await read_body(request, MAX_CHAT_BYTES))
         except BadRequest as e:
             return error(str(e), 400, "invalid_request_error")
         if chat.model not in (None, "", model_name(backend)):
-            return error(f"the model {chat.model!r} does not exist here; this server serves {model_name(backend)!r} "
-                         f"(GET /v1/models)", 404, "model_not_found")
+            return error(
+                f"the model {chat.model!r} does not exist here; this server serves {model_name(backend)!r} "
+                f"(GET /v1/models)",
+                404,
+                "model_not_found",
+            )
         job = Job(chat, asyncio.get_running_loop(), time_limit)
         try:
             worker.submit(job)
@@ -289,7 +358,11 @@ def openai_routes(backend, worker: Worker, time_limit: float) -> list[Route]:
         return error(message["message"], STATUS[kind], kind)
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": model_name(backend), "object": "model",
-                                                         "created": 0, "owned_by": "grisp"}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [{"id": model_name(backend), "object": "model", "created": 0, "owned_by": "grisp"}],
+            }
+        )
 
     return [Route("/v1/chat/completions", completions, methods=["POST"]), Route("/v1/models", models)]

@@ -8,6 +8,7 @@ either as one final message or as Server-Sent Events (each message as it happens
     message = await final_message(request, job)     # the terminal message, or None if the client left
     return event_stream(job)                          # or: stream every message as an SSE event
 """
+
 import json
 import math
 import time
@@ -42,7 +43,9 @@ def json_object(body: bytes, example: str) -> dict:
     try:
         data = json.loads(body)
     except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than Python's parser goes
-        raise BadRequest(f"the body is not JSON we read ({type(e).__name__}: {str(e)[:200]}); send {example}") from None
+        raise BadRequest(
+            f"the body is not JSON we read ({type(e).__name__}: {str(e)[:200]}); send {example}"
+        ) from None
     if not isinstance(data, dict):
         raise BadRequest(f"the body must be a JSON object like {example}")
     return data
@@ -51,9 +54,11 @@ def json_object(body: bytes, example: str) -> dict:
 def question_text(question: object) -> str:
     """A question as sent, checked: a non-empty string of at most MAX_QUESTION_CHARS characters."""
     if not isinstance(question, str) or not question.strip():
-        raise BadRequest("the question is empty; ask something, e.g. \"Who directed Pulp Fiction?\"")
+        raise BadRequest('the question is empty; ask something, e.g. "Who directed Pulp Fiction?"')
     if len(question) > MAX_QUESTION_CHARS:
-        raise BadRequest(f"the question has {len(question)} characters; at most {MAX_QUESTION_CHARS} are allowed")
+        raise BadRequest(
+            f"the question has {len(question)} characters; at most {MAX_QUESTION_CHARS} are allowed"
+        )
     return question.strip()
 
 
@@ -105,14 +110,22 @@ async def final_message(request: Request, job: Job) -> dict | None:
 def event_stream(job: Job, on_close: Callable[[], None] | None = None) -> StreamingResponse:
     """Every message of the job as a Server-Sent Event (`event: type`, `data: json`), keep-alive comments
     between; closing the connection cancels the job. `on_close` runs when the stream ends."""
+
     async def events():
         try:
             async for message in job.messages(TICK):
-                yield ": keep-alive\n\n" if message is None else \
-                    f"event: {message['type']}\ndata: {json.dumps(message)}\n\n"
+                yield (
+                    ": keep-alive\n\n"
+                    if message is None
+                    else f"event: {message['type']}\ndata: {json.dumps(message)}\n\n"
+                )
         finally:  # the last message went out, or the client left: either way the work is over
             job.cancel("client")
             if on_close is not None:
                 on_close()
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Job-Id": job.id})
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no", "X-Job-Id": job.id},
+    )

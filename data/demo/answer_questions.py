@@ -10,6 +10,7 @@ rebuilding kg.ttl.
     python data/demo/answer_questions.py           # rewrite info.answers
     python data/demo/answer_questions.py --check   # exit 1 if a recorded answer is stale
 """
+
 import argparse
 import sys
 from pathlib import Path
@@ -63,11 +64,16 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--kg", type=Path, default=defaults.DEMO_DIR / "kg.ttl", help="demo KG (Turtle)")
-    parser.add_argument("--questions", type=Path, default=defaults.DEMO_DIR / "questions.jsonl",
-                        help="demo questions (benchmark JSONL) whose info.answers are (re)written")
+    parser.add_argument(
+        "--questions",
+        type=Path,
+        default=defaults.DEMO_DIR / "questions.jsonl",
+        help="demo questions (benchmark JSONL) whose info.answers are (re)written",
+    )
     parser.add_argument("--check", action="store_true", help="only report stale answers; write nothing")
     args = parser.parse_args()
     try:

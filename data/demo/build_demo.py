@@ -20,6 +20,7 @@ wdt:/p:/ps:/pq: links per property; per fact the truthy `wdt:` triple and a stat
     python data/demo/build_demo.py           # validate, rewrite kg.ttl, print counts
     python data/demo/build_demo.py --check   # validate and count only
 """
+
 import argparse
 import hashlib
 import re
@@ -37,8 +38,18 @@ from grisp import (
 from grisp.jsonl import read_jsonl  # noqa: E402
 from grisp.sparql_syntax import PREFIXES  # noqa: E402
 
-FACT_COLUMNS = ["subject", "subject_label", "property", "value", "value_label", "statement",
-                "qualifier", "qualifier_value", "qualifier_value_label", "source"]
+FACT_COLUMNS = [
+    "subject",
+    "subject_label",
+    "property",
+    "value",
+    "value_label",
+    "statement",
+    "qualifier",
+    "qualifier_value",
+    "qualifier_value_label",
+    "source",
+]
 ENTITY_COLUMNS = ["id", "label", "note"]
 ITEM_ID = re.compile(r"[QP]\d+")
 DATE_PROPERTIES = {"P569", "P570", "P571", "P577", "P580", "P582", "P585"}
@@ -88,8 +99,11 @@ def dev_facts(sample: dict) -> set[tuple[str, ...]]:
     if variable is None:
         return set()
     variable = variable.group(1)
-    answers = [row[variable[1:]]["value"].rsplit("/", 1)[-1] for row in sample["info"].get("results", [])
-               if row.get(variable[1:], {}).get("type") == "uri"]
+    answers = [
+        row[variable[1:]]["value"].rsplit("/", 1)[-1]
+        for row in sample["info"].get("results", [])
+        if row.get(variable[1:], {}).get("type") == "uri"
+    ]
     bare = lambda term, answer: answer if term == variable else term.split(":", 1)[1]  # noqa: E731
     facts = set()
     if match := SINGLE.fullmatch(where):
@@ -112,16 +126,21 @@ def dev_facts(sample: dict) -> set[tuple[str, ...]]:
 # ---------------------------------------------------------------------------- checking
 
 
-def check(facts: list[tuple[int, dict]], entities: list[tuple[int, dict]], items: dict[str, dict],
-          dev: dict[str, dict]) -> list[str]:
+def check(
+    facts: list[tuple[int, dict]],
+    entities: list[tuple[int, dict]],
+    items: dict[str, dict],
+    dev: dict[str, dict],
+) -> list[str]:
     """Every problem of the tables, as messages naming the line; an empty list means all is well."""
     problems, seen = [], Counter()
     labelled = [(f"facts.tsv:{n}", r["subject"], r["subject_label"]) for n, r in facts]  # where, id, label
-    labelled += [(f"facts.tsv:{n}", r[c], None) for n, r in facts for c in ("property", "qualifier")
-                 if r[c]]
+    labelled += [(f"facts.tsv:{n}", r[c], None) for n, r in facts for c in ("property", "qualifier") if r[c]]
     for n, row in facts:
-        for prop, value, label in ((row["property"], row["value"], row["value_label"]),
-                                   (row["qualifier"], row["qualifier_value"], row["qualifier_value_label"])):
+        for prop, value, label in (
+            (row["property"], row["value"], row["value_label"]),
+            (row["qualifier"], row["qualifier_value"], row["qualifier_value_label"]),
+        ):
             if prop and ITEM_ID.fullmatch(value):
                 labelled.append((f"facts.tsv:{n}", value, label))
             elif prop:
@@ -155,8 +174,9 @@ def check(facts: list[tuple[int, dict]], entities: list[tuple[int, dict]], items
         elif item_id not in items:
             problems.append(f"{where}: {item_id} is not in items.jsonl")
         elif label is not None and items[item_id]["label"] != label:
-            problems.append(f"{where}: {item_id} is {items[item_id]['label']!r} in items.jsonl, "
-                            f"not {label!r}")
+            problems.append(
+                f"{where}: {item_id} is {items[item_id]['label']!r} in items.jsonl, not {label!r}"
+            )
     return problems
 
 
@@ -205,11 +225,21 @@ def item_lines(record: dict) -> list[str]:
     if record.get("description"):
         lines.append(f"schema:description {turtle_string(record['description'])}")
     if item_id.startswith("P"):
-        kind = ("Time" if item_id in DATE_PROPERTIES else
-                "Quantity" if item_id in QUANTITY_PROPERTIES else "WikibaseItem")
-        lines += ["a wikibase:Property", f"wikibase:propertyType wikibase:{kind}",
-                  f"wikibase:directClaim wdt:{item_id}", f"wikibase:claim p:{item_id}",
-                  f"wikibase:statementProperty ps:{item_id}", f"wikibase:qualifier pq:{item_id}"]
+        kind = (
+            "Time"
+            if item_id in DATE_PROPERTIES
+            else "Quantity"
+            if item_id in QUANTITY_PROPERTIES
+            else "WikibaseItem"
+        )
+        lines += [
+            "a wikibase:Property",
+            f"wikibase:propertyType wikibase:{kind}",
+            f"wikibase:directClaim wdt:{item_id}",
+            f"wikibase:claim p:{item_id}",
+            f"wikibase:statementProperty ps:{item_id}",
+            f"wikibase:qualifier pq:{item_id}",
+        ]
     else:
         lines.append(f"wikibase:sitelinks {int(record.get('count') or 0)}")
     return lines
@@ -240,15 +270,24 @@ def to_turtle(facts: list[dict], ids: set[str], items: dict[str, dict]) -> str:
 
 def count_triples(turtle: str) -> dict[str, int]:
     """Parse the Turtle (a syntax check) and count its triples by kind."""
-    kinds = {"wdt": "truthy facts (wdt:)", "p": "statement links (p:)",
-             "ps": "statement values (ps:)", "pq": "qualifiers (pq:)"}
-    names = {"label": "labels", "altLabel": "aliases", "description": "descriptions",
-             "sitelinks": "popularity"}
+    kinds = {
+        "wdt": "truthy facts (wdt:)",
+        "p": "statement links (p:)",
+        "ps": "statement values (ps:)",
+        "pq": "qualifiers (pq:)",
+    }
+    names = {
+        "label": "labels",
+        "altLabel": "aliases",
+        "description": "descriptions",
+        "sitelinks": "popularity",
+    }
     counts, subjects = Counter(), set()
     for triple in ox.parse(turtle.encode("utf-8"), format=ox.RdfFormat.TURTLE):
         predicate = triple.predicate.value
-        namespace = next((n for n in kinds if re.fullmatch(re.escape(PREFIXES[n]) + r"P\d+", predicate)),
-                         None)
+        namespace = next(
+            (n for n in kinds if re.fullmatch(re.escape(PREFIXES[n]) + r"P\d+", predicate)), None
+        )
         local = re.split(r"[#/]", predicate)[-1]
         counts[kinds[namespace] if namespace else names.get(local, "property links")] += 1
         if local == "label":
@@ -263,8 +302,9 @@ def main(args: argparse.Namespace) -> None:
     # --- read the tables and what they are checked against
     facts = read_table(args.facts, FACT_COLUMNS)
     entities = read_table(args.entities, ENTITY_COLUMNS)
-    wanted = {r[c] for _, r in facts
-              for c in ("subject", "property", "value", "qualifier", "qualifier_value")}
+    wanted = {
+        r[c] for _, r in facts for c in ("subject", "property", "value", "qualifier", "qualifier_value")
+    }
     wanted |= {r["id"] for _, r in entities}
     items_path = args.items or benchmarks.cached_file(benchmarks.ITEMS_FILE)
     items = {r["id"]: r for r in read_jsonl(items_path) if r["id"] in wanted}  # ~75k lines
@@ -277,16 +317,21 @@ def main(args: argparse.Namespace) -> None:
     rows = [row for _, row in facts]
     ids = {i for i in wanted if ITEM_ID.fullmatch(i)}
     sources = Counter(row["source"].split(":")[0].split(",")[0] for row in rows)
-    print(f"checked {len(rows)} fact rows ({dict(sources)}) and {len(entities)} distractor items: all "
-          f"ids and labels match items.jsonl, all wwq-dev rows are backed by gold answers")
+    print(
+        f"checked {len(rows)} fact rows ({dict(sources)}) and {len(entities)} distractor items: all "
+        f"ids and labels match items.jsonl, all wwq-dev rows are backed by gold answers"
+    )
 
     # --- build and count
-    turtle = "\n".join([
-        "# GRISP demo knowledge graph: a small subset of Wikidata (CC0), generated by",
-        "# data/demo/build_demo.py from facts.tsv and entities.tsv (edit those and rebuild, not this file).",
-        "# Names and the popularity count (written as wikibase:sitelinks) come from items.jsonl;",
-        "# statement node ids are synthetic. See data/demo/README.md for provenance.",
-        to_turtle(rows, ids, items)])
+    turtle = "\n".join(
+        [
+            "# GRISP demo knowledge graph: a small subset of Wikidata (CC0), generated by",
+            "# data/demo/build_demo.py from facts.tsv and entities.tsv (edit those and rebuild, not this file).",
+            "# Names and the popularity count (written as wikibase:sitelinks) come from items.jsonl;",
+            "# statement node ids are synthetic. See data/demo/README.md for provenance.",
+            to_turtle(rows, ids, items),
+        ]
+    )
     for name, count in count_triples(turtle).items():
         print(f"  {name:28s} {count:6d}")
     if args.check:
@@ -298,16 +343,26 @@ def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description="Build the demo knowledge graph kg.ttl from facts.tsv and entities.tsv, checking every "
-                    "id and label against items.jsonl and every wwq-dev row against WWQ dev gold answers.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "id and label against items.jsonl and every wwq-dev row against WWQ dev gold answers.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     # sources
     parser.add_argument("--facts", type=Path, default=defaults.DEMO_DIR / "facts.tsv", help="facts table")
-    parser.add_argument("--entities", type=Path, default=defaults.DEMO_DIR / "entities.tsv",
-                        help="table of distractor items (no facts)")
-    parser.add_argument("--items", type=Path, default=None,
-                        help="items.jsonl (id, label, aliases, description, count); default: the data cache")
-    parser.add_argument("--dev", default="wwq-dev",
-                        help="WWQ dev benchmark (name or JSONL path) with gold answers")
+    parser.add_argument(
+        "--entities",
+        type=Path,
+        default=defaults.DEMO_DIR / "entities.tsv",
+        help="table of distractor items (no facts)",
+    )
+    parser.add_argument(
+        "--items",
+        type=Path,
+        default=None,
+        help="items.jsonl (id, label, aliases, description, count); default: the data cache",
+    )
+    parser.add_argument(
+        "--dev", default="wwq-dev", help="WWQ dev benchmark (name or JSONL path) with gold answers"
+    )
     # output
     parser.add_argument("--out", type=Path, default=defaults.DEMO_DIR / "kg.ttl", help="Turtle file to write")
     parser.add_argument("--check", action="store_true", help="only validate and count; write nothing")
