@@ -270,7 +270,8 @@ class Grisp:
         takes at most num_skeletons x time_budget (one budget more with a retry); every endpoint query
         ends within its skeleton's budget (and by `deadline`, an optional overall cap), but for the final
         query's least wait (resolve.FINAL_QUERY_WAIT_S). Once the endpoint has answered no query of the
-        question and failed one by more than a timeout, no further skeleton is tried. If no skeleton resolves, options.retry
+        question and failed one by more than a timeout, no further skeleton is tried. If no skeleton
+        resolves, options.retry
         (with re-ranking on) resolves the ones that dead-ended (not those that timed out) once more with
         None's cut lifted (every hit in the re-ranked order, all within one time budget; a "retry" trace
         event; ours, not the paper's)."""

@@ -118,19 +118,7 @@ class Resolver:
         def finish(sparql: str | None, result: Result | None, failure: str | None = None) -> Resolution:
             # verified: the final query returned a result; False: accepted despite a busy endpoint (validate)
             verified = None if sparql is None or not self.options.kg_guidance else result is not None
-            choices = (
-                []
-                if sparql is None
-                else [
-                    {
-                        "placeholder": frame.placeholder.text,
-                        "iri": frame.chosen,
-                        "p": frame.probabilities.get(frame.chosen),
-                        "p_none": frame.probabilities.get(None),
-                    }
-                    for frame in stack
-                ]
-            )
+            choices = [] if sparql is None else path_choices(stack)
             return Resolution(
                 sparql, result, backtracks, failure, trace.events, trace.timings, verified, choices
             )
@@ -167,9 +155,8 @@ class Resolver:
                 text = substitute(frame.text, frame.placeholder, choice.id)
                 trace.event("choose", placeholder=frame.placeholder.text, iri=choice.id, label=choice.label)
                 if find_placeholders(text):  # go deeper: the next placeholder
-                    resolved = frame.resolved + [
-                        self.shown(choice, frame)
-                    ]  # what the next re-ranking prompt lists
+                    # what the next re-ranking prompt lists
+                    resolved = frame.resolved + [self.shown(choice, frame)]
                     stack.append(self.candidates(question, text, trace, deadline, resolved))
                     continue
                 if not self.options.kg_guidance:
@@ -347,6 +334,20 @@ class Resolver:
                 result, ok, fields = None, False, {"error": f"{type(e).__name__}: {e}"}
         trace.event("validate", query=sparql, ok=ok, **fields)
         return ok, result
+
+
+def path_choices(stack: list[Frame]) -> list[dict]:
+    """Resolution.choices of the path the stack holds: per placeholder the IRI chosen and the last
+    re-ranking's probabilities of it and of None (None without re-ranking)."""
+    return [
+        {
+            "placeholder": frame.placeholder.text,
+            "iri": frame.chosen,
+            "p": frame.probabilities.get(frame.chosen),
+            "p_none": frame.probabilities.get(None),
+        }
+        for frame in stack
+    ]
 
 
 def softmax(scores: list[float]) -> list[float]:

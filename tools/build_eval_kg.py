@@ -337,8 +337,33 @@ def read_rdf(path: Path) -> list[ox.Triple]:
         raise ValueError(f"extra KG file {path} is not valid RDF: {error}") from None
 
 
-def main(args: argparse.Namespace) -> None:
-    setting = SETTINGS[args.setting]  # its defaults fill the flags left unset
+def single_pattern_answers(samples: list[dict]) -> tuple[list[dict], list[ox.Triple]]:
+    """The single-pattern questions and their answer triples (de-duplicated, in order)."""
+    candidates, answers = [], []
+    for sample in samples:
+        sample_triples = answer_triples(sample)
+        if sample_triples is not None:
+            candidates.append(sample)
+            answers.extend(sample_triples)
+    return candidates, list(dict.fromkeys(answers))  # questions may share answers
+
+
+def verify(kg_file: Path, covered: list[dict], store_dir: Path, port: int) -> int:
+    """verify_on_server, a ValueError naming the questions whose gold answers differ; how many were checked."""
+    mismatched = verify_on_server(kg_file, covered, store_dir, port)
+    if mismatched:
+        raise ValueError(
+            f"on the oxigraph server these gold queries do not return their gold answers: {', '.join(mismatched)}"
+        )
+    print(
+        f"verified on an oxigraph server: all {len(covered)} covered gold queries return exactly their gold answers"
+    )
+    return len(covered)
+
+
+def resolve_setting(args: argparse.Namespace) -> Setting:
+    """The --setting's defaults filled into the flags left unset (in `args`); the setting."""
+    setting = SETTINGS[args.setting]
     args.out = str(Path(args.out or setting.out).expanduser())
     args.store = str(Path(args.store or setting.store).expanduser())
     args.port = setting.port if args.port is None else args.port
@@ -348,6 +373,47 @@ def main(args: argparse.Namespace) -> None:
         benchmarks.cached_file(f) if isinstance(f, str) and args.extra_kg is None else f for f in extra_files
     ]
     args.extra_kg = [str(Path(f).expanduser()) for f in extra_files]
+    return setting
+
+
+def covered_questions(exact: list[dict], labelled: set[str], keep_unlabelled: bool) -> list[dict]:
+    """The questions kept: those whose entity and property have a label record, and with `keep_unlabelled`
+    the others too, their unlabelled ids in `info.index_lacks` (search cannot find them: to decline)."""
+    covered = []
+    for sample in exact:
+        lacks = sorted(topic_ids(sample) - labelled)
+        if not lacks or keep_unlabelled:
+            covered.append({**sample, "info": {**sample["info"], "index_lacks": lacks}} if lacks else sample)
+    return covered
+
+
+def print_counts(stats: dict, extra_triples: int) -> None:
+    """What was covered and dropped, the KG's size and its difficulty, from `stats` (main's)."""
+    hard, changed = stats["difficulty"], stats["changed_by_extra_kg"]
+    print(
+        f"{stats['covered']} of {stats['questions']} questions covered: {stats['single_pattern']} single-pattern, "
+        f"{stats['conflicting']} of them dropped because other questions' triples add answers, "
+        f"{len(changed)} because the extra KG adds answers{': ' + ', '.join(changed) if changed else ''}, "
+        f"{stats['unlabelled_topic']} {'kept (to decline)' if stats['kept_unlabelled'] else 'dropped'} because "
+        f"their entity or property has no label record"
+    )
+    print(
+        f"{stats['triples']} triples ({stats['answer_triples']} answer triples, {extra_triples} from "
+        f"{len(stats['extra_kg_triples'])} extra KG files, {stats['label_triples']} label triples of "
+        f"{stats['label_records']} label records), {stats['items']} items, {stats['properties']} properties, "
+        f"{len(stats['unlabelled'])} without a label record"
+    )
+    print(
+        f"difficulty: {hard['in_training']} of {stats['questions']} gold queries are also gold queries of the "
+        f"training material; {hard['one_property']} of {stats['single_pattern']} single-pattern topics have "
+        f"one wdt: property in the KG; {hard['namesakes']} of {stats['covered']} covered topics have a "
+        f"namesake, the gold one first by popularity in {hard['gold_first_by_written_count']} (item cache's "
+        f"count: {hard['gold_first_by_item_cache_count']})"
+    )
+
+
+def main(args: argparse.Namespace) -> None:
+    setting = resolve_setting(args)  # its defaults fill the flags left unset
     print(f"config: {json.dumps(vars(args), default=str)}")
     # --- data
     samples = benchmarks.load_benchmark(args.benchmark)
@@ -356,16 +422,10 @@ def main(args: argparse.Namespace) -> None:
     extra = {path: read_rdf(Path(path)) for path in args.extra_kg}
 
     # --- answer triples of the single-pattern questions
-    candidates, answers = [], []
-    for sample in samples:
-        sample_triples = answer_triples(sample)
-        if sample_triples is not None:
-            candidates.append(sample)
-            answers.extend(sample_triples)
-    answers = list(dict.fromkeys(answers))  # de-duplicate, keep order (shared answers)
+    candidates, answers = single_pattern_answers(samples)
     extra_triples = [triple for triples in extra.values() for triple in triples]
 
-    # --- labels of every item and property mentioned (closed) or of every item (full)
+    # --- labels of every item and property mentioned (closed) or of every item (full, real)
     ids = mentioned_ids(answers + extra_triples)
     labelled = sorted(
         items if setting.all_items else (i for i in ids if i in items), key=lambda i: (i[0], i[1:].zfill(12))
@@ -379,11 +439,7 @@ def main(args: argparse.Namespace) -> None:
     alone = check_in_process(answers, candidates)
     exact = check_in_process(triples, alone)
     changed = sorted({sample["id"] for sample in alone} - {sample["id"] for sample in exact})
-    covered = []
-    for sample in exact:  # the ids search cannot find (no label record): a question to decline
-        lacks = sorted(topic_ids(sample) - set(labelled))
-        if not lacks or setting.keep_unlabelled:
-            covered.append({**sample, "info": {**sample["info"], "index_lacks": lacks}} if lacks else sample)
+    covered = covered_questions(exact, set(labelled), setting.keep_unlabelled)
 
     # --- write
     out = Path(args.out)
@@ -421,39 +477,9 @@ def main(args: argparse.Namespace) -> None:
         ),
         "config": vars(args),
     }
-    print(
-        f"{len(covered)} of {len(samples)} questions covered: {len(candidates)} single-pattern, "
-        f"{stats['conflicting']} of them dropped because other questions' triples add answers, "
-        f"{len(changed)} because the extra KG adds answers{': ' + ', '.join(changed) if changed else ''}, "
-        f"{stats['unlabelled_topic']} {'kept (to decline)' if setting.keep_unlabelled else 'dropped'} because "
-        f"their entity or property has no label record"
-    )
-    print(
-        f"{len(triples)} triples ({len(answers)} answer triples, {len(extra_triples)} from "
-        f"{len(extra)} extra KG files, {len(labels)} label triples of {len(labelled)} label records), "
-        f"{stats['items']} items, {stats['properties']} properties, "
-        f"{len(stats['unlabelled'])} without a label record"
-    )
-    hard = stats["difficulty"]
-    print(
-        f"difficulty: {hard['in_training']} of {len(samples)} gold queries are also gold queries of the training material; "
-        f"{hard['one_property']} of {len(candidates)} single-pattern topics have one wdt: property in the KG; "
-        f"{hard['namesakes']} of {len(covered)} covered topics have a namesake, the gold one first by "
-        f"popularity in {hard['gold_first_by_written_count']} (item cache's count: "
-        f"{hard['gold_first_by_item_cache_count']})"
-    )
+    print_counts(stats, len(extra_triples))
     if args.verify:
-        mismatched = verify_on_server(out / "kg.nt", covered, Path(args.store), args.port)
-        if mismatched:
-            raise ValueError(
-                f"on the oxigraph server these gold queries do not return their gold "
-                f"answers: {', '.join(mismatched)}"
-            )
-        stats["server_verified"] = len(covered)
-        print(
-            f"verified on an oxigraph server: all {len(covered)} covered gold queries return "
-            f"exactly their gold answers"
-        )
+        stats["server_verified"] = verify(out / "kg.nt", covered, Path(args.store), args.port)
     (out / "stats.json").write_text(json.dumps(stats, indent=2, default=str) + "\n")
     print(
         f"wrote {out}/kg.nt, questions.jsonl, items.jsonl (popularity: {args.popularity}), stats.json; "

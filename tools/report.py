@@ -1,13 +1,14 @@
-"""The tables of docs/results.md and docs/results-*.md, printed from evaluate.py run directories (docs/method.md section 7).
+"""The tables of docs/results.md and docs/results-*.md, printed from evaluate.py run directories
+(docs/method.md section 7).
 
 Every number in those tables comes from a run directory's summary.json or predictions.jsonl; this
 script prints the tables from them, so a table can be re-made to the digit after a re-run.
 
-    python tools/report.py systems ~/.cache/grisp/eval/demo-{none,no-rerank,no-beam-search}    # one row per run
-    python tools/report.py skeletons ~/.cache/grisp/eval/{demo,qald10-dev}-skeletons           # one column per run
-    python tools/report.py shapes ~/.cache/grisp/eval/{grisp-wwq-0.5b-float32,grisp-mix-0.5b-auto}/demo-none  # F1 by shape
+    python tools/report.py systems ~/.cache/grisp/eval/demo-{none,no-rerank,no-beam-search}  # one row per run
+    python tools/report.py skeletons ~/.cache/grisp/eval/{demo,qald10-dev}-skeletons         # one column per run
+    python tools/report.py shapes ~/.cache/grisp/eval/{grisp-wwq-0.5b-float32,grisp-mix-0.5b-auto}/demo-none
     python tools/report.py compare ~/.cache/grisp/eval/wwq-dev-full-none ~/.cache/grisp/eval/wwq-dev-full-no-rerank
-    python tools/report.py agent ~/.cache/grisp/eval/demo-agent                                # evaluate.py --system agent
+    python tools/report.py agent ~/.cache/grisp/eval/demo-agent                  # evaluate.py --system agent
     python tools/report.py risk RUN_A RUN_B --without-retry --plot risk.png   # precision at each coverage (coverage.py)
 """
 
@@ -219,7 +220,8 @@ def agent_model(config: dict) -> str:
 def agent_table(run_dirs: list[Path]) -> list[str]:
     """One row per evaluate.py --system agent run: scores, time, steps, function calls and how runs ended."""
     lines = [
-        "| run | model | F1 | EM | s/question (median / mean) | steps/question | calls/question | calls by function (per question) | ended | scored |",
+        "| run | model | F1 | EM | s/question (median / mean) | steps/question | calls/question "
+        "| calls by function (per question) | ended | scored |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run_dir in run_dirs:
@@ -283,7 +285,7 @@ def outcome(record: dict) -> str:
 def query_line(record: dict) -> str | None:
     """The predicted query without its PREFIX lines."""
     sparql = record.get("sparql")
-    return sparql and " ".join(l for l in sparql.splitlines() if not l.upper().startswith("PREFIX"))
+    return sparql and " ".join(line for line in sparql.splitlines() if not line.upper().startswith("PREFIX"))
 
 
 def compare(run_a: Path, run_b: Path, show: int) -> list[str]:
