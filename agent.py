@@ -25,12 +25,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from common import defaults
+from common.jsonl import append_jsonl, read_jsonl
 from grasp.backends import BackendCancelled, BackendError, BackendTimeout, ToolCall
 from grasp.config import ConfigError, check, load_config, make_backend, override, unset_flag
 from grasp.functions import FunctionError, Functions, KnowledgeGraph, check_known, table
 from grasp.prompts import FEEDBACK_TOOL, feedback_messages, output_text, system_instruction, task_definitions
-from grisp import defaults
-from grisp.jsonl import append_jsonl, read_jsonl
 from grisp.sparql import SparqlClient, SparqlError
 
 FAILURE = {

@@ -46,8 +46,9 @@ from urllib.parse import unquote
 
 from tqdm import tqdm
 
-from grisp import benchmarks, defaults
-from grisp.jsonl import iter_jsonl
+from common import defaults
+from common.jsonl import iter_jsonl
+from grisp import benchmarks
 from grisp.skeleton import split_variant
 from grisp.sparql import SparqlClient, SparqlError
 from grisp.sparql_syntax import PREFIXES

@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from grisp import defaults
-from grisp.jsonl import write_atomic, write_json
+from common import defaults
+from common.jsonl import write_atomic, write_json
 from grisp.sparql import SparqlClient, SparqlError
 
 RDF_SUFFIXES = (".ttl", ".nt", ".nq", ".trig", ".rdf", ".xml", ".owl", ".n3", ".jsonld")

@@ -50,9 +50,10 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from grisp import benchmarks, coverage, defaults, metrics, sparql
-from grisp.code_version import code_version
-from grisp.jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
+from common import defaults
+from common.code_version import code_version
+from common.jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
+from grisp import benchmarks, coverage, metrics, sparql
 from grisp.options import GrispError, Options, add_flags, preset
 from grisp.skeleton_score import SHAPES
 from grisp.skeleton_score import shape as question_shape

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Iterator
 
 from build_index import open_index
-from grisp import defaults, mixture
-from grisp.defaults import WIKIDATA_INDEX_DIR
-from grisp.jsonl import write_jsonl
+from common import defaults
+from common.defaults import WIKIDATA_INDEX_DIR
+from common.jsonl import write_jsonl
+from grisp import mixture
 from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from grisp.samples import Augment, SampleGenerator, add_generation_args, length_stats
 from grisp.skeleton_score import SHAPES, shape

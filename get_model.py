@@ -42,8 +42,8 @@ import requests
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from grisp import defaults
-from grisp.jsonl import write_atomic, write_json
+from common import defaults
+from common.jsonl import write_atomic, write_json
 from llm.gguf_convert import GGUFError, convert_gguf
 
 DEFAULT_HF_REPO = "Qwen/Qwen2.5-Coder-0.5B-Instruct"  # the model the PyPI GGUF wheels hold

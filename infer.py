@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from grisp import defaults
+from common import defaults
 from grisp.options import add_flags, from_flags
 from grisp.pipeline import Answer, Grisp, GrispError, answer_to_json
 from grisp.sparql import EndpointUnreachable, SparqlError

@@ -49,7 +49,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from grisp import defaults, jsonl
+from common import defaults, jsonl
 
 # ---------------------------------------------------------------------------- the indices
 MIN_KEYWORD_LEN = 3  # shorter query keywords only refine candidates found by longer ones

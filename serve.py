@@ -51,11 +51,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from agent import Agent, build_agent
+from common import defaults
+from common.jsonl import read_jsonl
 from grasp.backends import BackendError
 from grasp.config import Config, ConfigError, check, load_config, override, unset_flag
 from grasp.local_backend import LocalBackend
-from grisp import defaults
-from grisp.jsonl import read_jsonl
 from grisp.options import GrispError, Options, add_flags, from_flags, preset
 from grisp.pipeline import Answer, Grisp, answer_to_json
 from grisp.sparql import SparqlError

@@ -45,7 +45,8 @@ import torch.distributed as dist
 
 import build_index
 import lora
-from grisp import checkpoint, defaults, loss, mixture, peft_format, samples
+from common import defaults
+from grisp import checkpoint, loss, mixture, peft_format, samples
 from grisp.sparql import SparqlClient
 from grisp.train_config import add_flags
 from grisp.trainer import Run, TrainingLoop, TrainState, data_sha256, portable_copy, resume, start_run_dir

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.rotation import rotated  # noqa: E402
-from grisp import defaults  # noqa: E402
+from common import defaults  # noqa: E402
 from llm.cpu_speed import PRECISIONS, cpu_name, native_bf16, pick_precision  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

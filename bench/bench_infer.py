@@ -30,9 +30,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
-from grisp import defaults  # noqa: E402
+from common import defaults  # noqa: E402
+from common.jsonl import read_jsonl  # noqa: E402
 from grisp.generate import beam_search  # noqa: E402
-from grisp.jsonl import read_jsonl  # noqa: E402
 from grisp.options import Options  # noqa: E402
 from grisp.pipeline import Grisp, GrispError  # noqa: E402
 from grisp.prompts import rerank_messages, skeleton_messages  # noqa: E402

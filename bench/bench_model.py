@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.rotation import rotated  # noqa: E402
-from grisp import defaults  # noqa: E402
+from common import defaults  # noqa: E402
 from llm import cpu_speed  # noqa: E402
 
 IMPLS = {

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common.jsonl import read_jsonl  # noqa: E402
 from grisp import (
     defaults,  # noqa: E402
     peft_format,  # noqa: E402
 )
-from grisp.jsonl import read_jsonl  # noqa: E402
 from grisp.prompts import skeleton_messages  # noqa: E402
 from llm.cpu_speed import cpu_name  # noqa: E402
 from llm.tokenizer import Tokenizer, chat_prompt  # noqa: E402

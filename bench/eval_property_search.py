@@ -20,8 +20,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's modules
 from bench.flags import positive_int  # noqa: E402
-from grisp import defaults  # noqa: E402
-from grisp.jsonl import iter_jsonl  # noqa: E402
+from common import defaults  # noqa: E402
+from common.jsonl import iter_jsonl  # noqa: E402
 from llm.cpu_speed import cpu_name  # noqa: E402
 from llm.encoder import MINILM, load_encoder  # noqa: E402
 from search import EmbeddingIndex, PrefixIndex, normalize  # noqa: E402

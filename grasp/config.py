@@ -23,8 +23,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import get_type_hints
 
+from common import defaults
 from grasp.backends import OpenAIBackend
-from grisp import defaults
 
 TASKS = ("sparql-qa", "general-qa")
 BACKENDS = ("local", "openai")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.jsonl import read_jsonl
 from grisp import benchmarks
-from grisp.jsonl import read_jsonl
 from search import EmbeddingIndex
 
 ENCODER = "all-minilm-l6-v2"  # encoder.MINILM (not imported here: torch only when embedding)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grisp import defaults
+from common import defaults
 from grisp.constraints import CONSTRAINT_LIMIT, allowed_items
 from grisp.skeleton import split_variant
 from grisp.sparql import Result, SparqlClient, SparqlError

@@ -9,7 +9,7 @@ the search indices are the root's search.py, the model's machinery llm/).
     training:             samples.py, compose.py, mixture.py, loss.py, trainer.py (train.py's loop and resume),
                           train_config.py (train.py's flags, defined once), checkpoint.py, peft_format.py
                           (adapters on disk)
-    evaluation:           benchmarks.py, metrics.py, skeleton_score.py
-    shared helpers:       defaults.py (locations, --help format), jsonl.py (the JSONL reader/writer, atomic
-                          writes), code_version.py (the fingerprint of the sources a result comes from)
+    evaluation:           benchmarks.py, metrics.py, skeleton_score.py, coverage.py (precision and declining),
+                          confidence.py (an answer's confidence; declining below --min-confidence)
+The helpers every part shares (default locations, JSONL files, the code fingerprint) are in common/.
 """

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import requests
 
-from grisp import defaults
-from grisp.jsonl import read_jsonl, write_atomic
+from common import defaults
+from common.jsonl import read_jsonl, write_atomic
 from grisp.sparql_syntax import query_key
 
 GRASP_DATA_URL = "https://raw.githubusercontent.com/ad-freiburg/grasp/main/data/benchmark/wikidata"

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 import lora
-from grisp.jsonl import write_atomic
+from common.jsonl import write_atomic
 
 LORA_FILE = "lora.safetensors"  # the LoRA weights: our parameter names, float32 (resuming is exact)
 RUN_LOGS = ("log.jsonl", "stretches.jsonl")  # a run directory's logs, copied into a portable copy

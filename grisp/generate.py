@@ -40,7 +40,7 @@ from typing import Iterator
 
 import torch
 
-from grisp import defaults
+from common import defaults
 from llm.cpu_speed import pick_dtype, prepare_for_inference
 from llm.prompt_cache import PromptCache
 from llm.tokenizer import DEFAULT_SYSTEM, Tokenizer, chat_prompt

@@ -33,8 +33,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from common.jsonl import write_atomic, write_json
 from grisp import checkpoint
-from grisp.jsonl import write_atomic, write_json
 from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from llm.cpu_speed import prepare_for_inference
 from lora import (

@@ -45,9 +45,9 @@ from pathlib import Path
 
 import torch
 
+from common.jsonl import iter_jsonl
 from grisp import compose, mixture
 from grisp.constraints import allowed_items, constraint_query
-from grisp.jsonl import iter_jsonl
 from grisp.loss import TASKS
 from grisp.mixture import epoch_records
 from grisp.prompts import (

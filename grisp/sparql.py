@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import requests
 import urllib3
 
-from grisp import defaults
+from common import defaults
 from grisp.sparql_syntax import PREFIXES, ForbiddenQuery, SparqlError, check_read_only, with_prefixes  # noqa: F401
 
 # ---------------------------------------------------------------------------- errors

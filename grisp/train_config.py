@@ -16,7 +16,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import lora
-from grisp import defaults, loss, mixture, samples
+from common import defaults
+from grisp import loss, mixture, samples
 from grisp.prompts import LATEST_PROMPT_FORMAT, PROMPT_FORMATS
 from model import DEVICES
 

@@ -31,8 +31,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from common.jsonl import append_jsonl, read_jsonl, write_jsonl
 from grisp import checkpoint, loss, peft_format
-from grisp.jsonl import append_jsonl, read_jsonl, write_jsonl
 from llm import cpu_speed
 
 # flags that may differ on --resume: they change neither the samples nor the schedule (a different

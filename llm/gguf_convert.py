@@ -25,7 +25,7 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from tqdm import tqdm
 
-from grisp.jsonl import write_atomic, write_json
+from common.jsonl import write_atomic, write_json
 
 # The Qwen2 pre-tokenizer: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
 QWEN2_REGEX = (

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's top-level modules
 import endpoint  # noqa: E402
-from grisp import defaults  # noqa: E402
+from common import defaults  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,7 +23,7 @@ import requests
 import torch
 import uvicorn
 
-from grisp import defaults
+from common import defaults
 from grisp.options import Options
 from grisp.pipeline import Grisp
 from tests.tiny import make_model_dir

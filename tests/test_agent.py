@@ -14,11 +14,11 @@ import pytest
 
 import evaluate
 from agent import Agent, build_agent
+from common import defaults
 from grasp import evaluation
 from grasp.backends import BackendError, BackendTimeout, Reply, ToolCall
 from grasp.config import AgentConfig, ConfigError, load_config
 from grasp.evaluation import EvalPipeline
-from grisp import defaults
 from tests.agent_helpers import Scripted, bag_of_words, call, demo_index, demo_kg, reply
 
 QUERY = "SELECT ?d WHERE { wd:Q104123 wdt:P57 ?d }"

@@ -22,12 +22,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from agent import Agent
+from common import defaults
 from grasp.backends import BackendError, BackendTimeout, OpenAIBackend, check_call, parse_qwen_calls
 from grasp.config import AgentConfig, ModelConfig, make_backend
 from grasp.local_backend import LocalBackend, call_arguments, settled_content, turn_content
 from grasp.prompts import task_definitions
 from grasp.tool_grammar import call_grammar, schema_errors
-from grisp import defaults
 from llm.tokenizer import Tokenizer, chat_prompt, qwen_tool_prompt
 from tests.agent_helpers import demo_kg
 from tests.tiny import make_model_dir, tiny_tokenizer

@@ -10,7 +10,8 @@ import pytest
 from conftest import free_port
 
 import endpoint
-from grisp import benchmarks, defaults, metrics
+from common import defaults
+from grisp import benchmarks, metrics
 from tools import build_eval_kg
 
 PREFIXES = "PREFIX wdt: <http://www.wikidata.org/prop/direct/> PREFIX wd: <http://www.wikidata.org/entity/> "

@@ -1,8 +1,8 @@
-"""Tests for grisp/code_version.py: which files the fingerprint reads, and what changes it."""
+"""Tests for common/code_version.py: which files the fingerprint reads, and what changes it."""
 
 import subprocess
 
-from grisp import code_version
+from common import code_version
 
 FILES = {
     "evaluate.py": "print(1)\n",
@@ -74,7 +74,7 @@ def test_in_a_checkout_git_lists_the_files_and_names_the_commit(tmp_path):
 
 def test_the_projects_own_sources():
     sources = code_version.python_sources()
-    assert {"evaluate.py", "grisp/code_version.py", "grisp/pipeline.py", "grasp/evaluation.py"} <= set(
+    assert {"evaluate.py", "common/code_version.py", "grisp/pipeline.py", "grasp/evaluation.py"} <= set(
         sources
     )
     assert not [path for path in sources if path.split("/")[0] in ("tests", "bench", "runs", "tools")]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from grisp import defaults
+from common import defaults
 from grisp.constraints import constraint_query
 from grisp.skeleton import Placeholder, find_placeholders, parses, skeletonize, substitute
 from grisp.sparql import SparqlClient

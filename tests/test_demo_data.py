@@ -16,7 +16,8 @@ from collections import Counter
 import pyoxigraph as ox
 import pytest
 
-from grisp import benchmarks, defaults
+from common import defaults
+from grisp import benchmarks
 from grisp.sparql import SparqlClient
 from grisp.sparql_syntax import PREFIXES
 

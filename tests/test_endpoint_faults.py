@@ -26,7 +26,8 @@ import torch
 from conftest import start_http_server, stop_http_server
 
 import evaluate
-from grisp import defaults, resolve
+from common import defaults
+from grisp import resolve
 from grisp.options import Options
 from grisp.pipeline import Grisp
 from grisp.sparql import SparqlClient

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 import evaluate
-from grisp import defaults
+from common import defaults
 
 KG = """@prefix wd: <http://www.wikidata.org/entity/> .
 @prefix wdt: <http://www.wikidata.org/prop/direct/> .

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from grisp import defaults, generate
+from common import defaults
+from grisp import generate
 from grisp.generate import beam_search, sample_without_replacement, top_p_mask
 from llm.tokenizer import DEFAULT_SYSTEM
 from model import Transformer

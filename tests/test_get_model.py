@@ -26,7 +26,7 @@ from safetensors.numpy import load_file, save
 from tokenizers import Tokenizer, pre_tokenizers
 
 import get_model
-from grisp import defaults
+from common import defaults
 from llm import gguf_convert
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,8 @@ import torch
 
 import infer
 import lora
-from grisp import defaults, peft_format
+from common import defaults
+from grisp import peft_format
 from grisp.generate import Hypothesis
 from grisp.options import Options
 from grisp.pipeline import Answer, Grisp, GrispError, answer_to_json

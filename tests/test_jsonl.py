@@ -1,11 +1,11 @@
-"""grisp/jsonl.py: the one JSONL reader/writer and the atomic writes (round trips, bad lines named, logs cut
+"""common/jsonl.py: the one JSONL reader/writer and the atomic writes (round trips, bad lines named, logs cut
 off by a killed run, interrupted writes that leave no half file)."""
 
 import json
 
 import pytest
 
-from grisp.jsonl import (
+from common.jsonl import (
     append_jsonl,
     iter_jsonl,
     read_finished,

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import Qwen2ForCausalLM
 
 import model as M
-from grisp import defaults
+from common import defaults
 from llm.cpu_speed import prepare_for_inference
 from llm.tokenizer import Tokenizer, as_text, chat_prompt
 from tests.tiny import make_model_dir

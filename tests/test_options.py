@@ -103,5 +103,5 @@ def test_the_defaults_are_the_documented_ones():
         "kg_guidance": True,
         "backtracking": True,
         "time_budget": 60.0,
-        "min_confidence": 0.0,
+        "min_confidence": 0.02,
     }

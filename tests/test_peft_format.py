@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import lora
-from grisp import defaults, peft_format
+from common import defaults
+from grisp import peft_format
 from model import Transformer
 from tests.test_lora import (  # noqa: F401  (the same fixtures)
     EXACT,
@@ -280,7 +281,7 @@ def test_save_refuses_what_a_peft_config_cannot_describe(model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_real_model_adapter_round_trips_with_peft(tmp_path):
-    from grisp import defaults
+    from common import defaults
 
     if not (defaults.MODEL_DIR / "config.json").exists():
         pytest.skip(f"no base model at {defaults.MODEL_DIR}; run get_model.py first")

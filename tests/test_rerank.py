@@ -250,7 +250,7 @@ def test_scores_order_the_alternatives_and_none_is_last(model, tokenizer):
 
 
 def real_model_dir():
-    from grisp import defaults
+    from common import defaults
 
     if not (defaults.MODEL_DIR / "config.json").exists():
         pytest.skip(f"no base model at {defaults.MODEL_DIR} (python get_model.py)")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from grisp import defaults
+from common import defaults
 from grisp.options import GrispError, Options
 from grisp.prompts import mark_current
 from grisp.resolve import Resolver

@@ -11,7 +11,8 @@ import pytest
 
 import build_index
 from build_index import open_index
-from grisp import benchmarks, compose, defaults, skeleton_score
+from common import defaults
+from grisp import benchmarks, compose, skeleton_score
 from grisp.prompts import NONE_TEXT
 from grisp.samples import Augment, SampleGenerator, validation_split
 

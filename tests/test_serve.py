@@ -19,7 +19,7 @@ import requests
 import torch
 
 import serve
-from grisp import defaults
+from common import defaults
 from grisp.options import Options
 from grisp.sparql import SparqlClient
 from llm.cpu_speed import cpu_name

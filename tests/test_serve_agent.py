@@ -19,10 +19,10 @@ import torch
 
 import serve
 from agent import Agent
+from common import defaults
 from grasp.backends import Reply
 from grasp.config import AgentConfig, ConfigError
 from grasp.local_backend import LocalBackend
-from grisp import defaults
 from grisp.options import Options
 from serve import make_app
 from tests.agent_helpers import call, demo_index, demo_kg

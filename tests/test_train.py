@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 
 import lora
 import train
+from common.jsonl import read_jsonl
 from grisp import checkpoint, loss, peft_format, trainer
 from grisp import samples as samples_module
-from grisp.jsonl import read_jsonl
 from grisp.prompts import Alternative, rerank_messages, skeleton_messages
 from llm.tokenizer import Tokenizer
 from model import Transformer
@@ -1292,7 +1292,7 @@ def test_latest_puts_back_a_checkpoint_a_cut_off_resave_left_as_old(tmp_path):
 def test_grisp_home_set_but_empty_is_the_default_as_in_the_scripts(value, expected):
     # an empty GRISP_HOME made the run directory runs/NAME: the portable copy itself, which a save renames away
     out = subprocess.run(
-        [sys.executable, "-c", "from grisp import defaults; print(defaults.GRISP_HOME)"],
+        [sys.executable, "-c", "from common import defaults; print(defaults.GRISP_HOME)"],
         capture_output=True,
         text=True,
         cwd=Path(train.__file__).parent,

@@ -54,13 +54,13 @@ import pyoxigraph as ox
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
 import endpoint  # noqa: E402
 from build_index import WIKIDATA_ID  # noqa: E402
+from common.jsonl import read_jsonl, write_jsonl  # noqa: E402
 from grisp import (  # noqa: E402
     benchmarks,
     defaults,  # noqa: E402
     metrics,
     sparql,
 )
-from grisp.jsonl import read_jsonl, write_jsonl  # noqa: E402
 from grisp.skeleton import query_iris  # noqa: E402
 from grisp.sparql_syntax import PREFIXES, declared_prefixes, expand, query_key, tokenize  # noqa: E402
 from search import normalize  # noqa: E402

@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
 from build_index import WIKIDATA_ID  # noqa: E402
+from common.jsonl import read_jsonl  # noqa: E402
 from grisp import benchmarks, sparql  # noqa: E402
-from grisp.jsonl import read_jsonl  # noqa: E402
 from grisp.sparql_syntax import with_prefixes  # noqa: E402
 
 # a property placeholder of a skeleton: its label, then the namespace the model chose, e.g. (wdt)

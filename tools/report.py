@@ -19,9 +19,9 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
+from common.jsonl import read_jsonl  # noqa: E402
 from evaluate import ABLATIONS, first_per_id  # noqa: E402
 from grisp import coverage  # noqa: E402
-from grisp.jsonl import read_jsonl  # noqa: E402
 from grisp.skeleton_score import SHAPES  # noqa: E402
 
 # row names of the systems table, by evaluate.py --ablation (the paper's names)
@@ -125,7 +125,11 @@ def risk_curves(run_dirs: list[Path], without_retry: bool) -> list[tuple[str, li
     curves = []
     for run_dir in run_dirs:
         summary, records = load_summary(run_dir), list(first_per_id(load_predictions(run_dir)).values())
-        name = system_name(summary, False)
+        # the curve sweeps the threshold, so the run's own threshold and precision are no part of its name
+        shared = frozenset(
+            n for n in option_notes(summary["config"]) if n.startswith(("min_confidence=", "precision="))
+        )
+        name = system_name(summary, False, shared)
         curves.append((name, coverage.risk_coverage(records)))
         if without_retry:
             curves.append((f"{name}, w/o the retry", coverage.risk_coverage(coverage.without_retry(records))))

@@ -31,11 +31,11 @@ from pathlib import Path
 import pyoxigraph as ox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's top-level modules
+from common.jsonl import read_jsonl  # noqa: E402
 from grisp import (
     benchmarks,  # noqa: E402
     defaults,  # noqa: E402
 )
-from grisp.jsonl import read_jsonl  # noqa: E402
 from grisp.sparql_syntax import PREFIXES  # noqa: E402
 
 FACT_COLUMNS = [

@@ -7,7 +7,7 @@ runs/ and tools/ (edits not committed yet count), listed by `git ls-files` in a 
 on disk in the same directories; the git commit is recorded beside it for information (a commit that
 changes only documentation keeps the fingerprint).
 
-    from grisp.code_version import code_version
+    from common.code_version import code_version
     code_version()   # {"fingerprint": "<64 hex digits>", "commit": "<40 hex digits>" or None}
 """
 
@@ -15,7 +15,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-REPO_DIR = Path(__file__).resolve().parent.parent  # grisp/ is one level down
+REPO_DIR = Path(__file__).resolve().parent.parent  # common/ is one level down
 NOT_ANSWERING = ("tests", "bench", "runs", "tools")  # they decide no answer
 
 

@@ -9,7 +9,7 @@ import argparse
 import os
 from pathlib import Path
 
-REPO_DIR = Path(__file__).resolve().parent.parent  # grisp/ is one level down
+REPO_DIR = Path(__file__).resolve().parent.parent  # common/ is one level down
 GRISP_HOME = Path(
     os.environ.get("GRISP_HOME") or "~/.cache/grisp"
 ).expanduser()  # set but empty: the default, as in bash's ${GRISP_HOME:-...}

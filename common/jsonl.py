@@ -6,7 +6,7 @@ file, a re-scored predictions file, a downloaded benchmark, a converted model fi
 temporary name next to it and renamed over it, so it is either complete or absent (or unchanged).
 Files that grow during a run (predictions, the training log) are appended a flushed line at a time.
 
-    from grisp.jsonl import read_jsonl, write_jsonl, append_jsonl, write_json
+    from common.jsonl import read_jsonl, write_jsonl, append_jsonl, write_json
     records = read_jsonl("questions.jsonl")           # ValueError "questions.jsonl:3 is not valid JSON (...)"
     write_jsonl("out.jsonl", records)                 # atomic; records may be a generator
     with open("log.jsonl", "a", encoding="utf-8") as file:
