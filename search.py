@@ -37,6 +37,7 @@ two index classes share the array helpers and the subset (allowed ids) logic abo
 
 import argparse
 import hashlib
+import itertools
 import json
 import mmap
 import re
@@ -45,11 +46,12 @@ import sys
 import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from grisp import defaults, jsonl
+from grisp.external_sort import NpyWriter, merge
 
 # ---------------------------------------------------------------------------- the indices
 MIN_KEYWORD_LEN = 3  # shorter query keywords only refine candidates found by longer ones
@@ -463,7 +465,7 @@ class ItemStore:
     """
 
     def __init__(self, directory: Path):
-        directory = Path(directory)
+        self.directory = directory = Path(directory)
         with open(directory / "items.jsonl", "rb") as f:  # the map keeps its own file handle
             empty = directory.joinpath("items.jsonl").stat().st_size == 0
             self._map = b"" if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -471,30 +473,45 @@ class ItemStore:
         self.offsets, self.popularity, self.id_hash, self.id_row = arrays.values()
 
     @staticmethod
-    def write(directory: Path, items: Iterable[dict]) -> int:
-        """Write items (dicts with id, label, aliases, description, popularity) to `directory`."""
-        directory = Path(directory)
+    def write(directory: Path, items: Iterable[dict], chunk: int = 1 << 20) -> int:
+        """Write items (dicts with id, label, aliases, description, popularity) to `directory`, streamed: memory
+        holds `chunk` items whatever their number (their IRI hashes are sorted in runs of `chunk` and merged
+        from disk, grisp/external_sort.py)."""
+        directory, items, rows = Path(directory), iter(items), 0
         directory.mkdir(parents=True, exist_ok=True)
-        offsets, popularity, hashes = [0], [], []
-        with open(directory / "items.jsonl", "wb") as f:
-            for item in items:
-                # byte offsets of every line, so that `get` reads one item without parsing the file
-                offsets.append(
-                    offsets[-1] + f.write(jsonl.line({key: item[key] for key in ITEM_FIELDS}).encode())
-                )
-                popularity.append(item["popularity"])
-                hashes.append(_iri_hash(item["id"]))
-        hashes = np.array(hashes, dtype=np.uint64)
-        order = np.argsort(hashes, kind="stable")
-        if len(hashes) and (np.diff(hashes[order]) == 0).any():
-            raise ValueError(f"duplicate item IRIs (or a 64-bit hash collision) in {directory}")
-        save_arrays(directory, {
-            "offsets": np.array(offsets, dtype=np.int64),
-            "popularity": np.array(popularity, dtype=np.float32),
-            "id_hash": hashes[order],
-            "id_row": order.astype(np.int64),
-        }, {"type": "items", "items": len(popularity)})  # fmt: skip
-        return len(popularity)
+        hash_runs, row_runs = [], []
+        with (
+            open(directory / "items.jsonl", "wb") as f,
+            NpyWriter(directory / "offsets.npy", np.int64) as offsets,
+            NpyWriter(directory / "popularity.npy", np.float32) as popularity,
+        ):
+            offsets.append(np.zeros(1))
+            while batch := list(itertools.islice(items, chunk)):
+                lines = [jsonl.line({key: item[key] for key in ITEM_FIELDS}).encode() for item in batch]
+                # the byte offset of every line's end: `get` reads one item without parsing the file
+                offsets.append(f.tell() + np.cumsum([len(line) for line in lines]))
+                f.writelines(lines)
+                popularity.append(np.array([item["popularity"] for item in batch], dtype=np.float32))
+                hashes = np.array([_iri_hash(item["id"]) for item in batch], dtype=np.uint64)
+                order = np.argsort(hashes, kind="stable")
+                hash_runs.append(directory / f"id_hash.run{len(hash_runs)}.npy")
+                row_runs.append(directory / f"id_row.run{len(row_runs)}.npy")
+                np.save(hash_runs[-1], hashes[order]), np.save(row_runs[-1], rows + order)
+                rows += len(batch)
+        try:
+            _write_id_lookup(directory, hash_runs, row_runs)
+        finally:
+            for run in hash_runs + row_runs:
+                run.unlink()
+        (directory / "config.json").write_text(json.dumps({"type": "items", "items": rows}, indent=2))
+        return rows
+
+    def stream(self, start: int = 0) -> Iterator[Item]:
+        """The items from row `start` on, in row order, read front to back (faster than row by row)."""
+        with open(self.directory / "items.jsonl", "rb") as f:
+            f.seek(int(self.offsets[min(start, len(self))]))
+            for line in f:
+                yield Item(**json.loads(line))
 
     def __len__(self) -> int:
         return len(self.popularity)
@@ -516,6 +533,21 @@ class ItemStore:
         rows = self.rows([iri])
         item = self[int(rows[0])] if len(rows) else None
         return item if item is not None and item.id == iri else None
+
+
+def _write_id_lookup(directory: Path, hash_runs: list[Path], row_runs: list[Path]) -> None:
+    """id_hash.npy (sorted IRI hashes) and id_row.npy (their rows) from sorted runs; ValueError on a repeat."""
+    last = None
+    with (
+        NpyWriter(directory / "id_hash.npy", np.uint64) as id_hash,
+        NpyWriter(directory / "id_row.npy", np.int64) as id_row,
+    ):
+        for hashes, rows in merge(hash_runs, row_runs):
+            if (np.diff(hashes) == 0).any() or hashes[0] == last:
+                raise ValueError(f"duplicate item IRIs (or a 64-bit hash collision) in {directory}")
+            id_hash.append(hashes)
+            id_row.append(rows)
+            last = hashes[-1]
 
 
 def _iri_hash(iri: str) -> int:
