@@ -1,0 +1,97 @@
+"""Items from Wikidata's JSON dump, the file Wikidata's users download (docs/wikidata-scale.md).
+
+`latest-all.json.gz` (or `.bz2`, or uncompressed) is one JSON array with one entity per line: a line "[",
+then one entity per line ending with ",", the last one without it, then "]". It is read as a stream
+(gzip / bz2 of the standard library), one line at a time, so memory holds one entity however large the
+dump. Each entity becomes an item as build_index.py stores them:
+
+- label: the entity's label in `lang`, else in one of its regional variants (en-gb for en, in name order),
+  else in "mul" (Wikidata's label for all languages), else its id ("Q42"); the other labels of those
+  languages become aliases, before the aliases of `lang`, its variants and "mul";
+- description: the first of `lang`, its variants, "mul";
+- popularity: the number of sitelinks (Wikipedia and sister-project pages) of an item; for a property the
+  number of statements that use it in the whole dump, external-id properties after all others (in [-1, 0)),
+  as build_index.py's endpoint reader ranks them.
+
+Items (Q ids, "type": "item") are yielded as they are read; properties (P ids) after the last line, since
+their usage is counted over the whole dump (they are few: ~13k). Other entity types (lexemes) are skipped.
+
+    for kind, item in items_from_dump(Path("latest-all.json.gz"), lang="en"):
+        ...  # kind "entity" or "property"; item {"id", "label", "aliases", "description", "popularity"}
+"""
+
+import bz2
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+from typing import IO, Iterator
+
+WD_ENTITY = "http://www.wikidata.org/entity/"
+KIND_OF_TYPE = {"item": "entity", "property": "property"}
+
+
+def open_dump(path: Path) -> IO[str]:
+    """The dump as text lines, decompressed on the fly by its suffix (.gz, .bz2, or none)."""
+    opener = {".gz": gzip.open, ".bz2": bz2.open}.get(Path(path).suffix, open)
+    return opener(path, "rt", encoding="utf-8")
+
+
+def languages(texts: dict, lang: str) -> list[str]:
+    """The language keys of `texts` to use, best first: `lang`, its regional variants, "mul"."""
+    variants = sorted(key for key in texts if key.lower().startswith(lang.lower() + "-"))
+    return [key for key in [lang, *variants, "mul"] if key in texts]
+
+
+def dump_item(entity: dict, lang: str) -> dict:
+    """The item of one dump entity (popularity: its sitelinks; a property's is set from its usage later)."""
+    labels, aliases = entity.get("labels") or {}, entity.get("aliases") or {}
+    names = [labels[key]["value"] for key in languages(labels, lang)]
+    names += [alias["value"] for key in languages(aliases, lang) for alias in aliases[key]]
+    names = list(dict.fromkeys(name for name in names if name))  # each name once, best language first
+    descriptions = entity.get("descriptions") or {}
+    description = next((descriptions[key]["value"] for key in languages(descriptions, lang)), "")
+    return {
+        "id": WD_ENTITY + entity["id"],
+        "label": names[0] if names else entity["id"],
+        "aliases": names[1:],
+        "description": description,
+        "popularity": float(len(entity.get("sitelinks") or {})),
+    }
+
+
+def entities(path: Path) -> Iterator[dict]:
+    """The entities of the dump at `path`, one per line; ValueError names a line that is not an entity."""
+    with open_dump(path) as lines:
+        for number, line in enumerate(lines, start=1):
+            line = line.strip()
+            if line in ("[", "]", ""):
+                continue
+            try:
+                entity = json.loads(line[:-1] if line.endswith(",") else line)
+                assert isinstance(entity, dict) and isinstance(entity.get("id"), str)
+            except (json.JSONDecodeError, AssertionError):
+                raise ValueError(
+                    f"{path}:{number}: not a Wikidata entity (a JSON object with an id)"
+                ) from None
+            yield entity
+
+
+def items_from_dump(path: Path, lang: str = "en") -> Iterator[tuple[str, dict]]:
+    """(kind, item) for every item and property of the dump: items as read, properties at the end."""
+    usage, properties, external = Counter(), [], set()
+    for entity in entities(path):
+        kind = KIND_OF_TYPE.get(entity.get("type"))
+        for prop, statements in (entity.get("claims") or {}).items():
+            usage[prop] += len(statements)  # how often each property is used: its popularity
+        if kind == "entity":
+            yield kind, dump_item(entity, lang)
+        elif kind == "property":
+            properties.append(dump_item(entity, lang))
+            if entity.get("datatype") == "external-id":
+                external.add(entity["id"])
+    top = max(usage.values(), default=0) + 1.0
+    for item in properties:  # external ids rank after every other property: popularity in [-1, 0)
+        pid = item["id"].removeprefix(WD_ENTITY)
+        item["popularity"] = usage[pid] / top - 1.0 if pid in external else float(usage[pid])
+        yield "property", item
