@@ -50,7 +50,7 @@ def build_prefix(
     `total` (the item count, if known) gives the progress bar its ETA. `work` is removed when done."""
     out, work = Path(out), Path(work)
     chunks = normalise_chunks(
-        items, work, settings_digest(settings), max(1000, budget // BYTES_PER_WORD), total
+        items, work, settings_digest(settings), max(1, budget // BYTES_PER_WORD), total
     )
     out.mkdir(parents=True, exist_ok=True)
     width = max([chunk["width"] for chunk in chunks] + [1])  # as np.array(words): the longest word's bytes
