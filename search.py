@@ -45,6 +45,7 @@ import string
 import sys
 import unicodedata
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -56,6 +57,7 @@ from grisp.external_sort import NpyWriter, merge
 # ---------------------------------------------------------------------------- the indices
 MIN_KEYWORD_LEN = 3  # shorter query keywords only refine candidates found by longer ones
 MAX_WORD_BYTES = 64  # vocabulary words are compared on their first 64 UTF-8 bytes
+TIERED_POSTINGS = 50_000  # a query of more postings scores its names best bound first (`PrefixIndex.search`)
 # the version of `normalize` a prefix index is built with (its config's "normalization"; none: 1): queries
 # are normalised by today's, so an index of another is rebuilt by build_index.py and warned of when loaded
 NORMALIZATION = 2
@@ -136,8 +138,11 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
 
 def _allowed_array(allowed_ids: Iterable[int], n_items: int) -> np.ndarray:
     """Sorted unique item rows from `allowed_ids`, dropping rows outside the index. int64 [a]."""
-    allowed = allowed_ids if isinstance(allowed_ids, np.ndarray) else list(allowed_ids)
-    allowed = _sorted_unique(np.asarray(allowed, dtype=np.int64))
+    allowed = np.asarray(
+        allowed_ids if isinstance(allowed_ids, np.ndarray) else list(allowed_ids), dtype=np.int64
+    )
+    if not (allowed[1:] > allowed[:-1]).all():  # a caller's sorted set (reused across queries) skips the sort
+        allowed = _sorted_unique(allowed)
     return allowed[(allowed >= 0) & (allowed < n_items)]
 
 
@@ -275,22 +280,71 @@ class PrefixIndex:
             spans = [(lo, hi) for (lo, hi, _), finder in zip(ranges, finders) if finder]
         spans = np.array(spans, dtype=np.int64).reshape(-1, 2)  # word-id ranges [S, 2]
         starts, ends = self.word_ptr[spans[:, 0]], self.word_ptr[spans[:, 1]]  # posting slices
+        score = partial(self._score, ranges=ranges, finders=finders, exact_only=exact_only)
 
-        # --- candidate names: from the posting lists, or all names of the allowed items if fewer
-        if allowed_ids is None:
-            names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
-        else:
+        # --- candidate names: all names of the allowed items if fewer than the postings
+        if allowed_ids is not None:
             allowed = _allowed_array(allowed_ids, len(self.popularity))
             first, last = self.item_ptr[allowed], self.item_ptr[allowed + 1]
             if (last - first).sum() < (ends - starts).sum():
-                names = _concat_ranges(first, last)
-            else:
-                names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
-                names = names[_is_in_sorted(self.name_item[names], allowed)]
-        if len(names) == 0:
+                return _top_k(*score(_concat_ranges(first, last)), self.popularity, k)
+        # --- else from the posting lists, each name with the most it can score (`_bounds`)
+        if (ends - starts).sum() > TIERED_POSTINGS:
+            short_keywords = exact_only or not all(
+                finders
+            )  # keywords that may match words beyond the postings
+            names, bound = self._bounds(starts, ends, len(keywords), exact_only, short_keywords)
+        else:  # few: all candidates in one tier
+            names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
+            bound = np.zeros(len(names))
+        if allowed_ids is not None:
+            inside = _is_in_sorted(self.name_item[names], allowed)
+            names, bound = names[inside], bound[inside]
+        # names are scored by tiers of their bound, best first, until the k-th best item beats the next tier's bound
+        scored = []  # (items, best score of each) per tier
+        tiers = np.unique(bound)[::-1]
+        for i, tier in enumerate(tiers):
+            scored.append(score(names[bound == tier]))
+            items, scores = (np.concatenate(parts) for parts in zip(*scored))
+            if i + 1 < len(tiers) and _kth_best(items, scores, k) > tiers[i + 1]:
+                break
+        if not scored:
             return []
+        items, scores = scored[0] if len(scored) == 1 else _best_per_item(*map(np.concatenate, zip(*scored)))
+        return _top_k(items, scores, self.popularity, k)
 
-        # --- score every candidate name against every keyword, on its own words
+    def _bounds(
+        self, starts: np.ndarray, ends: np.ndarray, n_keywords: int, exact_only: bool, short_keywords: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The names in the posting slices [starts, ends) of the S spans (sorted, int64 [C]) and the most each can
+        score (float64 [C]): EXACT for each span it is in and each keyword without a span, a miss for each span it
+        is not in (UNMATCHED_KEYWORD; PREFIX for exact-word spans), and, when every keyword has a span of its
+        prefix, UNMATCHED_WORD for each of its words beyond its postings in the spans (the words any keyword
+        can match)."""
+        n_spans = len(starts)
+        # (name, span) keys sorted: runs of one name; a name twice in a span (two words of its prefix) counts once
+        span = np.repeat(np.arange(n_spans, dtype=np.int64), ends - starts)
+        keys = np.sort(self.postings[_concat_ranges(starts, ends)].astype(np.int64) * n_spans + span)
+        all_names = keys // n_spans
+        name_start = np.flatnonzero(np.concatenate([[True], all_names[1:] != all_names[:-1]]))
+        key_new = np.concatenate([[True], keys[1:] != keys[:-1]])
+        names = all_names[name_start]
+        hits = np.add.reduceat(key_new, name_start)  # spans each name is in [C]
+        miss = PREFIX if exact_only else UNMATCHED_KEYWORD
+        bound = hits * EXACT + (n_spans - hits) * miss + (n_keywords - n_spans) * EXACT
+        if not short_keywords:  # a name's words beyond its postings in the spans start with no keyword
+            postings = np.diff(np.append(name_start, len(keys)))  # >= the words of the name keywords match
+            lengths = self.name_ptr[names + 1] - self.name_ptr[names]
+            bound += UNMATCHED_WORD * np.maximum(lengths - postings, 0)
+        return names, bound
+
+    def _score(
+        self, names: np.ndarray, ranges: list, finders: list[bool], exact_only: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Score every candidate name against every keyword, on its own words (docs/method.md section 5.2);
+        returns the found names' items (int64 [F]) and their best score (float64 [F]), one per item."""
+        if len(names) == 0:
+            return np.zeros(0, np.int64), np.zeros(0)
         lengths = self.name_ptr[names + 1] - self.name_ptr[names]  # words per name [C]
         positions = _concat_ranges(self.name_ptr[names], self.name_ptr[names + 1])
         words = self.name_words[positions]  # word ids of all candidate names, concatenated [W]
@@ -307,16 +361,22 @@ class PrefixIndex:
             if finder:
                 found |= exact_hit if exact_only else any_hit
         score += UNMATCHED_WORD * (lengths - np.add.reduceat(word_matched, seg))
-        names, score = names[found], score[found]
-        if len(names) == 0:
-            return []
-
         # --- an item scores its best name
-        items = self.name_item[names].astype(np.int64)
-        order = np.lexsort((-score, items))
-        items, score = items[order], score[order]
-        first = np.concatenate([[True], items[1:] != items[:-1]])
-        return _top_k(items[first], score[first], self.popularity, k)
+        return _best_per_item(self.name_item[names[found]].astype(np.int64), score[found])
+
+
+def _best_per_item(items: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct item once, with its best score (items sorted)."""
+    order = np.lexsort((-scores, items))
+    items, scores = items[order], scores[order]
+    first = np.concatenate([[True], items[1:] != items[:-1]]) if len(items) else np.zeros(0, bool)
+    return items[first], scores[first]
+
+
+def _kth_best(items: np.ndarray, scores: np.ndarray, k: int) -> float:
+    """The k-th best score over distinct items (an item scores its best); -inf if fewer than k items."""
+    items, scores = _best_per_item(items, scores)
+    return float(np.partition(scores, -k)[-k]) if len(items) >= k else -np.inf
 
 
 class EmbeddingIndex:
