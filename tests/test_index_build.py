@@ -532,3 +532,17 @@ def test_the_demo_index_is_built_as_before(demo_endpoint, tmp_path):
     for query in ["pulp fiction", "tarantino", "new york", "the", "film", "us"]:
         hits = [(h.id, h.score) for h in indices.search("entity", query, k=10)]
         assert hits == [(entities[row]["id"], score) for row, score in expected.search(query, 10)]
+
+
+# ---------------------------------------------------------------------------- the benchmark's data
+def test_the_benchmark_names_stream_from_any_row_and_its_sizes_parse():
+    from bench.bench_search import parse_sizes
+    from bench.synthetic_names import labels_of, synthetic_items
+
+    items = list(synthetic_items(3000, seed=1))
+    assert len(items) == 2727 and sum(len(names) for names, _ in items) == 3000  # labels + 10% aliases
+    assert list(synthetic_items(3000, seed=1, start=2000)) == items[2000:]  # as a resumed build reads them
+    assert labels_of(3000, 1, [5, 2700]) == [items[5][0][0], items[2700][0][0]]
+    popularity = [p for _, p in items]
+    assert popularity == sorted(popularity, reverse=True)  # Rust's tie order (row) is ours
+    assert parse_sizes("1M,10M,100k,2000") == [10**6, 10**7, 10**5, 2000]
