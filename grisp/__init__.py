@@ -6,10 +6,13 @@ the search indices are the root's search.py, the model's machinery llm/).
     stage 1, skeletons:   prompts.py, generate.py (beam search), skeleton.py (placeholders; gold query -> skeleton)
     stage 2, resolution:  resolve.py (depth-first search), positions.py, constraints.py, rerank.py, tracing.py
     the knowledge graph:  sparql.py (HTTP client), sparql_syntax.py (tokenizer, prefixes)
+    the index build:      endpoint_items.py (paged endpoint reader), wikidata_dump.py (the JSON dump),
+                          prefix_build.py (chunked, resumable prefix index in a memory budget)
     training:             samples.py, compose.py, mixture.py, loss.py, trainer.py (train.py's loop and resume),
                           train_config.py (train.py's flags, defined once), checkpoint.py, peft_format.py
                           (adapters on disk)
     evaluation:           benchmarks.py, metrics.py, skeleton_score.py
     shared helpers:       defaults.py (locations, --help format), jsonl.py (the JSONL reader/writer, atomic
-                          writes), code_version.py (the fingerprint of the sources a result comes from)
+                          writes), code_version.py (the fingerprint of the sources a result comes from),
+                          external_sort.py (.npy files written in blocks, sorted runs merged from disk)
 """

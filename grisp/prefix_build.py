@@ -49,9 +49,7 @@ def build_prefix(
     number of names. `settings` identify the input (a finished chunk of other settings is not reused);
     `total` (the item count, if known) gives the progress bar its ETA. `work` is removed when done."""
     out, work = Path(out), Path(work)
-    chunks = normalise_chunks(
-        items, work, settings_digest(settings), max(1, budget // BYTES_PER_WORD), total
-    )
+    chunks = normalise_chunks(items, work, settings_digest(settings), max(1, budget // BYTES_PER_WORD), total)
     out.mkdir(parents=True, exist_ok=True)
     width = max([chunk["width"] for chunk in chunks] + [1])  # as np.array(words): the longest word's bytes
     block = max(1024, budget // (4 * max(1, len(chunks)) * max(width, 8)))  # merge buffer values per run
