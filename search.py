@@ -31,8 +31,9 @@ Index directory (written by build_index.py): `manifest.json`, and per kind (`ent
     python search.py                                                      # the demo index, interactive
     python search.py --index DIR --kind property --query "born in" --k 5  # one shot
 
-About 600 lines, over a library's ~350: the card keeps the indices and their API in this one file; the
-two index classes share the array helpers and the subset (allowed ids) logic above them.
+About 790 lines, over a library's ~350: the card keeps the indices and their API in this one file; the
+two index classes share the array helpers and the subset (allowed ids) logic above them. The build of an
+index too large for memory lives apart (grisp/prefix_build.py, grisp/external_sort.py).
 """
 
 import argparse
@@ -533,35 +534,38 @@ class ItemStore:
         self.offsets, self.popularity, self.id_hash, self.id_row = arrays.values()
 
     @staticmethod
-    def write(directory: Path, items: Iterable[dict], chunk: int = 1 << 20) -> int:
+    def write(directory: Path, items: Iterable[dict], run_items: int = 1 << 23, batch: int = 10_000) -> int:
         """Write items (dicts with id, label, aliases, description, popularity) to `directory`, streamed: memory
-        holds `chunk` items whatever their number (their IRI hashes are sorted in runs of `chunk` and merged
-        from disk, grisp/external_sort.py)."""
+        holds `batch` items and the IRI hashes of `run_items` (64 MB by default), whatever the number of items;
+        the hashes are sorted in runs of `run_items` and merged from disk (grisp/external_sort.py)."""
         directory, items, rows = Path(directory), iter(items), 0
         directory.mkdir(parents=True, exist_ok=True)
-        hash_runs, row_runs = [], []
+        runs, hashes = [], []  # (hash run, row run) paths; the hashes of the run being gathered
         with (
             open(directory / "items.jsonl", "wb") as f,
             NpyWriter(directory / "offsets.npy", np.int64) as offsets,
             NpyWriter(directory / "popularity.npy", np.float32) as popularity,
         ):
             offsets.append(np.zeros(1))
-            while batch := list(itertools.islice(items, chunk)):
-                lines = [jsonl.line({key: item[key] for key in ITEM_FIELDS}).encode() for item in batch]
+            while part := list(itertools.islice(items, batch)):
+                lines = [jsonl.line({key: item[key] for key in ITEM_FIELDS}).encode() for item in part]
                 # the byte offset of every line's end: `get` reads one item without parsing the file
                 offsets.append(f.tell() + np.cumsum([len(line) for line in lines]))
                 f.writelines(lines)
-                popularity.append(np.array([item["popularity"] for item in batch], dtype=np.float32))
-                hashes = np.array([_iri_hash(item["id"]) for item in batch], dtype=np.uint64)
-                order = np.argsort(hashes, kind="stable")
-                hash_runs.append(directory / f"id_hash.run{len(hash_runs)}.npy")
-                row_runs.append(directory / f"id_row.run{len(row_runs)}.npy")
-                np.save(hash_runs[-1], hashes[order]), np.save(row_runs[-1], rows + order)
-                rows += len(batch)
+                popularity.append(np.array([item["popularity"] for item in part], dtype=np.float32))
+                hashes.append(np.array([_iri_hash(item["id"]) for item in part], dtype=np.uint64))
+                rows += len(part)
+                if sum(map(len, hashes)) >= run_items:
+                    runs.append(_spill_hashes(directory, len(runs), np.concatenate(hashes), rows))
+                    hashes = []
+        if hashes or not runs:
+            runs.append(
+                _spill_hashes(directory, len(runs), np.concatenate(hashes or [np.zeros(0, np.uint64)]), rows)
+            )
         try:
-            _write_id_lookup(directory, hash_runs, row_runs)
+            _write_id_lookup(directory, [run for run, _ in runs], [rows_run for _, rows_run in runs])
         finally:
-            for run in hash_runs + row_runs:
+            for run in [path for pair in runs for path in pair]:
                 run.unlink()
         (directory / "config.json").write_text(json.dumps({"type": "items", "items": rows}, indent=2))
         return rows
@@ -595,6 +599,14 @@ class ItemStore:
         return item if item is not None and item.id == iri else None
 
 
+def _spill_hashes(directory: Path, number: int, hashes: np.ndarray, end: int) -> tuple[Path, Path]:
+    """Sort the IRI hashes of rows end - len(hashes) .. end - 1 into run files (hashes, rows)."""
+    order = np.argsort(hashes, kind="stable")
+    paths = directory / f"id_hash.run{number}.npy", directory / f"id_row.run{number}.npy"
+    np.save(paths[0], hashes[order]), np.save(paths[1], end - len(hashes) + order)
+    return paths
+
+
 def _write_id_lookup(directory: Path, hash_runs: list[Path], row_runs: list[Path]) -> None:
     """id_hash.npy (sorted IRI hashes) and id_row.npy (their rows) from sorted runs; ValueError on a repeat."""
     last = None
@@ -603,7 +615,7 @@ def _write_id_lookup(directory: Path, hash_runs: list[Path], row_runs: list[Path
         NpyWriter(directory / "id_row.npy", np.int64) as id_row,
     ):
         for hashes, rows in merge(hash_runs, row_runs):
-            if (np.diff(hashes) == 0).any() or hashes[0] == last:
+            if len(hashes) and ((np.diff(hashes) == 0).any() or hashes[0] == last):
                 raise ValueError(f"duplicate item IRIs (or a 64-bit hash collision) in {directory}")
             id_hash.append(hashes)
             id_row.append(rows)

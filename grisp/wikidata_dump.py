@@ -22,19 +22,23 @@ their usage is counted over the whole dump (they are few: ~13k). Other entity ty
 
 import bz2
 import gzip
+import io
 import json
 from collections import Counter
 from pathlib import Path
 from typing import IO, Iterator
 
+from tqdm import tqdm
+
 WD_ENTITY = "http://www.wikidata.org/entity/"
 KIND_OF_TYPE = {"item": "entity", "property": "property"}
 
 
-def open_dump(path: Path) -> IO[str]:
-    """The dump as text lines, decompressed on the fly by its suffix (.gz, .bz2, or none)."""
-    opener = {".gz": gzip.open, ".bz2": bz2.open}.get(Path(path).suffix, open)
-    return opener(path, "rt", encoding="utf-8")
+def open_dump(raw: IO[bytes], suffix: str) -> IO[str]:
+    """The dump file `raw` as text lines, decompressed on the fly by its suffix (.gz, .bz2, or none)."""
+    if suffix in (".gz", ".bz2"):
+        return (gzip if suffix == ".gz" else bz2).open(raw, "rt", encoding="utf-8")
+    return io.TextIOWrapper(raw, encoding="utf-8")
 
 
 def languages(texts: dict, lang: str) -> list[str]:
@@ -62,8 +66,15 @@ def dump_item(entity: dict, lang: str) -> dict:
 
 def entities(path: Path) -> Iterator[dict]:
     """The entities of the dump at `path`, one per line; ValueError names a line that is not an entity."""
-    with open_dump(path) as lines:
+    size = Path(path).stat().st_size  # the bar follows the (compressed) bytes read: its ETA is the pass's
+    with (
+        open(path, "rb") as raw,
+        open_dump(raw, Path(path).suffix) as lines,
+        tqdm(total=size, unit="B", unit_scale=True, desc=f"read {Path(path).name}", smoothing=0.05) as bar,
+    ):
         for number, line in enumerate(lines, start=1):
+            if number % 10_000 == 0:
+                bar.update(raw.tell() - bar.n)
             line = line.strip()
             if line in ("[", "]", ""):
                 continue
@@ -75,6 +86,7 @@ def entities(path: Path) -> Iterator[dict]:
                     f"{path}:{number}: not a Wikidata entity (a JSON object with an id)"
                 ) from None
             yield entity
+        bar.update(size - bar.n)
 
 
 def items_from_dump(path: Path, lang: str = "en") -> Iterator[tuple[str, dict]]:

@@ -248,7 +248,7 @@ def test_the_item_store_is_written_in_chunks_with_the_same_files(tmp_path):
         }
         for i in range(23)
     ]
-    assert ItemStore.write(tmp_path / "s", items, chunk=5) == 23
+    assert ItemStore.write(tmp_path / "s", items, run_items=5, batch=3) == 23
     store = ItemStore(tmp_path / "s")
     lines = (tmp_path / "s" / "items.jsonl").read_bytes().splitlines(keepends=True)
     assert list(store.offsets) == [0] + list(np.cumsum([len(line) for line in lines]))
@@ -257,7 +257,7 @@ def test_the_item_store_is_written_in_chunks_with_the_same_files(tmp_path):
     assert [item.id for item in store.stream(20)] == [f"http://ex.org/{i}" for i in (20, 21, 22)]
     assert list(store.stream(23)) == [] and not list((tmp_path / "s").glob("*.run*"))
     with pytest.raises(ValueError, match="duplicate"):  # a repeat in another chunk's run
-        ItemStore.write(tmp_path / "dup", items + items[3:4], chunk=5)
+        ItemStore.write(tmp_path / "dup", items + items[3:4], run_items=5, batch=3)
     assert not list((tmp_path / "dup").glob("*.run*"))
 
 
