@@ -16,8 +16,8 @@ Item ids are full IRIs; a Wikidata property's id is its entity IRI (wd:P19), wha
 (wdt:, p:, ps:, pq:) the KG uses in triples. Popularity: Wikidata sitelinks when present, else the
 number of triples an entity occurs in; properties: number of triples using them, external-id
 properties last. Memory does not grow with the KG: items are streamed into the stores, and the prefix
-indices are built in chunks within --memory-budget (grisp/prefix_build.py; a build cut short resumes
-after its last finished chunk). All of Wikidata: docs/wikidata-scale.md.
+indices are built in chunks within --memory-budget (grisp/prefix_build.py); a dump pass or a prefix build
+cut short resumes after its last finished part or chunk. All of Wikidata: docs/wikidata-scale.md.
 
 Why not part of search.py: search.py is the read side every stage imports (inference included);
 building needs the SPARQL client, the text encoder and the build-once bookkeeping.
@@ -47,12 +47,12 @@ from typing import Iterator
 from tqdm import tqdm
 
 from grisp import benchmarks, defaults
+from grisp.dump_stores import write_dump_stores
 from grisp.endpoint_items import count_triples, fetch_pairs, items_from_endpoint, local_name  # noqa: F401
 from grisp.jsonl import iter_jsonl
 from grisp.prefix_build import DEFAULT_BUDGET, build_prefix
 from grisp.sparql import SparqlError
 from grisp.sparql_syntax import PREFIXES
-from grisp.wikidata_dump import items_from_dump
 from search import (
     KINDS,
     EmbeddingIndex,
@@ -206,8 +206,13 @@ def build(
                 out / KINDS[kind] / "items", source
             ) as tmp:  # (new_part removes the manifest first)
                 ItemStore.write(tmp, items_from_jsonl(Path(items), kind))
-    elif missing and wikidata_dump:
-        write_both_stores(out, source, items_from_dump(Path(wikidata_dump), lang))
+    elif missing and wikidata_dump:  # in parts: a pass cut short resumes after its last part
+        with (
+            new_part(out / "entities" / "items", source) as entities,
+            new_part(out / "properties" / "items", source) as properties,
+        ):
+            write_dump_stores(entities, properties, Path(wikidata_dump), lang, source, out / "items.parts")
+        shutil.rmtree(out / "items.parts")
     elif missing:
         write_both_stores(out, source, items_from_endpoint(endpoint, schema, lang, page_size))
 

@@ -534,11 +534,18 @@ class ItemStore:
         self.offsets, self.popularity, self.id_hash, self.id_row = arrays.values()
 
     @staticmethod
-    def write(directory: Path, items: Iterable[dict], run_items: int = 1 << 23, batch: int = 10_000) -> int:
+    def write(
+        directory: Path,
+        items: Iterable[dict],
+        run_items: int = 1 << 23,
+        batch: int = 10_000,
+        first_row: int = 0,
+    ) -> int:
         """Write items (dicts with id, label, aliases, description, popularity) to `directory`, streamed: memory
         holds `batch` items and the IRI hashes of `run_items` (64 MB by default), whatever the number of items;
-        the hashes are sorted in runs of `run_items` and merged from disk (grisp/external_sort.py)."""
-        directory, items, rows = Path(directory), iter(items), 0
+        the hashes are sorted in runs of `run_items` and merged from disk (grisp/external_sort.py). Returns the
+        number of items; their rows (id_row) start at `first_row` (a part of a larger store, to concatenate)."""
+        directory, items, rows = Path(directory), iter(items), first_row
         directory.mkdir(parents=True, exist_ok=True)
         runs, hashes = [], []  # (hash run, row run) paths; the hashes of the run being gathered
         with (
@@ -563,12 +570,14 @@ class ItemStore:
                 _spill_hashes(directory, len(runs), np.concatenate(hashes or [np.zeros(0, np.uint64)]), rows)
             )
         try:
-            _write_id_lookup(directory, [run for run, _ in runs], [rows_run for _, rows_run in runs])
+            write_id_lookup(directory, [run for run, _ in runs], [rows_run for _, rows_run in runs])
         finally:
             for run in [path for pair in runs for path in pair]:
                 run.unlink()
-        (directory / "config.json").write_text(json.dumps({"type": "items", "items": rows}, indent=2))
-        return rows
+        (directory / "config.json").write_text(
+            json.dumps({"type": "items", "items": rows - first_row}, indent=2)
+        )
+        return rows - first_row
 
     def stream(self, start: int = 0) -> Iterator[Item]:
         """The items from row `start` on, in row order, read front to back (faster than row by row)."""
@@ -607,8 +616,9 @@ def _spill_hashes(directory: Path, number: int, hashes: np.ndarray, end: int) ->
     return paths
 
 
-def _write_id_lookup(directory: Path, hash_runs: list[Path], row_runs: list[Path]) -> None:
-    """id_hash.npy (sorted IRI hashes) and id_row.npy (their rows) from sorted runs; ValueError on a repeat."""
+def write_id_lookup(directory: Path, hash_runs: list[Path], row_runs: list[Path]) -> None:
+    """id_hash.npy (sorted IRI hashes) and id_row.npy (their rows) of an item store from sorted runs (hashes,
+    rows); ValueError on a repeated hash."""
     last = None
     with (
         NpyWriter(directory / "id_hash.npy", np.uint64) as id_hash,

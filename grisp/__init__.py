@@ -7,6 +7,7 @@ the search indices are the root's search.py, the model's machinery llm/).
     stage 2, resolution:  resolve.py (depth-first search), positions.py, constraints.py, rerank.py, tracing.py
     the knowledge graph:  sparql.py (HTTP client), sparql_syntax.py (tokenizer, prefixes)
     the index build:      endpoint_items.py (paged endpoint reader), wikidata_dump.py (the JSON dump),
+                          dump_stores.py (a dump's item stores in parts, resumable),
                           prefix_build.py (chunked, resumable prefix index in a memory budget)
     training:             samples.py, compose.py, mixture.py, loss.py, trainer.py (train.py's loop and resume),
                           train_config.py (train.py's flags, defined once), checkpoint.py, peft_format.py

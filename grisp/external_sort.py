@@ -77,9 +77,10 @@ class NpyReader:
         return values.astype(self.dtype, copy=False) if self.dtype != self.stored else values
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        """All values, in blocks of 1M."""
+        """All values (the rest), in blocks of 1M; the file is closed at the end."""
         while self.left:
             yield self.read(1 << 20)
+        self.close()
 
     def close(self) -> None:
         self.file.close()

@@ -24,7 +24,6 @@ import bz2
 import gzip
 import io
 import json
-from collections import Counter
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -64,8 +63,9 @@ def dump_item(entity: dict, lang: str) -> dict:
     }
 
 
-def entities(path: Path) -> Iterator[dict]:
-    """The entities of the dump at `path`, one per line; ValueError names a line that is not an entity."""
+def entities(path: Path, start_line: int = 0) -> Iterator[tuple[int, dict]]:
+    """(line number, entity) of the dump at `path` after line `start_line` (the lines before are decompressed
+    but not parsed: a resumed pass); ValueError names a line that is not an entity."""
     size = Path(path).stat().st_size  # the bar follows the (compressed) bytes read: its ETA is the pass's
     with (
         open(path, "rb") as raw,
@@ -76,7 +76,7 @@ def entities(path: Path) -> Iterator[dict]:
             if number % 10_000 == 0:
                 bar.update(raw.tell() - bar.n)
             line = line.strip()
-            if line in ("[", "]", ""):
+            if number <= start_line or line in ("[", "]", ""):
                 continue
             try:
                 entity = json.loads(line[:-1] if line.endswith(",") else line)
@@ -85,25 +85,49 @@ def entities(path: Path) -> Iterator[dict]:
                 raise ValueError(
                     f"{path}:{number}: not a Wikidata entity (a JSON object with an id)"
                 ) from None
-            yield entity
+            yield number, entity
         bar.update(size - bar.n)
+
+
+def new_state() -> dict:
+    """What a pass gathers besides the items (JSON, saved with a resumable pass's parts): statements per
+    property, the properties' items, the external-id properties."""
+    return {"usage": {}, "properties": [], "external": []}
+
+
+def dump_pass(path: Path, lang: str, state: dict, start_line: int = 0) -> Iterator[tuple[int, dict]]:
+    """(line number, item) of every item (Q id) after line `start_line`; the properties and the usage counts
+    go into `state` (up to date with every line before the one yielded)."""
+    usage = state["usage"]
+    for number, entity in entities(path, start_line):
+        kind = KIND_OF_TYPE.get(entity.get("type"))
+        for prop, statements in (entity.get("claims") or {}).items():
+            usage[prop] = usage.get(prop, 0) + len(
+                statements
+            )  # how often each property is used: its popularity
+        if kind == "entity":
+            yield number, dump_item(entity, lang)
+        elif kind == "property":
+            state["properties"].append(dump_item(entity, lang))
+            if entity.get("datatype") == "external-id":
+                state["external"].append(entity["id"])
+
+
+def dump_properties(state: dict) -> Iterator[dict]:
+    """The properties of a finished pass, with their popularity: statements using them, external ids after all
+    others (in [-1, 0)), as build_index.py's endpoint reader ranks them."""
+    usage, external = state["usage"], set(state["external"])
+    top = max(usage.values(), default=0) + 1.0
+    for item in state["properties"]:
+        pid = item["id"].removeprefix(WD_ENTITY)
+        used = float(usage.get(pid, 0))
+        yield item | {"popularity": used / top - 1.0 if pid in external else used}
 
 
 def items_from_dump(path: Path, lang: str = "en") -> Iterator[tuple[str, dict]]:
     """(kind, item) for every item and property of the dump: items as read, properties at the end."""
-    usage, properties, external = Counter(), [], set()
-    for entity in entities(path):
-        kind = KIND_OF_TYPE.get(entity.get("type"))
-        for prop, statements in (entity.get("claims") or {}).items():
-            usage[prop] += len(statements)  # how often each property is used: its popularity
-        if kind == "entity":
-            yield kind, dump_item(entity, lang)
-        elif kind == "property":
-            properties.append(dump_item(entity, lang))
-            if entity.get("datatype") == "external-id":
-                external.add(entity["id"])
-    top = max(usage.values(), default=0) + 1.0
-    for item in properties:  # external ids rank after every other property: popularity in [-1, 0)
-        pid = item["id"].removeprefix(WD_ENTITY)
-        item["popularity"] = usage[pid] / top - 1.0 if pid in external else float(usage[pid])
+    state = new_state()
+    for _, item in dump_pass(path, lang, state):
+        yield "entity", item
+    for item in dump_properties(state):
         yield "property", item

@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_search import NAMES, POPULARITY
 
-from grisp import endpoint_items, prefix_build
+from grisp import endpoint_items, prefix_build, wikidata_dump
+from grisp.dump_stores import write_dump_stores
 from grisp.endpoint_items import QUERIES, fetch_pairs, items_from_endpoint, language_rank, local_name
 from grisp.prefix_build import BYTES_PER_WORD, build_prefix
 from grisp.skeleton import split_variant
@@ -335,6 +336,47 @@ def test_a_broken_dump_line_is_named(tmp_path):
         file.write('[\n{"type": "item", "id": "Q1"},\n{"type": "item", "id": \n]\n')
     with pytest.raises(ValueError, match="broken.json.gz:3"):
         list(items_from_dump(path))
+
+
+def test_a_dump_pass_cut_short_resumes_after_its_last_part(tmp_path, monkeypatch):
+    items = [
+        {"type": "item", "id": f"Q{i}", "labels": {"en": label("en", f"item {i}")}, "claims": {"P31": [{}]}}
+        | ({"sitelinks": {"enwiki": {}}} if i % 2 else {})
+        for i in range(1, 12)
+    ]
+    dump = write_dump(tmp_path / "latest-all.json.gz", items[:5] + [DUMP[4]] + items[5:])  # P31 after Q5
+    build = lambda work, out: write_dump_stores(
+        out / "e", out / "p", dump, "en", {"a": 1}, work, part_items=3
+    )
+    build(tmp_path / "w0", tmp_path / "whole")  # the reference: a pass not cut short
+
+    write, parts = ItemStore.write, []
+
+    def killed_in_the_third_part(directory, items, **settings):
+        parts.append(directory)
+        if len(parts) == 3:
+            raise KeyboardInterrupt
+        return write(directory, items, **settings)
+
+    monkeypatch.setattr(ItemStore, "write", killed_in_the_third_part)
+    with pytest.raises(KeyboardInterrupt):
+        build(tmp_path / "w", tmp_path / "resumed")
+    monkeypatch.undo()
+    parsed, dump_item = [], wikidata_dump.dump_item
+    monkeypatch.setattr(
+        wikidata_dump,
+        "dump_item",
+        lambda entity, lang: parsed.append(entity["id"]) or dump_item(entity, lang),
+    )
+    build(tmp_path / "w", tmp_path / "resumed")
+    assert parsed[0] == "Q7"  # after the parts Q1-Q3 and Q4-Q6 (P31 read between them, kept with the second)
+    for kind in ("e", "p"):
+        whole, resumed = ItemStore(tmp_path / "whole" / kind), ItemStore(tmp_path / "resumed" / kind)
+        assert list(resumed) == list(whole) and len(whole) == (11 if kind == "e" else 1)
+        for name in ("offsets", "popularity", "id_hash", "id_row"):
+            assert np.array_equal(getattr(resumed, name), getattr(whole, name)), name
+    # P31's statements counted once each: the 11 items' and its own
+    assert ItemStore(tmp_path / "resumed" / "p")[0].popularity == 12.0
 
 
 def test_build_index_from_a_wikidata_dump(tmp_path):
