@@ -233,8 +233,13 @@ class PrefixIndex:
         save_arrays(
             Path(directory),
             {n: getattr(self, n) for n in self.ARRAYS},
-            {"type": "prefix", "names": len(self.name_item), "normalization": NORMALIZATION},
+            self.config(len(self.name_item)),
         )
+
+    @staticmethod
+    def config(names: int) -> dict:
+        """config.json of an index of `names` names (grisp/prefix_build.py writes it too)."""
+        return {"type": "prefix", "names": names, "normalization": NORMALIZATION}
 
     @staticmethod
     def is_current(directory: Path) -> bool:

@@ -123,7 +123,7 @@ def item(iri: str, texts: dict, popularity: float) -> dict:
     }
 
 
-def property_usage(client, schema: str, lang: str, page_size: int) -> dict[str, float]:
+def property_usage(client, schema: str, page_size: int) -> dict[str, float]:
     """{property IRI: number of triples using it} (Wikidata: over all variants of a property)."""
     pairs = fetch_pairs(client, "usage", QUERIES["usage"], page_size)
     if schema != "wikidata":
@@ -140,7 +140,7 @@ def items_from_endpoint(url: str, schema: str, lang: str, page_size: int) -> Ite
     """(kind, item) of every entity (a page at a time) and then every property of a SPARQL endpoint."""
     client = SparqlClient(url, read_timeout_s=600)
     try:
-        usage = property_usage(client, schema, lang, page_size)
+        usage = property_usage(client, schema, page_size)
         unused = set()  # Wikidata properties that occur (are described) but are never used
         texts = TEXTS + (("sitelinks",) if schema == "wikidata" else ())
         bar = tqdm(desc="entities", unit=" IRIs", leave=False)

@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from grisp.external_sort import NpyWriter, merge
-from search import MAX_WORD_BYTES, NORMALIZATION, normalize
+from search import MAX_WORD_BYTES, NORMALIZATION, PrefixIndex, normalize
 
 DEFAULT_BUDGET = 4 << 30  # bytes
 # a chunk's memory per word occurrence, an upper estimate (its distinct words in a dict, its id arrays, np.unique of
@@ -45,7 +45,12 @@ ItemSource = Callable[[int], Iterable[tuple[list[str], float]]]
 
 
 def build_prefix(
-    out: Path, items: ItemSource, settings: dict, work: Path, budget: int = DEFAULT_BUDGET, total: int = None
+    out: Path,
+    items: ItemSource,
+    settings: dict,
+    work: Path,
+    budget: int = DEFAULT_BUDGET,
+    total: int | None = None,
 ) -> int:
     """Write the arrays of the prefix index of `items(0)` to `out` (as PrefixIndex.save does); returns the
     number of names. `settings` identify the input (a finished chunk of other settings is not reused);
@@ -59,8 +64,7 @@ def build_prefix(
     runs = write_names(work, chunks, out)
     write_postings(runs, out, block, words)
     names = sum(chunk["names"] for chunk in chunks)
-    config = {"type": "prefix", "names": names, "normalization": NORMALIZATION}
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "config.json").write_text(json.dumps(PrefixIndex.config(names), indent=2))
     shutil.rmtree(work)
     return names
 
