@@ -294,30 +294,40 @@ class PrefixIndex:
             first, last = self.item_ptr[allowed], self.item_ptr[allowed + 1]
             if (last - first).sum() < (ends - starts).sum():
                 return _top_k(*score(_concat_ranges(first, last)), self.popularity, k)
-        # --- else from the posting lists, each name with the most it can score (`_bounds`)
-        if (ends - starts).sum() > TIERED_POSTINGS:
-            short_keywords = exact_only or not all(
-                finders
-            )  # keywords that may match words beyond the postings
-            names, bound = self._bounds(starts, ends, len(keywords), exact_only, short_keywords)
-        else:  # few: all candidates in one tier
+        # --- else from the posting lists; few: all scored at once
+        if (ends - starts).sum() <= TIERED_POSTINGS:
             names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
-            bound = np.zeros(len(names))
+            if allowed_ids is not None:
+                names = names[_is_in_sorted(self.name_item[names], allowed)]
+            return _top_k(*score(names), self.popularity, k)
+        # --- many: a common word's long list only if the short lists do not settle the top k
+        settled = self._short_lists_first(starts, ends, score, len(keywords), exact_only, k, allowed_ids)
+        if settled is not None:
+            return settled
+        short_keywords = exact_only or not all(finders)  # keywords that may match words beyond the postings
+        names, bound = self._bounds(starts, ends, len(keywords), exact_only, short_keywords)
         if allowed_ids is not None:
             inside = _is_in_sorted(self.name_item[names], allowed)
             names, bound = names[inside], bound[inside]
-        # names are scored by tiers of their bound, best first, until the k-th best item beats the next tier's bound
-        scored = []  # (items, best score of each) per tier
-        tiers = np.unique(bound)[::-1]
-        for i, tier in enumerate(tiers):
-            scored.append(score(names[bound == tier]))
-            items, scores = (np.concatenate(parts) for parts in zip(*scored))
-            if i + 1 < len(tiers) and _kth_best(items, scores, k) > tiers[i + 1]:
-                break
-        if not scored:
-            return []
-        items, scores = scored[0] if len(scored) == 1 else _best_per_item(*map(np.concatenate, zip(*scored)))
-        return _top_k(items, scores, self.popularity, k)
+        return _top_k(*_by_tiers(names, bound, score, k), self.popularity, k)
+
+    def _short_lists_first(self, starts, ends, score, n_keywords: int, exact_only: bool, k: int, allowed_ids):
+        """The top k from the names of the short posting slices alone (<= TIERED_POSTINGS), if they settle it:
+        when the k-th best of their items beats the most a name in none of them can score (EXACT for each long
+        slice, a miss for each short one, EXACT for each keyword without a slice), no name found only by the
+        long slices (a common word's) can enter the top k. None if they do not settle it."""
+        long = (ends - starts) > TIERED_POSTINGS
+        if not long.any() or long.all():
+            return None
+        names = _sorted_unique(self.postings[_concat_ranges(starts[~long], ends[~long])].astype(np.int64))
+        if allowed_ids is not None:
+            names = names[
+                _is_in_sorted(self.name_item[names], _allowed_array(allowed_ids, len(self.popularity)))
+            ]
+        items, scores = score(names)
+        miss = PREFIX if exact_only else UNMATCHED_KEYWORD
+        bound = long.sum() * EXACT + (~long).sum() * miss + (n_keywords - len(starts)) * EXACT
+        return _top_k(items, scores, self.popularity, k) if _kth_best(items, scores, k) > bound else None
 
     def _bounds(
         self, starts: np.ndarray, ends: np.ndarray, n_keywords: int, exact_only: bool, short_keywords: bool
@@ -369,6 +379,22 @@ class PrefixIndex:
         score += UNMATCHED_WORD * (lengths - np.add.reduceat(word_matched, seg))
         # --- an item scores its best name
         return _best_per_item(self.name_item[names[found]].astype(np.int64), score[found])
+
+
+def _by_tiers(names: np.ndarray, bound: np.ndarray, score: Callable, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items and best scores (`score`) of the candidate `names`, scored by tiers of their `bound` (the most each
+    can score), best first, until the k-th best item beats the next tier's bound: the later tiers cannot
+    change the top k."""
+    scored = []  # (items, best score of each) per tier
+    tiers = np.unique(bound)[::-1]
+    for i, tier in enumerate(tiers):
+        scored.append(score(names[bound == tier]))
+        items, scores = (np.concatenate(parts) for parts in zip(*scored))
+        if i + 1 < len(tiers) and _kth_best(items, scores, k) > tiers[i + 1]:
+            break
+    if len(scored) <= 1:
+        return scored[0] if scored else (np.zeros(0, np.int64), np.zeros(0))
+    return _best_per_item(*map(np.concatenate, zip(*scored)))
 
 
 def _best_per_item(items: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
