@@ -312,12 +312,13 @@ class PrefixIndex:
         return _top_k(*_by_tiers(names, bound, score, k), self.popularity, k)
 
     def _short_lists_first(self, starts, ends, score, n_keywords: int, exact_only: bool, k: int, allowed_ids):
-        """The top k from the names of the short posting slices alone (<= TIERED_POSTINGS), if they settle it:
-        when the k-th best of their items beats the most a name in none of them can score (EXACT for each long
-        slice, a miss for each short one, EXACT for each keyword without a slice), no name found only by the
-        long slices (a common word's) can enter the top k. None if they do not settle it."""
+        """The top k from the names of the short posting slices alone (the shortest, and any of <= TIERED_POSTINGS),
+        if they settle it: when the k-th best of their items beats the most a name in none of them can score
+        (EXACT for each long slice, a miss for each short one, EXACT for each keyword without a slice), no name
+        found only by the long slices (a common word's) can enter the top k. None if they do not settle it."""
         long = (ends - starts) > TIERED_POSTINGS
-        if not long.any() or long.all():
+        long[np.argmin(ends - starts)] = False  # "john smith": "smith" settles it when "john" is longer
+        if not long.any():
             return None
         names = _sorted_unique(self.postings[_concat_ranges(starts[~long], ends[~long])].astype(np.int64))
         if allowed_ids is not None:
