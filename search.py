@@ -289,6 +289,7 @@ class PrefixIndex:
         score = partial(self._score, ranges=ranges, finders=finders, exact_only=exact_only)
 
         # --- candidate names: all names of the allowed items if fewer than the postings
+        allowed = None
         if allowed_ids is not None:
             allowed = _allowed_array(allowed_ids, len(self.popularity))
             first, last = self.item_ptr[allowed], self.item_ptr[allowed + 1]
@@ -297,21 +298,21 @@ class PrefixIndex:
         # --- else from the posting lists; few: all scored at once
         if (ends - starts).sum() <= TIERED_POSTINGS:
             names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
-            if allowed_ids is not None:
+            if allowed is not None:
                 names = names[_is_in_sorted(self.name_item[names], allowed)]
             return _top_k(*score(names), self.popularity, k)
         # --- many: a common word's long list only if the short lists do not settle the top k
-        settled = self._short_lists_first(starts, ends, score, len(keywords), exact_only, k, allowed_ids)
+        settled = self._short_lists_first(starts, ends, score, len(keywords), exact_only, k, allowed)
         if settled is not None:
             return settled
         short_keywords = exact_only or not all(finders)  # keywords that may match words beyond the postings
         names, bound = self._bounds(starts, ends, len(keywords), exact_only, short_keywords)
-        if allowed_ids is not None:
+        if allowed is not None:
             inside = _is_in_sorted(self.name_item[names], allowed)
             names, bound = names[inside], bound[inside]
         return _top_k(*_by_tiers(names, bound, score, k), self.popularity, k)
 
-    def _short_lists_first(self, starts, ends, score, n_keywords: int, exact_only: bool, k: int, allowed_ids):
+    def _short_lists_first(self, starts, ends, score, n_keywords: int, exact_only: bool, k: int, allowed):
         """The top k from the names of the short posting slices alone (the shortest, and any of <= TIERED_POSTINGS),
         if they settle it: when the k-th best of their items beats the most a name in none of them can score
         (EXACT for each long slice, a miss for each short one, EXACT for each keyword without a slice), no name
@@ -321,10 +322,8 @@ class PrefixIndex:
         if not long.any():
             return None
         names = _sorted_unique(self.postings[_concat_ranges(starts[~long], ends[~long])].astype(np.int64))
-        if allowed_ids is not None:
-            names = names[
-                _is_in_sorted(self.name_item[names], _allowed_array(allowed_ids, len(self.popularity)))
-            ]
+        if allowed is not None:  # sorted allowed item rows
+            names = names[_is_in_sorted(self.name_item[names], allowed)]
         items, scores = score(names)
         miss = PREFIX if exact_only else UNMATCHED_KEYWORD
         bound = long.sum() * EXACT + (~long).sum() * miss + (n_keywords - len(starts)) * EXACT
