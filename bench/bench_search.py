@@ -11,7 +11,7 @@ across rounds is the noise), and, beside Rust, top-1 / top-10 agreement. Then on
 What ours must reach: latency near-flat in the size, within 2x of Rust; results: docs/wikidata-scale.md.
 
     pip install --no-deps search-index faiss-cpu    # bench-only (bench/requirements.txt)
-    python bench/bench_search.py --names 1M,10M,100M --work-dir /data/bench   # hours at 100M, ~60 GB of disk
+    python bench/bench_search.py --names 1M,10M,100M --work-dir /data/bench   # hours at 100M; ~15 GB of disk
     python bench/bench_search.py --names 100k --queries 300 --rounds 2         # quick look (~1 minute)
 """
 
