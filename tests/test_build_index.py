@@ -140,7 +140,7 @@ def test_a_build_cut_short_leaves_no_index_and_mixed_parts_are_refused(tmp_path,
     def crash(*args, **kwargs):
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(build_index.PrefixIndex, "build", crash)
+    monkeypatch.setattr(build_index, "build_prefix", crash)
     with pytest.raises(RuntimeError, match="killed"):
         build_index.build(tmp_path / "index", items=items, embed="none")
     with pytest.raises(FileNotFoundError, match="no manifest"):  # the new items beside the old prefix index

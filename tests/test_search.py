@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import search
 from search import EmbeddingIndex, Hit, ItemStore, PrefixIndex, load_indices, normalize
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -177,6 +178,29 @@ def test_prefix_index_matches_brute_force(names, query, data):
     index = PrefixIndex.build(names, popularity)
     expected = reference_search(names, popularity, query, 5, allowed)
     assert index.search(query, k=5, allowed_ids=allowed) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    names=st.lists(
+        st.lists(st.lists(st.sampled_from(WORDS[:6]), min_size=1, max_size=5).map(" ".join), max_size=3),
+        min_size=1,
+        max_size=30,
+    ),
+    query=st.lists(st.sampled_from(WORDS[:6] + ["a", "bcdx"]), min_size=1, max_size=3).map(" ".join),
+    k=st.integers(1, 6),
+    data=st.data(),
+)
+def test_scoring_by_tiers_of_bounds_changes_no_result(names, query, k, data):
+    """Above search.TIERED_POSTINGS postings, names are scored best bound first and the rest skipped once the
+    k-th best beats the next bound, and a long posting list is not read when the short ones settle the top k:
+    forced on these small inputs (few words: many ties; lists of 1 to 3 postings long), the same results."""
+    popularity = np.array(data.draw(st.lists(st.integers(0, 2), min_size=len(names), max_size=len(names))))
+    allowed = data.draw(st.none() | st.lists(st.integers(0, len(names) - 1), max_size=6))
+    index = PrefixIndex.build(names, popularity)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(search, "TIERED_POSTINGS", data.draw(st.sampled_from([0, 1, 2, 3])))
+        assert index.search(query, k, allowed) == reference_search(names, popularity, query, k, allowed)
 
 
 def bag_of_letters(texts):
