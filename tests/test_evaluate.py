@@ -944,8 +944,8 @@ def test_score_only_declines_anew_at_another_threshold(endpoint_url):
         "pipeline_failure": None,
         "choices": [{"p": 0.9}, {"p": 0.3}],
     }
-    evaluate.redecide(record, 0.5)
-    assert record["confidence"] == 0.3 and record["declined"] and record["sparql"] is None
+    evaluate.redecide(record, 0.7)
+    assert record["confidence"] == pytest.approx(0.6) and record["declined"] and record["sparql"] is None
     assert record["pipeline_failure"] == "declined"
     evaluate.redecide(record, 0.2)
     assert not record["declined"] and record["sparql"] == BORN and record["pipeline_failure"] is None
