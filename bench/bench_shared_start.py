@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lora  # noqa: E402
 from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
+from common import defaults  # noqa: E402
 from common.jsonl import read_jsonl  # noqa: E402
 from grisp import (
-    defaults,  # noqa: E402
     loss,  # noqa: E402
 )
 from llm.cpu_speed import cpu_name  # noqa: E402

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import defaults  # noqa: E402
 from grisp import (
-    defaults,  # noqa: E402
     peft_format,  # noqa: E402
 )
 from grisp.prompts import to_alternative  # noqa: E402

@@ -54,8 +54,7 @@ class Options:
     beam_ranking: str = option(
         "sum",
         "how beams and skeletons are ranked: sum = sum of raw token log-probabilities "
-        "(the default: with the `mix` adapter it matched 29 demo structures of 53 "
-        "against 27, and 18 of 82 on qald10-dev against 19); length-normalised = "
+        "(the default, measured against the other in docs/method.md 2.5); length-normalised = "
         "Hugging Face's beam sampling as the reference decodes (processed "
         "log-probabilities / length)",
         choices=RANKINGS,

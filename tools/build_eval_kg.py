@@ -54,10 +54,10 @@ import pyoxigraph as ox
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
 import endpoint  # noqa: E402
 from build_index import WIKIDATA_ID  # noqa: E402
+from common import defaults  # noqa: E402
 from common.jsonl import read_jsonl, write_jsonl  # noqa: E402
 from grisp import (  # noqa: E402
     benchmarks,
-    defaults,  # noqa: E402
     metrics,
     sparql,
 )

@@ -42,13 +42,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
 from agent import Agent  # noqa: E402
+from common import defaults  # noqa: E402
 from common.defaults import WIKIDATA_INDEX_DIR  # noqa: E402
 from common.jsonl import write_jsonl  # noqa: E402
 from grasp.backends import ToolCall  # noqa: E402
 from grasp.config import ConfigError, load_config, override  # noqa: E402
 from grasp.functions import FunctionError, KnowledgeGraph, canonical, check_known  # noqa: E402
 from grisp import (
-    defaults,  # noqa: E402
     mixture,  # noqa: E402
 )
 from grisp.skeleton import query_iris, skeletonize  # noqa: E402

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
+from common import defaults  # noqa: E402
 from grisp import (
     benchmarks,  # noqa: E402
-    defaults,  # noqa: E402
 )
 from grisp.peft_format import load_for_inference, read_prompt_format  # noqa: E402
 from grisp.prompts import IDENTIFIERS  # noqa: E402

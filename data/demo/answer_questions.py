@@ -1,4 +1,4 @@
-"""Run every demo gold query on the demo KG and record its answers in questions.jsonl (issue 3, item 4).
+"""Run every demo gold query on the demo KG and record its answers in questions.jsonl.
 
 The demo questions (questions.jsonl, benchmark JSONL: id, question, sparql, paraphrases, info) are
 written by hand; `info.answers` records what each gold query returns on data/demo/kg.ttl, for
@@ -18,10 +18,10 @@ from pathlib import Path
 import pyoxigraph as ox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's top-level modules
+from common import defaults  # noqa: E402
 from common.jsonl import write_jsonl  # noqa: E402
 from grisp import (
     benchmarks,  # noqa: E402
-    defaults,  # noqa: E402
 )
 from grisp.sparql_syntax import PREFIXES  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Build the demo knowledge graph `data/demo/kg.ttl` from readable source tables (issue 3, item 4).
+"""Build the demo knowledge graph `data/demo/kg.ttl` from readable source tables.
 
 The demo KG is a small, real Wikidata subset (films, directors, cast with some character roles,
 writers, composers; people's birth places, dates, occupations, families; cities, countries; awards)
@@ -31,10 +31,10 @@ from pathlib import Path
 import pyoxigraph as ox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository's top-level modules
+from common import defaults  # noqa: E402
 from common.jsonl import read_jsonl  # noqa: E402
 from grisp import (
     benchmarks,  # noqa: E402
-    defaults,  # noqa: E402
 )
 from grisp.sparql_syntax import PREFIXES  # noqa: E402
 
