@@ -53,7 +53,7 @@ from tqdm import tqdm
 from common import defaults
 from common.code_version import code_version
 from common.jsonl import append_jsonl, read_finished, read_jsonl, write_json, write_jsonl
-from grisp import benchmarks, coverage, metrics, sparql
+from grisp import benchmarks, confidence, coverage, metrics, sparql
 from grisp.options import GrispError, Options, add_flags, preset
 from grisp.skeleton_score import SHAPES
 from grisp.skeleton_score import shape as question_shape
@@ -351,8 +351,6 @@ def answer_record(sample: dict, answer, seconds: float) -> dict:
 def redecide(record: dict, min_confidence: float) -> None:
     """Apply grisp/confidence.py's rule again to a recorded answer (--score-only): its confidence from its
     recorded choices, declined below `min_confidence`, else answered with its guess."""
-    from grisp import confidence
-
     if record.get("guess") is None:
         return
     record["confidence"] = confidence.confidence(record.get("choices") or [])
@@ -456,10 +454,12 @@ def summarize(records: list[dict]) -> dict:
     }
 
 
-def print_summary(summary: dict, name: str) -> None:
-    def pct(x):
-        return "-" if x is None else f"{100 * x:.1f}"
+def pct(x: float | None) -> str:
+    """A fraction as a percentage with one decimal ("-" for none): the summaries' and report.py's tables."""
+    return "-" if x is None else f"{100 * x:.1f}"
 
+
+def print_summary(summary: dict, name: str) -> None:
     def sec(x):
         return "-" if x is None else f"{x:.2f}"
 

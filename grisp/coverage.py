@@ -113,10 +113,3 @@ def without_retry(records: list[dict]) -> list[dict]:
 def at_coverage(points: list[dict], coverage: float) -> dict | None:
     """The point of `risk_coverage` with the least coverage that reaches `coverage` (None if none does)."""
     return next((p for p in points if p["coverage"] >= coverage - 1e-12), None)  # points: coverage ascending
-
-
-def lowest_threshold(points: list[dict], min_precision: float) -> float | None:
-    """The lowest threshold whose answered questions keep a precision of at least `min_precision` (the
-    most coverage at that precision), None if no threshold does."""
-    kept = [p["threshold"] for p in points if p["precision"] >= min_precision]
-    return min(kept) if kept else None

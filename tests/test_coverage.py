@@ -53,7 +53,6 @@ def test_risk_coverage_answers_in_order_of_confidence_with_each_guess():
     # the declined guess counts with the F1 it would have scored (1.0)
     assert [p["precision"] for p in points] == pytest.approx([1.0, 0.75, 0.5, 2.5 / 4])
     assert coverage.at_coverage(points, 0.5)["threshold"] == 0.3 and coverage.at_coverage(points, 0.9) is None
-    assert coverage.lowest_threshold(points, 0.75) == 0.9 and coverage.lowest_threshold(points, 1.1) is None
 
 
 def test_tied_confidences_enter_together():

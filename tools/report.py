@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: its modules
 from common.jsonl import read_jsonl  # noqa: E402
-from evaluate import ABLATIONS, first_per_id  # noqa: E402
+from evaluate import ABLATIONS, first_per_id, pct  # noqa: E402
 from grisp import coverage  # noqa: E402
 from grisp.skeleton_score import SHAPES  # noqa: E402
 
@@ -110,10 +110,6 @@ def systems_table(run_dirs: list[Path]) -> list[str]:
             f"{f['dead_end']} / {f['wrong_answer']} / {f['correct']}{others(f)} | {s['scored']} |"
         )
     return lines
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}"
 
 
 # coverage levels of the risk table (the full coverage of each curve is added)
