@@ -111,7 +111,7 @@ trust() {  # $1 = wwq-dev-real-tune or -report: the full system and w/o re-ranki
   evaluate "${kg[@]}" --out "$run-none"
   evaluate "${kg[@]}" --ablation no-rerank --skeletons-from "$run-none" --out "$run-no-rerank"
   python tools/report.py systems "$run"-{none,no-rerank}
-  python tools/report.py risk "$run"-{none,no-rerank} --without-retry --plot "$run-risk.png"
+  python tools/report.py risk "$run"-{none,no-rerank} --without-retry --plot "$run-risk.svg"
 }
 
 skeletons() {  # $1 = benchmark: demo (labels from the demo index), qald10-dev or wwq-dev (all items)

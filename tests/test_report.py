@@ -94,6 +94,10 @@ def test_risk_table_and_plot_follow_the_confidences(tmp_path):
     )
     report.plot_risk(curves, tmp_path / "risk.png")
     assert (tmp_path / "risk.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("a.svg", "b.svg"):  # an SVG is text, the same bytes each time (what the repository keeps)
+        report.plot_risk(curves, tmp_path / name)
+    assert (tmp_path / "a.svg").read_text().startswith("<?xml")
+    assert (tmp_path / "a.svg").read_bytes() == (tmp_path / "b.svg").read_bytes()
 
 
 def test_systems_table_names_what_else_differs(tmp_path):

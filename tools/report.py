@@ -151,10 +151,12 @@ def risk_table(curves: list[tuple[str, list[dict]]]) -> list[str]:
 
 
 def plot_risk(curves: list[tuple[str, list[dict]]], path: Path) -> None:
-    """Precision against coverage, one line per curve, to a PNG."""
+    """Precision against coverage, one line per curve, to an image whose format the suffix names (.png;
+    .svg is text, the same bytes for the same runs: what the repository keeps)."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: draw to a file
+    matplotlib.rcParams["svg.hashsalt"] = "grisp"  # stable element ids in an SVG
     from matplotlib import pyplot
 
     figure, axes = pyplot.subplots(figsize=(6.4, 4.2), dpi=120)
@@ -166,7 +168,7 @@ def plot_risk(curves: list[tuple[str, list[dict]]], path: Path) -> None:
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7)
     figure.tight_layout()
-    figure.savefig(path)
+    figure.savefig(path, metadata={"Date": None} if Path(path).suffix == ".svg" else None)
     print(f"wrote {path}")
 
 
@@ -359,7 +361,11 @@ def make_parser() -> argparse.ArgumentParser:
         "first pass is the same, so those questions would have had no answer)",
     )
     parser.add_argument(
-        "--plot", type=Path, default=None, metavar="PNG", help="risk: also draw the curves to this PNG"
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="IMAGE",
+        help="risk: also draw the curves to this file (.png, or .svg: text, the same bytes for the same runs)",
     )
     parser.add_argument(
         "--show", type=int, default=0, help="compare: print the first N questions whose outcome changed"
