@@ -117,7 +117,8 @@ LEVELS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 
 
 def risk_curves(run_dirs: list[Path], without_retry: bool) -> list[tuple[str, list[dict]]]:
-    """(name, coverage.risk_coverage points) per run, and per run its retry's answers taken back if asked."""
+    """(name, coverage.risk_coverage points) per run, and per run its retry's answers taken back if asked
+    (where the retry answered any)."""
     curves = []
     for run_dir in run_dirs:
         summary, records = load_summary(run_dir), list(first_per_id(load_predictions(run_dir)).values())
@@ -127,7 +128,7 @@ def risk_curves(run_dirs: list[Path], without_retry: bool) -> list[tuple[str, li
         )
         name = system_name(summary, False, shared)
         curves.append((name, coverage.risk_coverage(records)))
-        if without_retry:
+        if without_retry and any(r.get("retried") for r in records):  # w/o re-ranking nothing is retried
             curves.append((f"{name}, w/o the retry", coverage.risk_coverage(coverage.without_retry(records))))
     return curves
 
@@ -161,7 +162,12 @@ def plot_risk(curves: list[tuple[str, list[dict]]], path: Path) -> None:
 
     figure, axes = pyplot.subplots(figsize=(6.4, 4.2), dpi=120)
     for name, points in curves:
-        axes.plot([100 * p["coverage"] for p in points], [100 * p["precision"] for p in points], label=name)
+        axes.plot(  # one confidence for every answer (w/o re-ranking): a single point, drawn as a dot
+            [100 * p["coverage"] for p in points],
+            [100 * p["precision"] for p in points],
+            label=name,
+            marker="o" if len(points) == 1 else None,
+        )
     axes.set_xlabel("coverage: questions answered (%)")
     axes.set_ylabel("precision: mean F1 of the answered (%)")
     axes.set_xlim(0, 100)
