@@ -73,7 +73,9 @@ class Options:
         "GPU of compute capability 8.0+ and on a CPU with native bf16 (flag avx512_bf16, amx_bf16 or bf16; the same F1 "
         "as float32 on the demo and WWQ dev, docs/inference.md), float32 on other CPUs, "
         "where bf16 is emulated and slow (docs/cpu_speed.md); int8 = float32 weights with "
-        "torch's dynamic int8 matmuls except down_proj (CPU only; lossy, docs/cpu_speed.md 1.4). On this "
+        "torch's dynamic int8 matmuls except down_proj (CPU only; lossy, docs/cpu_speed.md 1.4); "
+        "fp16-weights = float32 activations, fp16 weights for decoding's few-row matmuls (x86 CPU "
+        "only; near-lossless, 2.9x at batch-8 decoding without native bf16, docs/cpu_speed.md 1.8). On this "
         f"machine auto is {pick_precision('auto', torch.device('cpu'))[1].removeprefix('auto: ')}",
         choices=PRECISIONS,
     )

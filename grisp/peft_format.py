@@ -299,7 +299,7 @@ def load_for_inference(
         if (mismatch := base_model_mismatch(model_dir, config)) is not None:
             warnings.warn(f"the adapter at {adapter_dir} {mismatch}", stacklevel=2)
         model.to(dtype)  # the weights without LoRA (embeddings, norms, biases)
-    return prepare_for_inference(model, int8=precision == "int8")
+    return prepare_for_inference(model, int8=precision == "int8", fp16_weights=precision == "fp16-weights")
 
 
 def base_model_mismatch(model_dir: str | Path, config: dict) -> str | None:

@@ -51,8 +51,14 @@ INT8_SKIP = ("mlp.down_proj",)  # int8 here changes greedy output on 19 of 20 pr
 SPLIT_MAX_ROWS = 128
 # /proc/cpuinfo flags of native bf16 arithmetic: x86 AVX512-BF16 and AMX-BF16, Arm's BF16 extension
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
-# inference precisions (pick_precision): int8 = float32 weights with dynamic int8 matmuls (lossy, opt-in)
-PRECISIONS = ("auto", "float32", "bfloat16", "int8")
+# inference precisions (pick_precision): int8 = float32 weights with dynamic int8 matmuls (lossy, opt-in);
+# fp16-weights = float32 activations, fp16 weights for few-row matmuls (HalfWeightLinear; opt-in, x86)
+PRECISIONS = ("auto", "float32", "bfloat16", "int8", "fp16-weights")
+# what each CPU-only precision computes, for pick_precision's answer
+CPU_ONLY_PRECISIONS = {
+    "int8": "float32 weights, dynamic int8 matmuls except down_proj",
+    "fp16-weights": "float32 activations, fp16 weights for few-row matmuls (fbgemm)",
+}
 
 
 @functools.cache
@@ -87,6 +93,11 @@ def native_bf16(flags: set[str] | None = None) -> bool:
     return bool((cpu_flags() if flags is None else flags) & NATIVE_BF16_FLAGS)
 
 
+def has_fbgemm() -> bool:
+    """Does this torch have fbgemm, the x86 kernels of HalfWeightLinear's fp16 matmul?"""
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
 def pick_dtype(choice: str, device: torch.device) -> tuple[torch.dtype, str]:
     """(dtype, why) for `choice` "auto", "float32" or "bfloat16": auto is bfloat16 on a GPU of compute
     capability 8.0 or newer (Ampere: native bf16 matmuls) and on a CPU with native bf16, float32 on older
@@ -111,15 +122,17 @@ def pick_dtype(choice: str, device: torch.device) -> tuple[torch.dtype, str]:
 
 def pick_precision(choice: str, device: torch.device) -> tuple[str, str]:
     """(precision, why) of inference for `choice` in PRECISIONS: "auto", "float32" and "bfloat16" as
-    pick_dtype decides them (the same detection as training), "int8" as asked."""
+    pick_dtype decides them (the same detection as training), "int8" and "fp16-weights" as asked."""
     if choice not in PRECISIONS:
         raise ValueError(f"precision {choice!r}: must be one of {', '.join(PRECISIONS)}")
-    if choice == "int8":
-        if device.type != "cpu":  # torch's dynamic int8 Linear runs on a CPU only
+    if choice in CPU_ONLY_PRECISIONS:
+        if device.type != "cpu":  # torch's dynamic int8 and fp16-weight Linear run on a CPU only
             raise ValueError(
-                f"precision int8 runs on a CPU only, not on {device.type}; use auto, float32 or bfloat16"
+                f"precision {choice} runs on a CPU only, not on {device.type}; use auto, float32 or bfloat16"
             )
-        return "int8", "int8 as asked (float32 weights, dynamic int8 matmuls except down_proj)"
+        if choice == "fp16-weights" and not has_fbgemm():
+            raise ValueError("precision fp16-weights needs torch's fbgemm (x86 CPUs); use auto or float32")
+        return choice, f"{choice} as asked ({CPU_ONLY_PRECISIONS[choice]})"
     dtype, why = pick_dtype(choice, device)
     return str(dtype).removeprefix("torch."), why
 

@@ -204,16 +204,23 @@ def test_auto_precision_on_a_gpu_follows_its_compute_capability(monkeypatch, cap
     assert cpu_speed.pick_precision("auto", torch.device("cuda"))[0] == str(expected).removeprefix("torch.")
 
 
-def test_int8_is_refused_off_the_cpu():
+@pytest.mark.parametrize("precision", ["int8", "fp16-weights"])
+def test_cpu_only_precisions_are_refused_off_the_cpu(precision):
     from grisp import pipeline
 
     for device in ("cuda", "mps"):
-        with pytest.raises(ValueError, match="int8 runs on a CPU only"):
-            cpu_speed.pick_precision("int8", torch.device(device))
+        with pytest.raises(ValueError, match=f"{precision} runs on a CPU only"):
+            cpu_speed.pick_precision(precision, torch.device(device))
         with pytest.raises(
-            pipeline.GrispError, match="int8 runs on a CPU only"
+            pipeline.GrispError, match=f"{precision} runs on a CPU only"
         ):  # a clean message in infer/serve
-            pipeline._precision("int8", torch.device(device))
+            pipeline._precision(precision, torch.device(device))
+
+
+def test_fp16_weights_are_refused_without_fbgemm(monkeypatch):
+    monkeypatch.setattr(cpu_speed, "has_fbgemm", lambda: False)  # an Arm CPU's torch
+    with pytest.raises(ValueError, match="needs torch's fbgemm"):
+        cpu_speed.pick_precision("fp16-weights", torch.device("cpu"))
 
 
 @pytest.mark.parametrize("native, expected", [(True, "bfloat16"), (False, "float32")])
@@ -222,9 +229,9 @@ def test_inference_precision_auto_is_the_training_detection(mock_native_bf16, na
     cpu = torch.device("cpu")
     precision, why = cpu_speed.pick_precision("auto", cpu)
     assert precision == expected and why == cpu_speed.pick_dtype("auto", cpu)[1]  # one detection, one reason
-    for asked in ("float32", "bfloat16", "int8"):  # asked for: as asked, on every CPU
+    for asked in ("float32", "bfloat16", "int8", "fp16-weights"):  # asked for: as asked, on every CPU
         assert cpu_speed.pick_precision(asked, cpu)[0] == asked
-    with pytest.raises(ValueError, match="auto, float32, bfloat16, int8"):
+    with pytest.raises(ValueError, match="auto, float32, bfloat16, int8, fp16-weights"):
         cpu_speed.pick_precision("float16", cpu)
 
 
@@ -300,3 +307,19 @@ def test_bfloat16_weights_stay_plain_linear_layers(model_dir):
     assert type(in_bfloat16.model.layers[0].mlp.up_proj) is torch.nn.Linear
     in_float32 = prepare_for_inference(M.Transformer.from_pretrained(model_dir))
     assert isinstance(in_float32.model.layers[0].mlp.up_proj, SplitLinear)
+
+
+@torch.no_grad()
+def test_fp16_weights_load_the_merged_adapter_into_half_weight_layers(adapter_dir):
+    from grisp.peft_format import load_for_inference
+
+    adapter, model_dir = adapter_dir
+    in_float32 = load_for_inference(model_dir, adapter, "float32")
+    in_fp16 = load_for_inference(model_dir, adapter, "fp16-weights")
+    layer = in_fp16.model.layers[0].mlp.down_proj
+    assert isinstance(layer, cpu_speed.HalfWeightLinear)
+    # the float32 weight is the adapter merged in float32, as without fp16 (the fp16 copy is made from it)
+    assert torch.equal(layer.weight, in_float32.model.layers[0].mlp.down_proj.weight)
+    x = tokens(1, 9, seed=5)
+    a, b = in_float32(x, logits_at=-1), in_fp16(x, logits_at=-1)
+    assert 0 < ((a - b).pow(2).mean().sqrt() / a.pow(2).mean().sqrt()) < 0.005
