@@ -57,7 +57,8 @@ class ModelConfig:
         defaults.AGENT_ADAPTER_DIR
     )  # a LoRA adapter (PEFT layout) on model_dir; None: base model
     device: str = "auto"
-    precision: str = "auto"  # bfloat16 where the CPU has native bf16, else float32; or float32, bfloat16, int8, fp16-weights
+    # auto: bfloat16 where the CPU has native bf16, else float32; or float32, bfloat16, int8, fp16-weights
+    precision: str = "auto"
     max_reasoning_tokens: int = 128  # free text before a call, per turn
     max_call_tokens: int = 768  # tokens of one constrained call
     # OpenAI-compatible backend
