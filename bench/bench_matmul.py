@@ -18,12 +18,13 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.flags import positive_int  # noqa: E402
 from bench.rotation import rotated  # noqa: E402
-from llm.cpu_speed import SplitLinear, WeightInt8Linear, cpu_name, quantize_int8  # noqa: E402
+from llm.cpu_speed import HalfWeightLinear, SplitLinear, cpu_name, quantize_int8  # noqa: E402
 
 # (name, out features, in features, parts as prepare_for_inference splits them, bias as in Qwen2)
 SHAPES = [
@@ -36,22 +37,33 @@ SHAPES = [
 ]
 
 
-def fp16_weights(linear: nn.Linear):
-    """fbgemm's fp16-weight matmul (x86): weights stored in fp16, activations and sums float32."""
-    packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach(), linear.bias)
-    return lambda x: torch.ops.quantized.linear_dynamic_fp16(x, packed)
+def int8_weight(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """`linear`'s weight in int8 with a float32 scale per output channel (its largest magnitude / 127)."""
+    w = linear.weight.detach()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # [out]
+    return torch.round(w / scale[:, None]).to(torch.int8), scale
+
+
+def int8_weight_only(linear: nn.Linear, dequantise: bool):
+    """Weight-only int8 (activations and sums float32, as gpt-fast's int8 mode): torch's kernel
+    torch._weight_int8pack_mm, or the weight dequantised to float32 per call and F.linear."""
+    w8, scale = int8_weight(linear)
+    if dequantise:
+        return lambda x: F.linear(x, w8.float() * scale[:, None], linear.bias)
+    bias = 0 if linear.bias is None else linear.bias
+    return lambda x: torch._weight_int8pack_mm(x, w8, scale) + bias
 
 
 def int8_rows(linear: nn.Linear):
     """int8 weights (a scale per output channel) times int8 activations (a scale per input row), int32
     sums (torch._int_mm), both scales applied after."""
-    int8 = WeightInt8Linear(linear.weight, linear.bias)
+    w8, scale = int8_weight(linear)
+    bias = 0 if linear.bias is None else linear.bias
 
     def forward(x):
         x_scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
         x8 = torch.round(x / x_scale).to(torch.int8)
-        y = torch._int_mm(x8, int8.int8_weight.t()).float() * x_scale * int8.scale
-        return y if linear.bias is None else y + linear.bias
+        return torch._int_mm(x8, w8.t()).float() * x_scale * scale + bias
 
     return forward
 
@@ -64,14 +76,17 @@ FORMS = {
         lambda linear, parts, rows: SplitLinear(linear, parts, max_rows=rows),
     ),
     "int8": (
-        "weight-only int8, torch._weight_int8pack_mm (cpu_speed.WeightInt8Linear forced to its kernel)",
-        lambda linear, parts, rows: WeightInt8Linear(linear.weight, linear.bias, max_rows=rows),
+        "weight-only int8, torch._weight_int8pack_mm",
+        lambda linear, parts, rows: int8_weight_only(linear, dequantise=False),
     ),
     "int8-dequant": (
-        "weight-only int8 dequantised to float32 per call, then F.linear (WeightInt8Linear's other form)",
-        lambda linear, parts, rows: WeightInt8Linear(linear.weight, linear.bias, max_rows=0),
+        "weight-only int8 dequantised to float32 per call, then F.linear",
+        lambda linear, parts, rows: int8_weight_only(linear, dequantise=True),
     ),
-    "fp16": ("fp16 weights, float32 activations (fbgemm)", lambda linear, parts, rows: fp16_weights(linear)),
+    "fp16": (
+        "fp16 weights, float32 activations (fbgemm; cpu_speed.HalfWeightLinear forced to its fp16 form)",
+        lambda linear, parts, rows: HalfWeightLinear(linear, max_rows=rows),
+    ),
     "dynamic-int8": (
         "torch's dynamic int8 Linear: activations quantised per call, one scale per tensor (lever 1.4)",
         lambda linear, parts, rows: quantize_int8(linear),

@@ -36,8 +36,6 @@ IMPLS = {
     "ours-int8": "model.py, cpu_speed.prepare_for_inference(int8=True) (dynamic int8 but down_proj; lossy; "
     "float32 weights)",
     "ours-autocast": "model.py, float32 weights under torch.autocast(bfloat16) (the other way to bf16 compute)",
-    "ours-int8w": "model.py, cpu_speed.prepare_for_inference(weight_int8=True) (weight-only int8, float32 "
-    "activations)",
     "ours-fp16w": "model.py, cpu_speed.prepare_for_inference(fp16_weights=True) (fp16 weights for few rows, "
     "float32 activations)",
     "transformers": "transformers Qwen2ForCausalLM.from_pretrained (sdpa attention)",
@@ -53,7 +51,6 @@ def runs_in(impl: str, precision: str) -> str:
     weights whatever it says (see load)."""
     return {
         "ours-int8": "float32 weights, dynamic int8 matmuls",
-        "ours-int8w": "int8 weights, float32 activations",
         "ours-fp16w": "fp16 weights for few rows, float32 activations",
         "ours-autocast": "float32 weights under bfloat16 autocast",
         "llama.cpp-q8_0": "Q8_0 weights",
@@ -135,14 +132,11 @@ def load(impl: str, model_dir: Path, room: int, dtype: torch.dtype):
         import model as M
         from llm.cpu_speed import prepare_for_inference
 
-        weights = (
-            torch.float32 if impl in ("ours-int8", "ours-int8w", "ours-fp16w", "ours-autocast") else dtype
-        )
+        weights = torch.float32 if impl in ("ours-int8", "ours-fp16w", "ours-autocast") else dtype
         model = prepare_for_inference(
             M.Transformer.from_pretrained(model_dir, weights),
             split_matmuls=impl != "ours-plain",
             int8=impl == "ours-int8",
-            weight_int8=impl == "ours-int8w",
             fp16_weights=impl == "ours-fp16w",
         )
         autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=impl == "ours-autocast")

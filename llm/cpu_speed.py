@@ -168,46 +168,6 @@ class SplitLinear(nn.Module):
         return y.transpose(0, 1).reshape(*lead, out)
 
 
-class WeightInt8Linear(nn.Module):
-    """Inference-only stand-in for an nn.Linear with an int8 weight (weight-only int8, as gpt-fast's int8
-    mode): each output channel's weights are rounded to int8 after dividing by that row's largest
-    magnitude / 127, kept as a float32 scale per row; activations and sums stay float32. A matmul
-    multiplies by the int8 weight and scales the output, so decoding, which is bound by reading the
-    weights, could read a quarter of float32's bytes. Rows of x up to `max_rows`:
-    torch._weight_int8pack_mm; more rows (a prefill): the weight dequantised to float32 for that call and
-    F.linear. A candidate for CPUs without native bf16, timed by bench/bench_matmul.py and
-    bench/bench_model.py (docs/cpu_speed.md 1.8). Made by `prepare_for_inference(model, weight_int8=True)`.
-    `weight` is the float weight where it stays in memory anyway (an lm_head tied to the embedding), so
-    that model.vocab_logits reads exact float rows; else None and only the int8 copy is kept."""
-
-    def __init__(
-        self,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        keep_float: bool = False,
-        max_rows: int = SPLIT_MAX_ROWS,
-    ):
-        super().__init__()
-        w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127  # [out]
-        self.register_buffer("int8_weight", torch.round(w / scale[:, None]).to(torch.int8))  # [out, in]
-        self.register_buffer("scale", scale)
-        self.register_buffer("bias", None if bias is None else bias.detach().float())
-        self.register_buffer("weight", weight.detach() if keep_float else None)
-        self.max_rows = max_rows
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        *lead, C = x.shape
-        x2 = x.reshape(-1, C)
-        if x2.shape[0] > self.max_rows:
-            y = F.linear(x2, self.int8_weight.float() * self.scale[:, None], self.bias)
-        else:
-            y = torch._weight_int8pack_mm(x2.contiguous(), self.int8_weight, self.scale)
-            if self.bias is not None:
-                y = y + self.bias
-        return y.view(*lead, -1)
-
-
 class HalfWeightLinear(nn.Module):
     """Inference-only stand-in for a float32 nn.Linear that multiplies few-row inputs by an fp16 copy of
     its weight: torch's fbgemm fp16 matmul (x86) stores the weight in fp16 and converts it to float32
@@ -247,7 +207,6 @@ def prepare_for_inference(
     model: Transformer,
     split_matmuls: bool = True,
     int8: bool = False,
-    weight_int8: bool = False,
     fp16_weights: bool = False,
 ) -> Transformer:
     """Switch `model` to inference: eval mode, no gradients, and the CPU levers of this file.
@@ -257,6 +216,9 @@ def prepare_for_inference(
         keeps both cores busy and the split bmm is slower (docs/cpu_speed.md 1.6).
     int8: every plain nn.Linear of the blocks except down_proj, and the lm_head, become dynamic int8
         layers (lossy; down_proj still splits). A tied lm_head stays float (it is the embedding).
+    fp16_weights: every float32 nn.Linear of the blocks and the lm_head becomes a HalfWeightLinear (fp16
+        weights for few rows, the float32 weight for many; a tied lm_head keeps the embedding's float rows
+        for model.vocab_logits).
     Layers that are not plain nn.Linear (e.g. wrapped by lora.py) stay as they are, so merge LoRA first.
     Afterwards the model cannot be trained. Returns the same model."""
     slots = [
@@ -270,9 +232,7 @@ def prepare_for_inference(
         if type(module) is not nn.Linear:
             continue
         tied = name == "lm_head" and model.args.tie_word_embeddings
-        if weight_int8:  # every layer, the lm_head too (tied: an int8 copy, the float embedding stays)
-            replacement = WeightInt8Linear(module.weight, module.bias, keep_float=tied)
-        elif fp16_weights and module.weight.dtype == torch.float32:  # every layer, the lm_head too
+        if fp16_weights and module.weight.dtype == torch.float32:  # every layer, the lm_head too
             replacement = HalfWeightLinear(module)
         elif int8 and not tied and not name.endswith(INT8_SKIP):
             replacement = quantize_int8(module)
