@@ -70,7 +70,7 @@ def test_config_names_the_setup_the_options_and_the_limits(server):
     assert config["option_choices"] == {
         "beam_ranking": ["sum", "length-normalised"],  # a menu on the page
         "skeleton_dedupe": ["exact", "merge"],
-        "precision": ["auto", "float32", "bfloat16", "int8"],
+        "precision": ["auto", "float32", "bfloat16", "int8", "fp16-weights"],
     }
     assert config["load_time_options"] == ["precision"]  # shown, but fixed when the server loads the model
     # the default is auto, and in-process the tests' CPU has no native bf16 (conftest)
