@@ -1,17 +1,20 @@
-"""Speed and memory of model.py against transformers' Qwen2ForCausalLM on the same weights, CPU and precision.
+"""Speed and memory of model.py against transformers' Qwen2ForCausalLM and llama.cpp on the same weights and CPU.
 
 Measures prefill tokens/s (one 512-token prompt), decode tokens/s at batch 1 and batch 8 (greedy steps
 with a KV cache after a 64-token prompt; the median step), load time and peak resident memory. Each
 implementation runs in its own subprocess (a fair peak RSS); the subprocesses alternate round by round
 in a rotating order so that load from other processes hits all alike. The table shows medians over the
-rounds and the ratio ours / transformers (> 1 is better for tokens/s, < 1 for memory and load time).
-Both compute logits only at the last position, as generation does (transformers: logits_to_keep=1).
-`--precision` sets the weights of both (default auto: what infer.py runs on this CPU, llm/cpu_speed.py);
-the header names the CPU and whether it has native bf16.
+rounds and the ratio of each to the reference (transformers if measured, else the last of --impls; > 1 is
+better for tokens/s, < 1 for memory and load time). All compute logits only at the last position, as
+generation does (transformers: logits_to_keep=1). `--precision` sets the weights of ours and
+transformers (default auto: what infer.py runs on this CPU, llm/cpu_speed.py); llama.cpp runs its Q8_0
+or F16 file (llama-cpp-python, bench/requirements.txt; batch 1 only, its binding holds one sequence). The
+header names the CPU and whether it has native bf16.
 
     python bench/bench_model.py
     python bench/bench_model.py --impls ours ours-plain ours-int8 transformers --repeats 5
     python bench/bench_model.py --precision bfloat16 --impls ours ours-autocast transformers   # native-bf16 CPU
+    python bench/bench_model.py --precision float32 --impls ours ours-fp16w ours-int8 llama.cpp-f16 llama.cpp-q8_0
 """
 
 import argparse
@@ -273,8 +276,10 @@ def print_table(args: argparse.Namespace, results: dict[str, list[dict]], tokens
     )
     print("|---" * (2 + 2 * len(others)) + "|")
     for m in metrics:
-        cells = [f"{median[impl][m]:.1f}" for impl in [reference, *others]]
-        ratios = [f"{median[o][m] / median[reference][m]:.2f}x" for o in others]
+        cells = [
+            f"{median[impl][m]:.1f}".replace("nan", "-") for impl in [reference, *others]
+        ]  # nan: not measured
+        ratios = [f"{median[o][m] / median[reference][m]:.2f}x".replace("nanx", "-") for o in others]
         print(f"| {m} | " + " | ".join(cells + ratios) + " |")
     if args.agreement:
         cells = [f"{agreement(tokens[impl], tokens['float32']):.0f}%" for impl in [reference, *others]]
@@ -338,7 +343,7 @@ if __name__ == "__main__":
         nargs="+",
         default=["ours", "transformers"],
         choices=list(IMPLS),
-        help="implementations to compare; the ratios are against transformers",
+        help="implementations to compare; the ratios are against transformers if measured, else the last one",
     )
     # workload
     parser.add_argument(
