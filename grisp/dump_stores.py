@@ -48,9 +48,8 @@ def write_dump_stores(
         print(
             f"resuming the dump pass after line {saved['line']:,}: {rows:,} items in {len(parts)} parts in {work}"
         )
-    stream = dump_pass(
-        dump, lang, saved["state"], saved["line"]
-    )  # (state: up to date with the lines yielded)
+    # (the state is up to date with the lines yielded)
+    stream = dump_pass(dump, lang, saved["state"], saved["line"])
     while not saved["done"]:
         last = [saved["line"]]  # the line of the last item written
         directory = work / f"p{len(parts):05d}"

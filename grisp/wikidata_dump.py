@@ -101,10 +101,9 @@ def dump_pass(path: Path, lang: str, state: dict, start_line: int = 0) -> Iterat
     usage = state["usage"]
     for number, entity in entities(path, start_line):
         kind = KIND_OF_TYPE.get(entity.get("type"))
+        # how often each property is used: its popularity
         for prop, statements in (entity.get("claims") or {}).items():
-            usage[prop] = usage.get(prop, 0) + len(
-                statements
-            )  # how often each property is used: its popularity
+            usage[prop] = usage.get(prop, 0) + len(statements)
         if kind == "entity":
             yield number, dump_item(entity, lang)
         elif kind == "property":

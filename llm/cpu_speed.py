@@ -51,10 +51,9 @@ INT8_SKIP = ("mlp.down_proj",)  # int8 here changes greedy output on 19 of 20 pr
 SPLIT_MAX_ROWS = 128
 # /proc/cpuinfo flags of native bf16 arithmetic: x86 AVX512-BF16 and AMX-BF16, Arm's BF16 extension
 NATIVE_BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
-# inference precisions (pick_precision): int8 = float32 weights with dynamic int8 matmuls (lossy, opt-in);
-# fp16-weights = float32 activations, fp16 weights for few-row matmuls (HalfWeightLinear; opt-in, x86)
+# inference precisions (pick_precision); the last two are opt-in and CPU-only, as CPU_ONLY_PRECISIONS says
 PRECISIONS = ("auto", "float32", "bfloat16", "int8", "fp16-weights")
-# what each CPU-only precision computes, for pick_precision's answer
+# what each CPU-only precision computes, for pick_precision's answer (int8 lossy: 1.4; fp16-weights: 1.8)
 CPU_ONLY_PRECISIONS = {
     "int8": "float32 weights, dynamic int8 matmuls except down_proj",
     "fp16-weights": "float32 activations, fp16 weights for few-row matmuls (fbgemm)",
