@@ -540,6 +540,16 @@ class Item:
     description: str
     popularity: float
 
+    def named_by(self, wording: str) -> bool:
+        """Whether one of the item's names (label or alias) holds every word of `wording`, each as a word
+        or the start of one, as the prefix index matches keywords: "Van Gogh" names Vincent van Gogh,
+        "Jimmy Hoffa" does not name Jimmy Wales."""
+        keywords = normalize(wording)
+        return any(
+            all(any(word.startswith(keyword) for word in normalize(name)) for keyword in keywords)
+            for name in [self.label, *self.aliases]
+        )
+
 
 @dataclass
 class Hit(Item):

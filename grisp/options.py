@@ -96,7 +96,8 @@ class Options:
     min_confidence: float = option(
         0.02,
         "decline an answer whose confidence (grisp/confidence.py: the re-ranker's "
-        'mean probability of the chosen IRIs) is below this: "no confident answer", '
+        "mean probability of the chosen IRIs, their least if an entity no wording names was taken below "
+        'None) is below this: "no confident answer", '
         "the query kept as a marked guess (the default was chosen on wwq-dev-real's tune half, "
         "docs/method.md 6.10); 0 = answer whatever was found",
     )

@@ -62,6 +62,9 @@ class Frame:
     # empty without re-ranking; and the IRI chosen here last
     probabilities: dict[str | None, float] = field(default_factory=dict)
     chosen: str | None = None
+    # an entity placeholder's: whether the chosen item is named by one of its wordings (Item.named_by;
+    # confidence.py); None at property placeholders, whose wordings describe rather than name
+    named: bool | None = None
 
 
 @dataclass
@@ -75,8 +78,9 @@ class Resolution:
     verified: bool | None = (
         None  # the final query returned a result; False: accepted unchecked; None: not run
     )
-    # the final query's choices, one per placeholder in order: {"placeholder", "iri", "p", "p_none"}, p and
-    # p_none the re-ranker's probabilities of the IRI and of None there (None without re-ranking)
+    # the final query's choices, one per placeholder in order: {"placeholder", "iri", "p", "p_none", "named"},
+    # p and p_none the re-ranker's probabilities of the IRI and of None there (None without re-ranking),
+    # named whether a wording of an entity placeholder names the IRI (None at property placeholders)
     choices: list[dict] = field(default_factory=list)
 
 
@@ -152,6 +156,8 @@ class Resolver:
                 choice = frame.alternatives.pop(0)
                 frame.tried.add(choice.id)
                 frame.chosen = choice.id
+                if frame.kind == "entity":
+                    frame.named = any(map(choice.named_by, wordings(frame.placeholder)))
                 text = substitute(frame.text, frame.placeholder, choice.id)
                 trace.event("choose", placeholder=frame.placeholder.text, iri=choice.id, label=choice.label)
                 if find_placeholders(text):  # go deeper: the next placeholder
@@ -337,14 +343,16 @@ class Resolver:
 
 
 def path_choices(stack: list[Frame]) -> list[dict]:
-    """Resolution.choices of the path the stack holds: per placeholder the IRI chosen and the last
-    re-ranking's probabilities of it and of None (None without re-ranking)."""
+    """Resolution.choices of the path the stack holds: per placeholder the IRI chosen, the last
+    re-ranking's probabilities of it and of None (None without re-ranking), and whether a wording of
+    the placeholder names it (Frame.named)."""
     return [
         {
             "placeholder": frame.placeholder.text,
             "iri": frame.chosen,
             "p": frame.probabilities.get(frame.chosen),
             "p_none": frame.probabilities.get(None),
+            "named": frame.named,
         }
         for frame in stack
     ]

@@ -76,3 +76,17 @@ def test_the_confidence_is_the_mean_choice_probability_and_declines_below_the_th
     assert (
         confidence.decide(0.4, 0.5) and not confidence.decide(0.5, 0.5) and not confidence.decide(None, 0.5)
     )
+
+
+def test_an_unnamed_entity_taken_below_none_makes_the_least_probability_the_confidence():
+    """A namesake ("Jimmy Hoffa" taken as Jimmy Wales, below None) followed by a near-certain property: the
+    least probability, not the mean. Named, or taken above None, or recorded without "named": the mean."""
+    property_choice = {"p": 0.999, "p_none": 0.0001, "named": None}
+    namesake = {"p": 0.0004, "p_none": 0.999, "named": False}
+    assert confidence.confidence([namesake, property_choice]) == pytest.approx(0.0004)
+    rewording = namesake | {"named": True}  # "Van Gogh" taken as Vincent van Gogh
+    assert confidence.confidence([rewording, property_choice]) == pytest.approx((0.0004 + 0.999) / 2)
+    above_none = {"p": 0.9, "p_none": 0.05, "named": False}
+    assert confidence.confidence([above_none, property_choice]) == pytest.approx((0.9 + 0.999) / 2)
+    recorded_before = {"p": 0.0004, "p_none": 0.999}
+    assert confidence.confidence([recorded_before, property_choice]) == pytest.approx((0.0004 + 0.999) / 2)

@@ -108,6 +108,8 @@ def test_the_resolution_records_each_choice_with_its_probabilities(indices, clie
     first = resolution.choices[0]
     assert first["p"] == pytest.approx(weights[FILM] / sum(weights.values()), rel=1e-3)
     assert first["p_none"] == pytest.approx(weights[None] / sum(weights.values()), rel=1e-3)
+    # the entity placeholder's wording names the film; property placeholders' wordings name nothing
+    assert [c["named"] for c in resolution.choices] == [True, None, None]
     plain = Resolver(indices, client, None, Options(rerank=False)).resolve("q", SKELETON)
     assert plain.sparql is not None and all(c["p"] is None and c["p_none"] is None for c in plain.choices)
     failed = Resolver(indices, client, ScriptedReranker({}, none_first=lambda q: True), Options()).resolve(
@@ -418,3 +420,12 @@ def test_mark_current_writes_the_current_placeholder():
     assert mark_current(SKELETON, ph) == SKELETON.replace(
         "<iri>director (wdt)</iri>", "<rep>director (wdt)</rep>"
     )
+
+
+def test_a_choice_no_wording_names_is_recorded_as_unnamed(indices, client):
+    """The search finds Pulp Fiction for "Pulp Nonsense" (one keyword matches), but none of the film's
+    names holds "nonsense": the choice is recorded as not named (confidence.py caps such an answer)."""
+    skeleton = SKELETON.replace("<iri>Pulp Fiction</iri>", "<iri>Pulp Nonsense</iri>")
+    reranker = ScriptedReranker({FILM: 9.0, GENRE: 5.0, DIRECTOR: 9.0, BIRTHPLACE: 9.0})
+    resolution = Resolver(indices, client, reranker, Options()).resolve("q", skeleton)
+    assert resolution.choices[0]["iri"] == FILM and resolution.choices[0]["named"] is False

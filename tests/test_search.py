@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import search
-from search import EmbeddingIndex, Hit, ItemStore, PrefixIndex, load_indices, normalize
+from search import EmbeddingIndex, Hit, Item, ItemStore, PrefixIndex, load_indices, normalize
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -69,6 +69,22 @@ def test_normalize_drops_invisible_characters_and_unicode_punctuation_and_lowerc
 def test_normalize_treats_ascii_words_alike_in_ascii_and_non_ascii_text():
     for text in ("(U.S.) $100 a+b <tag> ~x| ^_^ 'quoted'", "St. Louis, MO", "don't --- stop!"):
         assert normalize(text + " é") == normalize(text) + ["e"]
+
+
+def test_an_item_is_named_by_a_wording_one_of_its_names_holds_word_by_word():
+    """Every word of the wording is a word, or starts one, of the label or of one alias (as the prefix
+    index matches keywords), after normalize: case, accents and punctuation do not count."""
+    van_gogh = Item("Q5582", "Vincent van Gogh", ["Van Gogh"], "Dutch painter", 3.0)
+    assert (
+        van_gogh.named_by("Van Gogh") and van_gogh.named_by("vincent VAN gogh.") and van_gogh.named_by("Vinc")
+    )
+    assert not van_gogh.named_by("Theo van Gogh") and not van_gogh.named_by("Gogh museum")
+    rodriguez = Item("Q1", "Iván Rodríguez", ["Pudge"], "", 1.0)
+    assert rodriguez.named_by("Ivan Rodriguez") and not rodriguez.named_by(
+        "Pudge Rodriguez"
+    )  # one name holds all
+    wales = Item("Q181", "Jimmy Wales", [], "co-founder of Wikipedia", 1.0)
+    assert not wales.named_by("Jimmy Hoffa")
 
 
 def test_scores_hand_computed(index):
