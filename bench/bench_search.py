@@ -74,6 +74,9 @@ def build_child(impl: str, tsv: Path, out: Path, budget: int) -> dict:
         total = sum(1 for _ in open(tsv, encoding="utf-8")) - 1
         items = lambda row: tsv_items(tsv, row)
         build_prefix(out, items, {"tsv": str(tsv)}, out.with_name("ours.chunks"), budget, total)
+    elif impl == "old":  # today's in-memory build, every name at once
+        rows = list(tsv_items(tsv, 0))
+        PrefixIndex.build([names for names, _ in rows], np.array([score for _, score in rows])).save(out)
     else:
         out.mkdir(parents=True)
         rust_index().build(str(tsv), str(out))
@@ -139,13 +142,25 @@ def latency(runs: dict, queries: list[str], rounds: int) -> tuple[dict, dict]:
     return times, results
 
 
-def agreement(queries: list[str], results: dict) -> str:
-    """Top-1 agreement and identical top-10 lists of ours and Rust over the queries."""
+def agreement(queries: list[str], results: dict, other: str = "rust") -> str:
+    """Top-1 agreement and identical top-10 lists of ours and another index over the queries."""
     top1 = top10 = 0
     for q in queries:
-        a, b = [i for i, _ in results["ours", q]], [i for i, _ in results["rust", q]]
+        a, b = [i for i, _ in results["ours", q]], [i for i, _ in results[other, q]]
         top1, top10 = top1 + (a[:1] == b[:1]), top10 + (a == b)
     return f"top-1 agreement {100 * top1 / len(queries):.1f}%, identical top-10 {100 * top10 / len(queries):.1f}%"
+
+
+def old_build_agreement(tsv: Path, work: Path, queries: list[str], results: dict, budget: int) -> str:
+    """Ours (chunked) against today's in-memory build of the same data: built, loaded and asked apart from
+    the timed runs; its build time and peak RSS are printed for comparison, its latency is not timed."""
+    built = in_child(build_child, "old", tsv, work / "old", budget)
+    old = PrefixIndex.load(work / "old")
+    results = results | {("old", q): old.search(q, 10) for q in queries}
+    return (
+        f"in-memory build (PrefixIndex.build): {built['build_s']:.1f} s, peak RSS {built['build_peak_mb']:,.0f} MB; "
+        f"against ours: {agreement(queries, results, 'old')}"
+    )
 
 
 # ---------------------------------------------------------------------------- one size, the report
@@ -185,6 +200,8 @@ def measure_size(n_names: int, args: argparse.Namespace, work: Path) -> dict:
         stats[impl][f"p50{label}_range"] = (min(r[0] for r in rounds), max(r[0] for r in rounds))
     if "rust" in impls:
         stats["agreement"] = agreement(queries, results)
+    if n_names <= args.old_max_names:
+        stats["old"] = old_build_agreement(tsv, work, queries, results, args.memory_budget)
     return stats
 
 
@@ -211,6 +228,8 @@ def report_size(n_names: int, stats: dict) -> None:
         print(f"Rust: {rust['skipped']}")
     else:
         print(stats["agreement"])
+    if "old" in stats:
+        print(stats["old"])
     spread = {
         impl: "%.2f-%.2f" % stats[impl]["p50_range"] for impl in ("ours", "rust") if "p50" in stats[impl]
     }
@@ -237,6 +256,7 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def main(args: argparse.Namespace) -> None:
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="bench_search_", dir=args.work_dir))
     print(f"sizes {args.names}, {args.queries} queries, k=10, {args.rounds} rounds; data in {root}")
     all_stats = {}
@@ -268,7 +288,13 @@ if __name__ == "__main__":
         help="largest size Rust's in-memory build is tried at",
     )
     parser.add_argument(
-        "--work-dir", default=None, help="where to write data and indices (default: system temp)"
+        "--old-max-names",
+        type=int,
+        default=1_000_000,
+        help="largest size at which today's in-memory build is also made and its top-10 compared with ours",
+    )
+    parser.add_argument(
+        "--work-dir", default=tempfile.gettempdir(), help="where to write data and indices (made if missing)"
     )
     parser.add_argument("--keep", action="store_true", help="keep each size's data and indices")
     main(parser.parse_args())
