@@ -576,6 +576,32 @@ def test_the_demo_index_is_built_as_before(demo_endpoint, tmp_path):
         assert hits == [(entities[row]["id"], score) for row, score in expected.search(query, 10)]
 
 
+def test_the_71k_item_index_is_built_as_before(tmp_path):
+    """The 71k items of the shared item cache (wikidata/items.jsonl), built in many chunks: the prefix arrays
+    PrefixIndex.build makes from the same items, and the same search results."""
+    from build_index import items_from_jsonl
+    from common.defaults import SHARED_DATA_DIR
+
+    items_file = SHARED_DATA_DIR / "wikidata" / "items.jsonl"
+    if not items_file.exists():  # a checkout without ../shared (CI copies it beside the clone)
+        pytest.skip(f"{items_file} is not here")
+    out = tmp_path / "items"
+    command = [sys.executable, "build_index.py", "--items", str(items_file), "--out", str(out)]
+    result = subprocess.run(
+        command + ["--embed", "none", "--memory-budget", "8M"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    indices = load_indices(out)
+    entities = list(items_from_jsonl(items_file, "entity"))
+    expected = PrefixIndex.build(
+        [[i["label"]] + i["aliases"] for i in entities], [i["popularity"] for i in entities]
+    )
+    assert_same_arrays(indices.methods["entity"]["prefix"], expected)
+    for query in ["pulp fiction", "barack obama", "new york", "the", "united states of america", "paris"]:
+        hits = [(h.id, h.score) for h in indices.search("entity", query, k=10)]
+        assert hits == [(entities[row]["id"], score) for row, score in expected.search(query, 10)]
+
+
 # ---------------------------------------------------------------------------- the benchmark's data
 def test_the_benchmark_names_stream_from_any_row_and_its_sizes_parse():
     from bench.bench_search import parse_sizes
