@@ -59,6 +59,9 @@ from common.external_sort import NpyWriter, merge
 MIN_KEYWORD_LEN = 3  # shorter query keywords only refine candidates found by longer ones
 MAX_WORD_BYTES = 64  # vocabulary words are compared on their first 64 UTF-8 bytes
 TIERED_POSTINGS = 50_000  # a query of more postings scores its names best bound first (`PrefixIndex.search`)
+# a word's postings are grouped by how many words of the name no single keyword can match, 0 .. NAME_GROUPS - 1
+# (the last group: that many or more), so that a long list is read best group first (`name_groups`)
+NAME_GROUPS = 4
 # the version of `normalize` a prefix index is built with (its config's "normalization"; none: 1): queries
 # are normalised by today's, so an index of another is rebuilt by build_index.py and warned of when loaded
 NORMALIZATION = 2
@@ -182,14 +185,18 @@ class PrefixIndex:
       name_item  int32 [N]      item row of each name (names of one item are contiguous)
       item_ptr   int64 [I+1]    CSR: names item_ptr[i]:item_ptr[i+1] belong to item i
       popularity float32 [I]    tie-breaker
+      group_ptr  int64 [V*G+1]  postings[group_ptr[w*G+g]:group_ptr[w*G+g+1]] are word w's names of group g
+                                (`name_groups`; G = NAME_GROUPS); within a word, names by group, then ascending.
+                                Indices built before 2026-12-08 lack it (names ascending; searched without it)
     """
 
     ARRAYS = ["vocab", "word_ptr", "postings", "name_ptr", "name_words", "name_item", "item_ptr"]
-    ARRAYS += ["popularity"]
+    ARRAYS += ["popularity", "group_ptr"]
+    OPTIONAL = {"group_ptr"}
 
     def __init__(self, arrays: dict[str, np.ndarray]):
         for name in self.ARRAYS:
-            setattr(self, name, arrays[name])
+            setattr(self, name, arrays.get(name) if name in self.OPTIONAL else arrays[name])
         self.width = self.vocab.dtype.itemsize
         assert len(self.item_ptr) == len(self.popularity) + 1, (
             f"{len(self.item_ptr)=} {len(self.popularity)=}"
@@ -214,9 +221,11 @@ class PrefixIndex:
         vocab, name_words = np.unique(np.array(words) if words else np.zeros(0, "S1"), return_inverse=True)
         name_ptr = np.concatenate([[0], np.cumsum(name_lengths, dtype=np.int64)])
         token_name = np.repeat(np.arange(len(name_lengths), dtype=np.int32), name_lengths)  # [P]
-        order = np.argsort(name_words, kind="stable")  # group occurrences by word, names ascending
+        token_group = name_groups(vocab, name_words, np.asarray(name_lengths, dtype=np.int64))[token_name]
+        order = np.lexsort((token_name, token_group, name_words))  # by word, then group, then name
         name_item = np.asarray(name_item, dtype=np.int32)
         word_counts = np.bincount(name_words, minlength=len(vocab))
+        group_counts = np.bincount(name_words * NAME_GROUPS + token_group, minlength=len(vocab) * NAME_GROUPS)
         arrays = {
             "vocab": vocab,
             "word_ptr": np.concatenate([[0], np.cumsum(word_counts)]).astype(np.int64),
@@ -226,13 +235,14 @@ class PrefixIndex:
             "name_item": name_item,
             "item_ptr": np.searchsorted(name_item, np.arange(len(popularity) + 1)).astype(np.int64),
             "popularity": popularity,
+            "group_ptr": np.concatenate([[0], np.cumsum(group_counts)]).astype(np.int64),
         }
         return cls(arrays)
 
     def save(self, directory: Path) -> None:
         save_arrays(
             Path(directory),
-            {n: getattr(self, n) for n in self.ARRAYS},
+            {n: getattr(self, n) for n in self.ARRAYS if getattr(self, n) is not None},
             self.config(len(self.name_item)),
         )
 
@@ -249,7 +259,8 @@ class PrefixIndex:
 
     @classmethod
     def load(cls, directory: Path) -> "PrefixIndex":
-        return cls(load_arrays(Path(directory), cls.ARRAYS))
+        present = [n for n in cls.ARRAYS if n not in cls.OPTIONAL or (Path(directory) / f"{n}.npy").exists()]
+        return cls(load_arrays(Path(directory), present))
 
     def _word_range(self, keyword: str) -> tuple[int, int, int]:
         """(lo, hi, exact): words [lo, hi) start with `keyword`; exact is its own word id or -1."""
@@ -301,6 +312,12 @@ class PrefixIndex:
             if allowed is not None:
                 names = names[_is_in_sorted(self.name_item[names], allowed)]
             return _top_k(*score(names), self.popularity, k)
+        # --- one long list, the others short (every keyword a finder): the long one read best group first
+        if self.group_ptr is not None and not exact_only and all(finders):
+            lengths = ends - starts
+            longest = int(np.argmax(lengths))
+            if lengths.sum() - lengths[longest] <= TIERED_POSTINGS:
+                return self._long_list_by_groups(ranges, spans, longest, score, k, allowed)
         # --- many: a common word's long list only if the short lists do not settle the top k
         settled = self._short_lists_first(starts, ends, score, len(keywords), exact_only, k, allowed)
         if settled is not None:
@@ -311,6 +328,45 @@ class PrefixIndex:
             inside = _is_in_sorted(self.name_item[names], allowed)
             names, bound = names[inside], bound[inside]
         return _top_k(*_by_tiers(names, bound, score, k), self.popularity, k)
+
+    def _long_list_by_groups(
+        self, ranges, spans, longest: int, score, k: int, allowed
+    ) -> list[tuple[int, float]]:
+        """The top k of a query of finder keywords whose postings are short but for keyword `longest`'s: the short
+        lists' names scored whole, the long list's a tier at a time, best first. A name only the long keyword
+        finds misses every other keyword, and at least its group's count of its words stays unmatched
+        (`name_groups`): it scores at most EXACT (PREFIX unless it holds the keyword itself as a word), plus a
+        miss per other keyword, plus UNMATCHED_WORD per group step. Tier t holds the keyword's own word's
+        group t and its longer words' group t - 1, which share that bound; reading stops once the k-th best
+        item beats the bound of the next tier (a tie still reads it: popularity breaks ties)."""
+        others = np.delete(spans, longest, axis=0)
+        names = self.postings[_concat_ranges(self.word_ptr[others[:, 0]], self.word_ptr[others[:, 1]])]
+        parts = [self._scored(_sorted_unique(names.astype(np.int64)), score, allowed)]
+        lo, hi, exact = ranges[longest]
+        longer_words = np.arange(lo, hi, dtype=np.int64)
+        longer_words = longer_words[longer_words != exact]
+        misses = (len(spans) - 1) * UNMATCHED_KEYWORD
+        for tier in range(NAME_GROUPS + 1):
+            items, scores = (np.concatenate(part) for part in zip(*parts))
+            if _kth_best(items, scores, k) > misses + EXACT + UNMATCHED_WORD * tier:
+                break
+            groups = [longer_words * NAME_GROUPS + tier - 1] if tier >= 1 else []  # (word, group) slots
+            if exact >= 0 and tier < NAME_GROUPS:
+                groups.append(np.array([exact * NAME_GROUPS + tier], dtype=np.int64))
+            if groups:
+                slots = np.concatenate(groups)
+                tier_names = self.postings[_concat_ranges(self.group_ptr[slots], self.group_ptr[slots + 1])]
+                parts.append(self._scored(tier_names.astype(np.int64), score, allowed))
+        items, scores = _best_per_item(*(np.concatenate(part) for part in zip(*parts)))
+        return _top_k(items, scores, self.popularity, k)
+
+    def _scored(
+        self, names: np.ndarray, score: Callable, allowed: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`score` of the names whose item is allowed (all if `allowed` is None)."""
+        if allowed is not None:
+            names = names[_is_in_sorted(self.name_item[names], allowed)]
+        return score(names)
 
     def _short_lists_first(self, starts, ends, score, n_keywords: int, exact_only: bool, k: int, allowed):
         """The top k from the names of the short posting slices alone (the shortest, and any of <= TIERED_POSTINGS),
@@ -379,6 +435,28 @@ class PrefixIndex:
         score += UNMATCHED_WORD * (lengths - np.add.reduceat(word_matched, seg))
         # --- an item scores its best name
         return _best_per_item(self.name_item[names[found]].astype(np.int64), score[found])
+
+
+def name_groups(vocab: np.ndarray, name_words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each name's group (int64 [N]): at least how many of its words a query keyword that finds it leaves
+    unmatched, capped at NAME_GROUPS - 1. A finder keyword (MIN_KEYWORD_LEN characters, so 3 bytes or more)
+    matches only words that start with it, which share their first three bytes: the name's length less the
+    most of its words that share their first three bytes. `name_words` are ids into the sorted `vocab`,
+    name after name (`lengths` [N] words each)."""
+    if len(lengths) == 0:
+        return np.zeros(0, np.int64)
+    classes, word_class = np.unique(vocab.astype("S3"), return_inverse=True)  # first three bytes of each word
+    matchable = (np.char.str_len(vocab) >= 3)[name_words]  # a shorter word matches no finder keyword
+    name_of_word = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    keys, shared = np.unique(
+        name_of_word[matchable] * len(classes) + word_class.ravel()[name_words][matchable], return_counts=True
+    )
+    most_shared = np.zeros(len(lengths), np.int64)
+    if len(keys):
+        names = keys // len(classes)
+        first = np.flatnonzero(np.concatenate([[True], names[1:] != names[:-1]]))
+        most_shared[names[first]] = np.maximum.reduceat(shared, first)
+    return np.minimum(lengths - most_shared, NAME_GROUPS - 1)
 
 
 def _by_tiers(names: np.ndarray, bound: np.ndarray, score: Callable, k: int) -> tuple[np.ndarray, np.ndarray]:

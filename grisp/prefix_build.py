@@ -11,8 +11,10 @@ the directory `work`:
    (`name_item`), and the items' `popularity`.
 2. vocabulary: the chunk vocabularies merged into vocab.npy; each chunk gets `to_global` (its ids -> global).
 3. names: name_words, name_ptr, name_item, item_ptr and popularity are appended chunk by chunk; each chunk's
-   (word, name) pairs, as int64 keys word << 32 | name, are sorted into a run.
-4. postings: the runs merged; the keys' names are `postings`, the places where their word changes `word_ptr`.
+   (word, group, name) triples (search.name_groups), as int64 keys word << 34 | group << 32 | name, are
+   sorted into a run.
+4. postings: the runs merged; the keys' names are `postings`, the places where their word changes
+   `word_ptr`, where their (word, group) does `group_ptr`.
 
 Resume: work/chunks.json lists the finished chunks (item range, counts) under a digest of the settings; a
 chunk is listed only after its files are written, so a build stopped at 90% goes on after its last finished
@@ -34,12 +36,14 @@ import numpy as np
 from tqdm import tqdm
 
 from common.external_sort import NpyWriter, merge
-from search import MAX_WORD_BYTES, NORMALIZATION, PrefixIndex, normalize
+from search import MAX_WORD_BYTES, NAME_GROUPS, NORMALIZATION, PrefixIndex, name_groups, normalize
 
 DEFAULT_BUDGET = 4 << 30  # bytes
 # a chunk's memory per word occurrence, an upper estimate (its distinct words in a dict, its id arrays, np.unique of
 # its vocabulary): 200k synthetic names grow a build by 23 MB with a budget of 32 MB, 8 MB with 8 MB (+ ~20 MB fixed)
 BYTES_PER_WORD = 160
+GROUP_BITS = 2  # a posting key's bits for the name's group, between its word and its name
+assert NAME_GROUPS == 1 << GROUP_BITS, "a key's (word, group) is word * NAME_GROUPS + group"
 # (names, popularity) of item rows start, start + 1, ...: the items a build reads, from any row on
 ItemSource = Callable[[int], Iterable[tuple[list[str], float]]]
 
@@ -184,7 +188,7 @@ def write_names(work: Path, chunks: list, out: Path) -> list[Path]:
     runs = []
     for chunk in tqdm(chunks, desc="names", unit=" chunks", leave=False):
         arrays = {n: np.load(work / chunk["dir"] / f"{n}.npy") for n in ("to_global", "words", "lengths")}
-        arrays |= {n: np.load(work / chunk["dir"] / f"{n}.npy") for n in ("name_item", "popularity")}
+        arrays |= {n: np.load(work / chunk["dir"] / f"{n}.npy") for n in ("name_item", "popularity", "vocab")}
         name_words = arrays["to_global"][arrays["words"]]  # global word ids in name order, int32 [W_c]
         lengths = arrays["lengths"].astype(np.int64)
         writers["name_words"].append(name_words)
@@ -193,8 +197,10 @@ def write_names(work: Path, chunks: list, out: Path) -> list[Path]:
         # item i's names start after every name of an item before it (all earlier chunks' names included)
         writers["item_ptr"].append(names + np.searchsorted(arrays["name_item"], np.arange(*chunk["items"])))
         writers["popularity"].append(arrays["popularity"])
-        name_of_word = names + np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)  # [W_c]
-        keys = np.sort((name_words.astype(np.int64) << 32) | name_of_word)  # by word, then name
+        local_names = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)  # [W_c]
+        group = name_groups(arrays["vocab"], arrays["words"], lengths)[local_names]
+        keys = (name_words.astype(np.int64) << (32 + GROUP_BITS)) | (group << 32) | (names + local_names)
+        keys = np.sort(keys)  # by word, then group, then name
         runs.append(work / chunk["dir"] / "postings_run.npy")
         np.save(runs[-1], keys, allow_pickle=False)
         names, words = names + len(lengths), words + len(name_words)
@@ -205,17 +211,29 @@ def write_names(work: Path, chunks: list, out: Path) -> list[Path]:
 
 
 def write_postings(runs: list[Path], out: Path, block: int, vocabulary: int) -> None:
-    """Merge the chunks' (word, name) runs into postings.npy (int32 [P], names grouped by word, ascending)
-    and word_ptr.npy (int64 [V+1]); every word of the vocabulary occurs at least once."""
-    position, last = 0, -1
+    """Merge the chunks' (word, group, name) runs into postings.npy (int32 [P]: names grouped by word, then
+    by group, ascending), word_ptr.npy (int64 [V+1]) and group_ptr.npy (int64 [V*G+1], an empty group
+    pointing where the next begins); every word of the vocabulary occurs at least once."""
+    position, last_word, last_slot = 0, -1, -1
     with (
         NpyWriter(out / "postings.npy", np.int32) as postings,
-        NpyWriter(out / "word_ptr.npy", np.int64) as ptr,
+        NpyWriter(out / "word_ptr.npy", np.int64) as word_ptr,
+        NpyWriter(out / "group_ptr.npy", np.int64) as group_ptr,
     ):
         for keys, _ in tqdm(merge(runs, block=block), desc="merge postings", unit=" blocks", leave=False):
-            word = keys >> 32
-            ptr.append(position + np.flatnonzero(np.diff(word, prepend=last)))  # where a word's names start
+            slot = keys >> 32  # word * NAME_GROUPS + group
+            word = slot >> GROUP_BITS
+            word_ptr.append(
+                position + np.flatnonzero(np.diff(word, prepend=last_word))
+            )  # where a word starts
+            starts = np.flatnonzero(np.diff(slot, prepend=last_slot))  # where a (word, group) starts ...
+            before = np.concatenate([[last_slot], slot[starts[:-1]]])
+            group_ptr.append(
+                np.repeat(position + starts, slot[starts] - before)
+            )  # ... and the empty ones before
             postings.append(keys & 0xFFFFFFFF)
-            position, last = position + len(keys), int(word[-1])
-        ptr.append(np.array([position]))
-    assert ptr.count == vocabulary + 1, f"{ptr.count=} word pointers for {vocabulary=} words"
+            position, last_word, last_slot = position + len(keys), int(word[-1]), int(slot[-1])
+        word_ptr.append(np.array([position]))
+        group_ptr.append(np.full(vocabulary * NAME_GROUPS - last_slot, position))  # the empty ones at the end
+    assert word_ptr.count == vocabulary + 1, f"{word_ptr.count=} word pointers for {vocabulary=} words"
+    assert group_ptr.count == vocabulary * NAME_GROUPS + 1, f"{group_ptr.count=} for {vocabulary=} words"
