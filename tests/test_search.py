@@ -219,6 +219,43 @@ def test_scoring_by_tiers_of_bounds_changes_no_result(names, query, k, data):
         assert index.search(query, k, allowed) == reference_search(names, popularity, query, k, allowed)
 
 
+def test_a_names_group_is_its_length_less_its_most_words_of_one_three_byte_beginning():
+    """ "johnson johnson" and "new newark" can have every word matched by one keyword (group 0); "new york"
+    not ("new" and "yor" begin differently: one word stays unmatched); words under 3 bytes match no finder
+    ("a b" has none: its group is its length)."""
+    names = ["johnson johnson", "new newark", "new york", "new york city", "a b", "newark", "of the new york"]
+    words = [search.normalize(name) for name in names]
+    vocab = np.unique(np.array([w.encode() for name in words for w in name]))
+    name_words = np.searchsorted(vocab, np.array([w.encode() for name in words for w in name]))
+    lengths = np.array([len(name) for name in words])
+    assert search.name_groups(vocab, name_words, lengths).tolist() == [0, 0, 1, 2, 2, 0, 3]
+
+
+def test_a_long_list_is_read_best_group_first_and_stops_early(monkeypatch):
+    """One keyword's postings are long (TIERED_POSTINGS 0 here) and the short ones do not settle the top k:
+    its one-word names alone settle it, so its longer names are never scored; the results are the
+    brute force's. An index saved without group_ptr (built before it) gives the same results."""
+    names = [["Lat"], ["Lat Lat"], ["Latte"], ["Lat River"], ["Dudibu Lat"], ["Latvia North Point"]] + [
+        [f"Lat Town {i}"] for i in range(40)
+    ]
+    popularity = np.arange(len(names), dtype=np.float32)
+    index = PrefixIndex.build(names, popularity)
+    scored = []
+    real_score = PrefixIndex._score
+    monkeypatch.setattr(
+        PrefixIndex,
+        "_score",
+        lambda self, found, *a, **kw: scored.append(len(found)) or real_score(self, found, *a, **kw),
+    )
+    monkeypatch.setattr(search, "TIERED_POSTINGS", 0)
+    assert index.search("lat", 2) == reference_search(names, popularity, "lat", 2)
+    assert sum(scored) < len(names) / 4  # the tiers of "Lat" and "Lat Lat" (group 0) only
+    for query, k in [("lat", 5), ("dudibu lat", 3), ("lat river", 4), ("latv", 2), ("lat town", 10)]:
+        assert index.search(query, k) == reference_search(names, popularity, query, k)
+        old = PrefixIndex({name: getattr(index, name) for name in PrefixIndex.ARRAYS if name != "group_ptr"})
+        assert old.group_ptr is None and old.search(query, k) == index.search(query, k)
+
+
 def bag_of_letters(texts):
     """A deterministic toy encoder: letter counts, so similar spellings have similar vectors."""
     vectors = np.zeros((len(texts), 26), dtype=np.float32)
