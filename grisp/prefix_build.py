@@ -223,14 +223,11 @@ def write_postings(runs: list[Path], out: Path, block: int, vocabulary: int) -> 
         for keys, _ in tqdm(merge(runs, block=block), desc="merge postings", unit=" blocks", leave=False):
             slot = keys >> 32  # word * NAME_GROUPS + group
             word = slot >> GROUP_BITS
-            word_ptr.append(
-                position + np.flatnonzero(np.diff(word, prepend=last_word))
-            )  # where a word starts
-            starts = np.flatnonzero(np.diff(slot, prepend=last_slot))  # where a (word, group) starts ...
+            # where a word starts; where a (word, group) starts, repeated for the empty groups before it
+            word_ptr.append(position + np.flatnonzero(np.diff(word, prepend=last_word)))
+            starts = np.flatnonzero(np.diff(slot, prepend=last_slot))
             before = np.concatenate([[last_slot], slot[starts[:-1]]])
-            group_ptr.append(
-                np.repeat(position + starts, slot[starts] - before)
-            )  # ... and the empty ones before
+            group_ptr.append(np.repeat(position + starts, slot[starts] - before))
             postings.append(keys & 0xFFFFFFFF)
             position, last_word, last_slot = position + len(keys), int(word[-1]), int(slot[-1])
         word_ptr.append(np.array([position]))
