@@ -309,9 +309,7 @@ class PrefixIndex:
         # --- else from the posting lists; few: all scored at once
         if (ends - starts).sum() <= TIERED_POSTINGS:
             names = _sorted_unique(self.postings[_concat_ranges(starts, ends)].astype(np.int64))
-            if allowed is not None:
-                names = names[_is_in_sorted(self.name_item[names], allowed)]
-            return _top_k(*score(names), self.popularity, k)
+            return _top_k(*self._scored(names, score, allowed), self.popularity, k)
         # --- one long list, the others short (every keyword a finder): the long one read best group first
         if self.group_ptr is not None and not exact_only and all(finders):
             lengths = ends - starts
@@ -363,7 +361,7 @@ class PrefixIndex:
     def _scored(
         self, names: np.ndarray, score: Callable, allowed: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`score` of the names whose item is allowed (all if `allowed` is None)."""
+        """`score` of the names whose item is allowed (sorted allowed item rows; all if `allowed` is None)."""
         if allowed is not None:
             names = names[_is_in_sorted(self.name_item[names], allowed)]
         return score(names)
@@ -378,9 +376,7 @@ class PrefixIndex:
         if not long.any():
             return None
         names = _sorted_unique(self.postings[_concat_ranges(starts[~long], ends[~long])].astype(np.int64))
-        if allowed is not None:  # sorted allowed item rows
-            names = names[_is_in_sorted(self.name_item[names], allowed)]
-        items, scores = score(names)
+        items, scores = self._scored(names, score, allowed)
         miss = PREFIX if exact_only else UNMATCHED_KEYWORD
         bound = long.sum() * EXACT + (~long).sum() * miss + (n_keywords - len(starts)) * EXACT
         return _top_k(items, scores, self.popularity, k) if _kth_best(items, scores, k) > bound else None
