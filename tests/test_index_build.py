@@ -50,6 +50,14 @@ def assert_same_arrays(got: PrefixIndex, expected: PrefixIndex) -> None:
         assert a.dtype == b.dtype and np.array_equal(a, b), f"{name}: {a[:8]} != {b[:8]}"
 
 
+def built_index(out: Path, *source: str, options: tuple = ()):
+    """build_index.py run on `source` (e.g. "--items", path) into `out` without embeddings, loaded."""
+    command = [sys.executable, "build_index.py", *source, "--out", str(out), "--embed", "none", *options]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return load_indices(out)
+
+
 HAND_MADE = NAMES + [
     ["Zürich", "Zurich", "ZÜRICH"],  # one name after normalisation
     ["東京", "Tōkyō", "Tokyo"],
@@ -381,13 +389,9 @@ def test_a_dump_pass_cut_short_resumes_after_its_last_part(tmp_path, monkeypatch
 
 def test_build_index_from_a_wikidata_dump(tmp_path):
     dump = write_dump(tmp_path / "latest-all.json.gz", DUMP)
-    out = tmp_path / "index"
-    command = [sys.executable, "build_index.py", "--wikidata-dump", str(dump), "--out", str(out)]
-    result = subprocess.run(
-        command + ["--embed", "none", "--memory-budget", "64M"], cwd=ROOT, capture_output=True, text=True
+    indices = built_index(
+        tmp_path / "index", "--wikidata-dump", str(dump), options=("--memory-budget", "64M")
     )
-    assert result.returncode == 0, result.stderr[-2000:]
-    indices = load_indices(out)
     assert indices.manifest["counts"] == {"entity": 3, "property": 2}
     assert indices.manifest["source"]["wikidata_dump"] == "latest-all.json.gz"
     assert [h.id for h in indices.search("entity", "tokyo")] == [WD + "Q1490"]
@@ -398,7 +402,10 @@ def test_build_index_from_a_wikidata_dump(tmp_path):
     )
     assert "--wikidata-dump" in help_text.stdout and "--endpoint" in help_text.stdout
     missing = subprocess.run(
-        command[:3] + [str(tmp_path / "nope.gz")], cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "build_index.py", "--wikidata-dump", str(tmp_path / "nope.gz")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert missing.returncode != 0 and "nope.gz" in missing.stderr and "Traceback" not in missing.stderr
 
@@ -544,22 +551,8 @@ def all_pairs(url: str, lang: str) -> dict:
 def test_the_demo_index_is_built_as_before(demo_endpoint, tmp_path):
     """The demo KG's items as the reader before streaming read them, and its prefix indices as PrefixIndex.build
     built them: the same items in the same rows, the same search results."""
-    out = tmp_path / "demo"
-    command = [
-        sys.executable,
-        "build_index.py",
-        "--endpoint",
-        demo_endpoint,
-        "--out",
-        str(out),
-        "--embed",
-        "none",
-    ]
-    result = subprocess.run(
-        command + ["--page-size", "500", "--memory-budget", "1M"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    indices = load_indices(out)
+    options = ("--page-size", "500", "--memory-budget", "1M")
+    indices = built_index(tmp_path / "demo", "--endpoint", demo_endpoint, options=options)
     before = old_items_from_endpoint(all_pairs(demo_endpoint, "en"), "wikidata", "en")
     for kind in ("entity", "property"):
         store = indices.stores[kind]
@@ -585,13 +578,7 @@ def test_the_71k_item_index_is_built_as_before(tmp_path):
     items_file = SHARED_DATA_DIR / "wikidata" / "items.jsonl"
     if not items_file.exists():  # a checkout without ../shared (CI copies it beside the clone)
         pytest.skip(f"{items_file} is not here")
-    out = tmp_path / "items"
-    command = [sys.executable, "build_index.py", "--items", str(items_file), "--out", str(out)]
-    result = subprocess.run(
-        command + ["--embed", "none", "--memory-budget", "8M"], cwd=ROOT, capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    indices = load_indices(out)
+    indices = built_index(tmp_path / "items", "--items", str(items_file), options=("--memory-budget", "8M"))
     entities = list(items_from_jsonl(items_file, "entity"))
     expected = PrefixIndex.build(
         [[i["label"]] + i["aliases"] for i in entities], [i["popularity"] for i in entities]
